@@ -1,0 +1,75 @@
+"""Loss aggregation: how per-token terms x_bt become one scalar.
+
+The choice is always an explicit argument. Every denominator comes from a
+``Normalizer`` computed once on the *global* batch, so that summing the
+aggregates of micro-batches (or of devices) gives exactly the full-batch value
+and gradient. Modes, with m the mask, B sequences, P = B / K prompts and
+w_b the per-sequence length weight:
+
+  token_sum            (1/P) sum_b w_b sum_t m x      eq. (21): sum over the K responses
+                                                      and their tokens, averaged over prompts
+  token_mean           sum_b w_b sum_t m x / sum m    DAPO's token-level mean
+  seq_mean             (1/B) sum_b w_b sum_t m x      w_b = 1/|o_b|: sequence-mean of
+                                                      token-means (GRPO, eq. 18);
+                                                      w_b = 1: of token-sums (eq. 19)
+  seq_mean_const_len   (1/B) sum_b w_b sum_t m x / L  Dr. GRPO in practice: a constant L
+                                                      (the token budget) instead of |o_b|
+
+w_b = s / |o_b| + (1 - s) with s = ``divide_by_length``, the seed's 1/|o|
+switch (a traced float, so one compiled loss sweeps it). An empty response
+(|o_b| = 0) contributes 0.
+"""
+import dataclasses
+
+import chex
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+AGGREGATIONS = ("token_sum", "token_mean", "seq_mean", "seq_mean_const_len")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Normalizer:
+    """Global-batch denominators (float32 scalars): tokens sum m, sequences B, prompts P, length L."""
+    num_tokens: Array
+    num_sequences: Array
+    num_prompts: Array
+    max_length: Array
+
+
+def loss_normalizer(mask: Array, group_size: int = 1, max_length=None) -> Normalizer:
+    """Denominators of the global batch ``mask`` ``[B, T]``; L defaults to T."""
+    chex.assert_rank(mask, 2)
+    b, t = mask.shape
+    if group_size < 1 or b % group_size:
+        raise ValueError(f"batch of {b} rows is not divisible by group_size K={group_size}")
+    f = lambda x: jnp.asarray(x, jnp.float32)
+    return Normalizer(num_tokens=f(jnp.sum(mask)), num_sequences=f(b), num_prompts=f(b // group_size),
+                      max_length=f(t if max_length is None else max_length))
+
+
+def length_weights(mask: Array, divide_by_length=0.0) -> Array:
+    """w_b = s / max(|o_b|, 1) + (1 - s), ``[B]``: the seed's 1/|o| switch (eq. 18)."""
+    length = jnp.sum(mask.astype(jnp.float32), axis=1)
+    return divide_by_length / jnp.maximum(length, 1.0) + (1.0 - divide_by_length)
+
+
+def aggregate(per_token: Array, mask: Array, mode: str, norm: Normalizer,
+              divide_by_length=0.0) -> Array:
+    """Scalar aggregate of ``per_token`` ``[B, T]`` under ``mode`` (see the module docstring)."""
+    chex.assert_rank([per_token, mask], 2)
+    chex.assert_equal_shape([per_token, mask])
+    weighted = jnp.sum(per_token * mask, axis=1) * length_weights(mask, divide_by_length)
+    total = jnp.sum(weighted)
+    if mode == "token_sum":
+        return total / norm.num_prompts
+    if mode == "token_mean":
+        return total / jnp.maximum(norm.num_tokens, 1.0)
+    if mode == "seq_mean":
+        return total / norm.num_sequences
+    if mode == "seq_mean_const_len":
+        return total / (norm.num_sequences * norm.max_length)
+    raise ValueError(f"unknown aggregation {mode!r}; expected one of {AGGREGATIONS}")

@@ -1,0 +1,367 @@
+"""The unified objective: every algorithm of the seed as one choice per column.
+
+An algorithm is an ``Algorithm(spec, hparams)``:
+- ``Spec`` holds the static choices (part of the compiled program): which
+  baseline, which ratio, where the KL goes, which KL estimator, how per-token
+  terms are aggregated;
+- ``HParams`` is a pytree of float scalars (traced): clip epsilons, KL and
+  entropy coefficients, gamma, lambda, and the seed's on/off switches as 0/1
+  floats (divide by std, divide by |o|, leave-one-out i.e. 1/(K-1) vs 1/K,
+  batch whitening; KL off is ``kl_coef = 0``). So
+  ``jax.vmap(algo.loss, in_axes=(None, 0))(batch, grid)`` evaluates a whole
+  ablation grid in one compiled call.
+
+``advantages`` runs on the global batch (group statistics and whitening need
+it); ``loss`` takes precomputed advantages for micro-batches, or computes them
+when ``batch.advantages`` is None.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pgjax.core import advantages as adv_lib
+from pgjax.core import objectives as obj_lib
+from pgjax.core.aggregation import AGGREGATIONS, Normalizer, aggregate, loss_normalizer
+from pgjax.core.returns import as_token_rewards, gae
+
+Array = jax.Array
+
+BASELINES = ("none", "value", "greedy", "group")
+RATIOS = ("on_policy", "clip", "sequence", "truncated_is")
+KL_PLACEMENTS = ("none", "reward", "loss")
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """Static choices of an algorithm.
+
+    baseline: ``none`` A_t = G_t (eq. 10); ``value`` A_t = GAE(gamma, lambda)
+      with a critic V(s_t) (eq. 12 with lambda = 1, eq. 17); ``greedy``
+      A = G - G_hat of the greedy rollout (ReMax, eq. 13); ``group`` the group
+      family of eq. (14), (18)-(21), shaped by ``leave_one_out`` and
+      ``divide_by_std``. ``greedy`` and ``group`` score each response by its
+      total reward and broadcast the advantage over its tokens.
+    ratio: ``on_policy`` rho = 1 with gradient grad log pi (REINFORCE family);
+      ``clip`` the modified ratio rho-hat of eq. (16); ``sequence`` rho-hat of
+      GSPO's length-normalised sequence ratio; ``truncated_is`` CISPO's
+      sg(min(rho, 1 + eps_high)) A log pi.
+    kl_placement: ``none``; ``reward`` r_t -= kl_coef * KL_t before the
+      advantages (PPO, REINFORCE++); ``loss`` + kl_coef * KL aggregated like the
+      policy term (GRPO, eq. 18).
+    kl_estimator: ``k1``, ``k2`` or ``k3`` (see ``objectives.kl_estimate``).
+    aggregation: see ``pgjax.core.aggregation``.
+    """
+    name: str
+    equation: str
+    baseline: str
+    ratio: str
+    aggregation: str
+    kl_placement: str = "none"
+    kl_estimator: str = "k3"
+
+    def __post_init__(self):
+        for field, allowed in (("baseline", BASELINES), ("ratio", RATIOS), ("aggregation", AGGREGATIONS),
+                               ("kl_placement", KL_PLACEMENTS), ("kl_estimator", obj_lib.KL_ESTIMATORS)):
+            value = getattr(self, field)
+            if value not in allowed:
+                raise ValueError(f"unknown {field} {value!r}; expected one of {allowed}")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class HParams:
+    """Traced float hyperparameters. Switches are 0.0 (off) or 1.0 (on).
+
+    clip_eps_low, clip_eps_high: eq. (15)'s epsilon below and above 1 (clip-higher if different).
+    dual_clip: c > 1 bounds the objective at c A for A < 0; 0 disables it.
+    kl_coef: beta of eq. (18); 0 turns the KL term off.
+    entropy_coef: weight of the entropy bonus (needs ``batch.entropy``).
+    gamma, lam: discount (eq. 3) and GAE lambda (eq. 17).
+    leave_one_out: group baseline excludes the sample itself, i.e. 1/(K-1) instead of 1/K (eq. 14, 19).
+    divide_by_std: divide group advantages by the group std (eq. 18, 20), with std_eps and std_ddof.
+    divide_by_length: weight each response by 1/|o| (eq. 18).
+    whiten: whiten advantages over the global batch's tokens (PPO, REINFORCE++).
+    """
+    clip_eps_low: Array = 0.2
+    clip_eps_high: Array = 0.2
+    dual_clip: Array = 0.0
+    kl_coef: Array = 0.0
+    entropy_coef: Array = 0.0
+    gamma: Array = 1.0
+    lam: Array = 1.0
+    leave_one_out: Array = 0.0
+    divide_by_std: Array = 0.0
+    std_eps: Array = 1e-6
+    std_ddof: Array = 1.0
+    divide_by_length: Array = 0.0
+    whiten: Array = 0.0
+
+    def replace(self, **changes) -> HParams:
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ValueError(f"unknown hyperparameter(s) {sorted(unknown)}; valid: {field_names(HParams)}")
+        return dataclasses.replace(self, **changes)
+
+
+def field_names(cls) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+_SWITCHES = ("leave_one_out", "divide_by_std", "divide_by_length", "whiten")
+
+
+def check_hparams(hp: HParams, group_size: int = 1) -> None:
+    """Raise ValueError for out-of-range hyperparameters. Traced values are skipped
+    (they cannot be read); concrete ones (also stacked grids) are checked."""
+    def values(name):
+        x = getattr(hp, name)
+        if isinstance(x, jax.core.Tracer):
+            return None
+        return np.asarray(x, dtype=np.float64)
+
+    rules = {
+        "clip_eps_low": (lambda v: (v >= 0) & (v < 1), "must be in [0, 1)"),
+        "clip_eps_high": (lambda v: v >= 0, "must be >= 0"),
+        "dual_clip": (lambda v: (v == 0) | (v > 1), "must be 0 (off) or > 1"),
+        "kl_coef": (lambda v: v >= 0, "must be >= 0"),
+        "gamma": (lambda v: (v >= 0) & (v <= 1), "must be in [0, 1]"),
+        "lam": (lambda v: (v >= 0) & (v <= 1), "must be in [0, 1]"),
+        "std_eps": (lambda v: v > 0, "must be > 0"),
+        "std_ddof": (lambda v: (v >= 0) & (v < max(group_size, 2)), f"must be in [0, K) with K={group_size}"),
+        **{s: (lambda v: (v >= 0) & (v <= 1), "is a switch: must be in [0, 1]") for s in _SWITCHES},
+    }
+    for name, (ok, message) in rules.items():
+        v = values(name)
+        if v is not None and not (np.all(np.isfinite(v)) and np.all(ok(v))):
+            raise ValueError(f"hyperparameter {name}={v.tolist()} {message}")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """One batch of responses (see DESIGN.md's array conventions). B = P * K.
+
+    mask: ``[B, T]`` float, 1.0 on response tokens.
+    rewards: ``[B]`` outcome or ``[B, T]`` per-token rewards.
+    logp: ``[B, T]`` log pi_theta of the taken tokens (differentiate through it).
+    old_logp: behaviour log-probs; None means on-policy (old = stop_gradient(logp)).
+    ref_logp: reference-policy log-probs, needed when the KL term is on.
+    values, bootstrap: critic V(s_t) ``[B, T]`` and the value after a truncated response ``[B]``.
+    greedy_rewards: ``[B]`` reward of the greedy response to each row's prompt (ReMax).
+    entropy: ``[B, T]`` policy entropy, for the entropy bonus.
+    advantages: ``[B, T]`` precomputed advantages (micro-batches); None computes them.
+    group_size: K, static.
+    """
+    mask: Array
+    rewards: Array
+    logp: Array
+    old_logp: Array | None = None
+    ref_logp: Array | None = None
+    values: Array | None = None
+    bootstrap: Array | None = None
+    greedy_rewards: Array | None = None
+    entropy: Array | None = None
+    advantages: Array | None = None
+    group_size: int = dataclasses.field(default=1, metadata=dict(static=True))
+
+    def replace(self, **changes) -> Batch:
+        return dataclasses.replace(self, **changes)
+
+
+def check_batch(spec: Spec, batch: Batch) -> None:
+    """Shapes, dtypes and the fields ``spec`` needs; raises a ValueError naming the problem."""
+    chex.assert_rank(batch.mask, 2)
+    if not jnp.issubdtype(batch.mask.dtype, jnp.floating):
+        raise ValueError(f"mask must be a float array (1.0 / 0.0), got {batch.mask.dtype}")
+    b, t = batch.mask.shape
+    if batch.group_size < 1 or b % batch.group_size:
+        raise ValueError(f"batch of {b} rows is not divisible by group_size K={batch.group_size}")
+    if batch.rewards.shape not in ((b,), (b, t)):
+        raise ValueError(f"rewards must have shape ({b},) or ({b}, {t}), got {batch.rewards.shape}")
+    for name in ("logp", "old_logp", "ref_logp", "values", "entropy", "advantages"):
+        x = getattr(batch, name)
+        if x is not None and x.shape != (b, t):
+            raise ValueError(f"{name} must have shape {(b, t)} like mask, got {x.shape}")
+    for name in ("bootstrap", "greedy_rewards"):
+        x = getattr(batch, name)
+        if x is not None and x.shape != (b,):
+            raise ValueError(f"{name} must have shape {(b,)}, got {x.shape}")
+    if batch.advantages is None:
+        needs = {"value": "values", "greedy": "greedy_rewards"}.get(spec.baseline)
+        if needs and getattr(batch, needs) is None:
+            raise ValueError(f"{spec.name}: baseline {spec.baseline!r} needs batch.{needs}")
+        if spec.baseline == "group" and batch.group_size < 2:
+            raise ValueError(f"{spec.name}: the group baseline needs group_size K >= 2, got {batch.group_size}")
+
+
+def _kl_needed(spec: Spec, hp: HParams, batch: Batch, placement: str) -> bool:
+    """Whether the KL term must be computed; an error if it needs ref_logp that is missing."""
+    if spec.kl_placement != placement:
+        return False
+    if batch.ref_logp is not None:
+        return True
+    coef = hp.kl_coef
+    if not isinstance(coef, jax.core.Tracer) and np.all(np.asarray(coef) == 0):
+        return False
+    raise ValueError(f"{spec.name}: kl_placement={placement!r} with kl_coef != 0 needs batch.ref_logp "
+                     "(or use kl_placement='none')")
+
+
+def _behaviour_logp(batch: Batch) -> Array:
+    return jax.lax.stop_gradient(batch.logp) if batch.old_logp is None else batch.old_logp
+
+
+def advantages(spec: Spec, hp: HParams, batch: Batch) -> Array:
+    """Per-token advantages ``[B, T]`` (no gradient) of ``spec`` on the *global* batch."""
+    check_batch(spec, batch)
+    mask = batch.mask
+    token_rewards = as_token_rewards(batch.rewards, mask)
+    if _kl_needed(spec, hp, batch, "reward"):
+        kl = obj_lib.kl_estimate(_behaviour_logp(batch), batch.ref_logp, spec.kl_estimator)
+        token_rewards = token_rewards - hp.kl_coef * kl * mask
+    if spec.baseline == "none":
+        adv = gae(token_rewards, jnp.zeros_like(token_rewards), mask, hp.gamma, 1.0, batch.bootstrap)[0]
+    elif spec.baseline == "value":
+        adv = gae(token_rewards, batch.values, mask, hp.gamma, hp.lam, batch.bootstrap)[0]
+    else:
+        scores = adv_lib.sequence_scores(token_rewards, mask)
+        if spec.baseline == "greedy":
+            seq_adv = adv_lib.greedy_baseline_advantages(scores, batch.greedy_rewards)
+        else:
+            seq_adv = adv_lib.group_advantages(scores, batch.group_size, hp.leave_one_out, hp.divide_by_std,
+                                               hp.std_eps, hp.std_ddof)
+        adv = adv_lib.broadcast_over_tokens(seq_adv, mask)
+    adv = (1.0 - hp.whiten) * adv + hp.whiten * adv_lib.whiten(adv, mask)
+    return jax.lax.stop_gradient(adv)
+
+
+def _policy_terms(spec: Spec, hp: HParams, logp: Array, old_logp: Array, adv: Array, mask: Array):
+    """Per-token objective to maximise, the ratio shown in metrics, and the clipped-token indicator."""
+    if spec.ratio == "on_policy":
+        ratio = obj_lib.on_policy_ratio(logp)
+        return ratio * adv, ratio, jnp.zeros_like(adv)
+    if spec.ratio == "truncated_is":
+        ratio = obj_lib.importance_ratio(logp, old_logp)
+        weight = obj_lib.truncated_is_weight(ratio, hp.clip_eps_high)
+        return weight * adv * logp, ratio, (ratio > 1.0 + hp.clip_eps_high).astype(jnp.float32)
+    if spec.ratio == "sequence":
+        ratio = obj_lib.sequence_ratio(logp, old_logp, mask)
+    else:
+        ratio = obj_lib.importance_ratio(logp, old_logp)
+    clipped = obj_lib.clipped_mask(ratio, adv, hp.clip_eps_low, hp.clip_eps_high, hp.dual_clip)
+    return ratio * (1.0 - clipped) * adv, ratio, clipped
+
+
+def loss(spec: Spec, batch: Batch, hp: HParams, norm: Normalizer | None = None):
+    """Loss to minimise and metrics (sums, counts, mins, maxes) of ``spec`` on ``batch``.
+
+      loss = -agg(rho-hat_t A_t) + kl_coef agg(KL_t) [if in loss] - entropy_coef agg(H_t)
+
+    with agg the spec's aggregation and the 1/|o| switch. ``norm`` must come
+    from the global batch when ``batch`` is a micro-batch (then also pass
+    ``batch.advantages`` computed on the global batch); None uses this batch.
+    """
+    check_batch(spec, batch)
+    check_hparams(hp, batch.group_size)
+    mask = batch.mask
+    norm = loss_normalizer(mask, batch.group_size) if norm is None else norm
+    adv = advantages(spec, hp, batch) if batch.advantages is None else jax.lax.stop_gradient(batch.advantages)
+    old_logp = _behaviour_logp(batch)
+    agg = lambda x: aggregate(x, mask, spec.aggregation, norm, hp.divide_by_length)
+
+    objective, ratio, clipped = _policy_terms(spec, hp, batch.logp, old_logp, adv, mask)
+    policy_loss = -agg(objective)
+    total = policy_loss
+    metrics = {"policy_loss": policy_loss}
+    if _kl_needed(spec, hp, batch, "loss"):
+        kl_loss = agg(obj_lib.kl_estimate(batch.logp, batch.ref_logp, spec.kl_estimator))
+        total = total + hp.kl_coef * kl_loss
+        metrics["kl_loss"] = kl_loss
+    if batch.entropy is not None:
+        entropy_bonus = agg(batch.entropy)
+        total = total - hp.entropy_coef * entropy_bonus
+        metrics["entropy_bonus"] = entropy_bonus
+    metrics.update(_token_metrics(batch, ratio, clipped, adv, old_logp))
+    return total, metrics
+
+
+def _token_metrics(batch: Batch, ratio, clipped, adv, old_logp) -> dict:
+    """Sums and counts over the masked tokens; combine with ``combine_metrics``."""
+    m = batch.mask
+    on = m > 0
+    sg = jax.lax.stop_gradient
+    ratio = sg(ratio)
+    out = {
+        "tokens": jnp.sum(m),
+        "sequences": jnp.asarray(m.shape[0], jnp.float32),
+        "clipped_tokens": jnp.sum(clipped * m),
+        "ratio_sum": jnp.sum(ratio * m),
+        "ratio_min": jnp.min(jnp.where(on, ratio, jnp.inf)),
+        "ratio_max": jnp.max(jnp.where(on, ratio, -jnp.inf)),
+        "advantage_sum": jnp.sum(adv * m),
+        "approx_kl_sum": jnp.sum(obj_lib.kl_estimate(old_logp, sg(batch.logp), "k3") * m),
+    }
+    if batch.ref_logp is not None:
+        out["ref_kl_sum"] = jnp.sum(obj_lib.kl_estimate(sg(batch.logp), batch.ref_logp, "k3") * m)
+    if batch.entropy is not None:
+        out["entropy_sum"] = jnp.sum(sg(batch.entropy) * m)
+    return out
+
+
+def combine_metrics(a: dict, b: dict) -> dict:
+    """Merge the metrics of two micro-batches: ``*_min`` by min, ``*_max`` by max, the rest by sum."""
+    def merge(key):
+        if key.endswith("_min"):
+            return jnp.minimum(a[key], b[key])
+        if key.endswith("_max"):
+            return jnp.maximum(a[key], b[key])
+        return a[key] + b[key]
+    return {key: merge(key) for key in a}
+
+
+def finalize_metrics(metrics: dict) -> dict:
+    """Divide sums by their counts once: ``x_sum`` per token -> ``x_mean``; clip fraction."""
+    tokens = jnp.maximum(metrics["tokens"], 1.0)
+    out = {k: v for k, v in metrics.items() if not k.endswith("_sum") and k != "clipped_tokens"}
+    out.update({k[:-4] + "_mean": v / tokens for k, v in metrics.items() if k.endswith("_sum")})
+    out["clip_fraction"] = metrics["clipped_tokens"] / tokens
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Algorithm:
+    """A preset: static ``spec`` and default traced ``hparams``."""
+    spec: Spec
+    hparams: HParams
+    summary: str = ""
+
+    def advantages(self, batch: Batch, hp: HParams | None = None) -> Array:
+        return advantages(self.spec, self.hparams if hp is None else hp, batch)
+
+    def loss(self, batch: Batch, hp: HParams | None = None, norm: Normalizer | None = None):
+        return loss(self.spec, batch, self.hparams if hp is None else hp, norm)
+
+
+def stack_hparams(settings: list[HParams]) -> HParams:
+    """Stack settings along a new leading axis, for ``jax.vmap``."""
+    if not settings:
+        raise ValueError("stack_hparams needs at least one setting")
+    return jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x, jnp.float32) for x in xs]), *settings)
+
+
+def hparam_grid(base: HParams, **axes) -> tuple[HParams, list[dict]]:
+    """Cartesian product of ``axes`` (name -> list of values) over ``base``.
+
+    Returns the stacked grid and the list of settings (dicts) in its order.
+    """
+    names = list(axes)
+    settings = [dict(zip(names, combo)) for combo in itertools.product(*(axes[n] for n in names))]
+    grid = stack_hparams([base.replace(**s) for s in settings])
+    check_hparams(grid)
+    return grid, settings
