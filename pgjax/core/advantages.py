@@ -9,6 +9,8 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from pgjax.core.dtypes import at_least_f32
+
 Array = jax.Array
 
 
@@ -18,7 +20,7 @@ def _groups(x: Array, group_size: int) -> Array:
         raise ValueError(f"group baselines need group_size K >= 2, got K={group_size}")
     if x.shape[0] % group_size:
         raise ValueError(f"batch of {x.shape[0]} rows is not divisible by group_size K={group_size}")
-    return x.astype(jnp.float32).reshape(-1, group_size)
+    return at_least_f32(x).reshape(-1, group_size)
 
 
 def group_mean(scores: Array, group_size: int) -> Array:
@@ -76,7 +78,7 @@ def greedy_baseline_advantages(scores: Array, greedy_scores: Array) -> Array:
     """
     chex.assert_rank([scores, greedy_scores], 1)
     chex.assert_equal_shape([scores, greedy_scores])
-    return scores.astype(jnp.float32) - greedy_scores.astype(jnp.float32)
+    return at_least_f32(scores) - at_least_f32(greedy_scores)
 
 
 def whiten(x: Array, mask: Array, eps=1e-8, ddof=1.0) -> Array:
@@ -87,7 +89,7 @@ def whiten(x: Array, mask: Array, eps=1e-8, ddof=1.0) -> Array:
     masked entries the std is taken as 0 (no NaN).
     """
     chex.assert_equal_shape([x, mask])
-    mask = mask.astype(jnp.float32)
+    x, mask = at_least_f32(x), at_least_f32(mask)
     n = jnp.sum(mask)
     mean = jnp.sum(x * mask) / jnp.maximum(n, 1.0)
     var = jnp.sum(((x - mean) * mask) ** 2) / jnp.maximum(n - ddof, 1.0)
@@ -98,13 +100,13 @@ def broadcast_over_tokens(seq_advantages: Array, mask: Array) -> Array:
     """Outcome-level A_k ``[B]`` -> per-token ``[B, T]``: A_{k,t} = A_k on response tokens."""
     chex.assert_rank([seq_advantages, mask], [1, 2])
     chex.assert_equal_shape_prefix([seq_advantages, mask], 1)
-    return seq_advantages[:, None].astype(jnp.float32) * mask.astype(jnp.float32)
+    return at_least_f32(seq_advantages)[:, None] * at_least_f32(mask)
 
 
 def sequence_scores(rewards: Array, mask: Array) -> Array:
     """The scalar score of each response: the outcome reward ``[B]`` itself, or the
     undiscounted sum of per-token rewards over the response for ``[B, T]``."""
     if rewards.ndim == 1:
-        return rewards.astype(jnp.float32)
+        return at_least_f32(rewards)
     chex.assert_equal_shape([rewards, mask])
-    return jnp.sum(rewards.astype(jnp.float32) * mask, axis=1)
+    return jnp.sum(at_least_f32(rewards) * mask, axis=1)

@@ -25,6 +25,8 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from pgjax.core.dtypes import at_least_f32
+
 Array = jax.Array
 
 AGGREGATIONS = ("token_sum", "token_mean", "seq_mean", "seq_mean_const_len")
@@ -33,7 +35,7 @@ AGGREGATIONS = ("token_sum", "token_mean", "seq_mean", "seq_mean_const_len")
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Normalizer:
-    """Global-batch denominators (float32 scalars): tokens sum m, sequences B, prompts P, length L."""
+    """Global-batch denominators (float scalars): tokens sum m, sequences B, prompts P, length L."""
     num_tokens: Array
     num_sequences: Array
     num_prompts: Array
@@ -46,14 +48,14 @@ def loss_normalizer(mask: Array, group_size: int = 1, max_length=None) -> Normal
     b, t = mask.shape
     if group_size < 1 or b % group_size:
         raise ValueError(f"batch of {b} rows is not divisible by group_size K={group_size}")
-    f = lambda x: jnp.asarray(x, jnp.float32)
+    f = lambda x: at_least_f32(jnp.asarray(x, mask.dtype))
     return Normalizer(num_tokens=f(jnp.sum(mask)), num_sequences=f(b), num_prompts=f(b // group_size),
                       max_length=f(t if max_length is None else max_length))
 
 
 def length_weights(mask: Array, divide_by_length=0.0) -> Array:
     """w_b = s / max(|o_b|, 1) + (1 - s), ``[B]``: the seed's 1/|o| switch (eq. 18)."""
-    length = jnp.sum(mask.astype(jnp.float32), axis=1)
+    length = jnp.sum(at_least_f32(mask), axis=1)
     return divide_by_length / jnp.maximum(length, 1.0) + (1.0 - divide_by_length)
 
 

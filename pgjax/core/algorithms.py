@@ -27,6 +27,7 @@ import numpy as np
 
 from pgjax.core import advantages as adv_lib
 from pgjax.core import objectives as obj_lib
+from pgjax.core.dtypes import at_least_f32
 from pgjax.core.aggregation import AGGREGATIONS, Normalizer, aggregate, loss_normalizer
 from pgjax.core.returns import as_token_rewards, gae
 
@@ -249,7 +250,7 @@ def _policy_terms(spec: Spec, hp: HParams, logp: Array, old_logp: Array, adv: Ar
     if spec.ratio == "truncated_is":
         ratio = obj_lib.importance_ratio(logp, old_logp)
         weight = obj_lib.truncated_is_weight(ratio, hp.clip_eps_high)
-        return weight * adv * logp, ratio, (ratio > 1.0 + hp.clip_eps_high).astype(jnp.float32)
+        return weight * adv * logp, ratio, (ratio > 1.0 + hp.clip_eps_high).astype(ratio.dtype)
     if spec.ratio == "sequence":
         ratio = obj_lib.sequence_ratio(logp, old_logp, mask)
     else:
@@ -299,7 +300,7 @@ def _token_metrics(batch: Batch, ratio, clipped, adv, old_logp) -> dict:
     ratio = sg(ratio)
     out = {
         "tokens": jnp.sum(m),
-        "sequences": jnp.asarray(m.shape[0], jnp.float32),
+        "sequences": jnp.asarray(m.shape[0], m.dtype),
         "clipped_tokens": jnp.sum(clipped * m),
         "ratio_sum": jnp.sum(ratio * m),
         "ratio_min": jnp.min(jnp.where(on, ratio, jnp.inf)),
@@ -352,7 +353,7 @@ def stack_hparams(settings: list[HParams]) -> HParams:
     """Stack settings along a new leading axis, for ``jax.vmap``."""
     if not settings:
         raise ValueError("stack_hparams needs at least one setting")
-    return jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x, jnp.float32) for x in xs]), *settings)
+    return jax.tree.map(lambda *xs: jnp.stack([at_least_f32(x) for x in xs]), *settings)
 
 
 def hparam_grid(base: HParams, **axes) -> tuple[HParams, list[dict]]:

@@ -1,9 +1,10 @@
 """Per-token log-probabilities and entropies of a causal LM's sampled tokens.
 
 Convention: ``logits[b, t]`` is the distribution over the token ``tokens[b, t]``
-(the caller has already shifted by one position). All reductions run in float32,
-whatever the dtype of the logits or hidden states (bf16 log-sum-exp over a
-150k vocabulary loses ~3 significant digits otherwise).
+(the caller has already shifted by one position). All reductions run in at
+least float32 (``dtypes.at_least_f32``) whatever the dtype of the logits or
+hidden states: a bf16 log-sum-exp over a 150k vocabulary loses ~3 significant
+digits.
 
 With temperature tau the policy is pi(a|s) = softmax(z(s) / tau)_a, the
 distribution the sampler draws from; its log-probs are what the importance
@@ -14,6 +15,8 @@ from functools import partial
 import chex
 import jax
 import jax.numpy as jnp
+
+from pgjax.core.dtypes import at_least_f32
 
 Array = jax.Array
 
@@ -26,26 +29,28 @@ def token_logprobs(logits: Array, tokens: Array, temperature=1.0) -> Array:
       tokens: ``[...]`` integer ids a_t of the taken tokens.
       temperature: tau > 0 (a scalar, may be traced).
     Returns:
-      float32 ``[...]`` log-probabilities.
+      ``[...]`` log-probabilities, float32 (float64 for float64 logits).
     """
     chex.assert_equal_shape_prefix([logits, tokens], tokens.ndim)
     chex.assert_rank(logits, tokens.ndim + 1)
     chex.assert_type(tokens, int)
-    z = logits.astype(jnp.float32) / temperature
+    z = at_least_f32(logits) / temperature
     taken = jnp.take_along_axis(z, tokens[..., None], axis=-1)[..., 0]
     return taken - jax.nn.logsumexp(z, axis=-1)
 
 
 def entropy_from_logits(logits: Array, temperature=1.0) -> Array:
-    """H(pi(.|s_t)) = logsumexp(z/tau) - sum_a pi(a|s_t) z_a/tau, float32 ``[...]``."""
-    z = logits.astype(jnp.float32) / temperature
+    """H(pi(.|s_t)) = logsumexp(z/tau) - sum_a pi(a|s_t) z_a/tau, ``[...]``."""
+    z = at_least_f32(logits) / temperature
     lse = jax.nn.logsumexp(z, axis=-1)
     return lse - jnp.sum(jax.nn.softmax(z, axis=-1) * z, axis=-1)
 
 
 def _chunk_stats(h, w, tok, temperature):
-    """Scaled logits z/tau of one chunk ``[C, V]`` (float32), its log-sum-exp and mean score."""
-    z = jnp.dot(h, w, preferred_element_type=jnp.float32).astype(jnp.float32) / temperature
+    """Scaled logits z/tau of one chunk ``[C, V]`` (at least float32), p = softmax(z/tau),
+    its log-sum-exp, mean score E_p[z/tau] and the taken token's score."""
+    dtype = jnp.promote_types(jnp.result_type(h, w), jnp.float32)
+    z = jnp.dot(h, w, preferred_element_type=dtype) / temperature
     lse = jax.nn.logsumexp(z, axis=-1)
     p = jnp.exp(z - lse[:, None])
     mean_z = jnp.sum(p * z, axis=-1)
@@ -97,14 +102,15 @@ def _flat_backward(chunk_size, res, cotangents):
         g_w, g_tau = carry
         h, tok, gl, ge = args
         z, p, lse_c, mean_z, _ = _chunk_stats(h, unembed, tok, temperature)
-        onehot = jax.nn.one_hot(tok, z.shape[-1], dtype=jnp.float32)
+        onehot = jax.nn.one_hot(tok, z.shape[-1], dtype=z.dtype)
         g_z = gl[:, None] * (onehot - p) - ge[:, None] * p * (z - mean_z[:, None])
-        g_h = jnp.dot(g_z, unembed.T.astype(jnp.float32)) / temperature
-        g_w = g_w + jnp.dot(h.T.astype(jnp.float32), g_z) / temperature
+        g_h = jnp.dot(g_z, at_least_f32(unembed).T) / temperature
+        g_w = g_w + jnp.dot(at_least_f32(h).T, g_z) / temperature
         g_tau = g_tau - jnp.sum(g_z * z) / temperature
         return (g_w, g_tau), g_h
 
-    init = (jnp.zeros(unembed.shape, jnp.float32), jnp.zeros((), jnp.float32))
+    dtype = jnp.promote_types(jnp.result_type(hidden, unembed), jnp.float32)
+    init = (jnp.zeros(unembed.shape, dtype), jnp.zeros((), dtype))
     (g_w, g_tau), g_h = jax.lax.scan(body, init, chunks)
     g_h = g_h.reshape(-1, hidden.shape[-1])[:n].astype(hidden.dtype)
     g_tau = jnp.broadcast_to(g_tau, jnp.shape(temperature)).astype(jnp.result_type(temperature))
@@ -131,7 +137,7 @@ def chunked_logprobs_and_entropy(hidden: Array, unembed: Array, tokens: Array,
       temperature: tau > 0, scalar.
       chunk_size: tokens per chunk (static).
     Returns:
-      ``(logp, entropy)``, both float32 with the shape of ``tokens``.
+      ``(logp, entropy)`` with the shape of ``tokens``, float32 (float64 for float64 inputs).
     """
     chex.assert_rank(hidden, tokens.ndim + 1)
     chex.assert_equal_shape_prefix([hidden, tokens], tokens.ndim)
@@ -143,7 +149,7 @@ def chunked_logprobs_and_entropy(hidden: Array, unembed: Array, tokens: Array,
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     lead = tokens.shape
     flat_h = hidden.reshape(-1, hidden.shape[-1])
-    temperature = jnp.asarray(temperature, jnp.float32)
+    temperature = at_least_f32(temperature)
     logp, ent = _flat_logprobs_entropy(flat_h, unembed, tokens.reshape(-1), temperature,
                                        min(chunk_size, max(flat_h.shape[0], 1)))
     return logp.reshape(lead), ent.reshape(lead)

@@ -55,7 +55,7 @@ def clipped_mask(ratio: Array, advantages: Array, eps_low, eps_high, dual_clip=0
     upper = (advantages > 0) & (ratio > 1.0 + eps_high)
     lower = (advantages < 0) & (ratio < 1.0 - eps_low)
     dual = (dual_clip > 1.0) & (advantages < 0) & (ratio > dual_clip)
-    return (upper | lower | dual).astype(jnp.float32)
+    return (upper | lower | dual).astype(ratio.dtype)
 
 
 def modified_ratio(ratio: Array, advantages: Array, eps_low, eps_high, dual_clip=0.0) -> Array:

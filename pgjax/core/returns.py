@@ -11,6 +11,8 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from pgjax.core.dtypes import at_least_f32
+
 Array = jax.Array
 
 
@@ -25,15 +27,15 @@ def outcome_to_token_rewards(rewards: Array, mask: Array) -> Array:
     t = mask.shape[1]
     positions = jnp.arange(t)
     last = jnp.max(jnp.where(mask > 0, positions, -1), axis=1)
-    return jnp.where(positions[None, :] == last[:, None], rewards[:, None], 0.0).astype(jnp.float32)
+    return jnp.where(positions[None, :] == last[:, None], at_least_f32(rewards)[:, None], 0.0)
 
 
 def as_token_rewards(rewards: Array, mask: Array) -> Array:
-    """Outcome rewards ``[B]`` or per-token rewards ``[B, T]`` as ``[B, T]`` float32."""
+    """Outcome rewards ``[B]`` or per-token rewards ``[B, T]`` as ``[B, T]`` floats (at least float32)."""
     if rewards.ndim == 1:
         return outcome_to_token_rewards(rewards, mask)
     chex.assert_equal_shape([rewards, mask])
-    return rewards.astype(jnp.float32)
+    return at_least_f32(rewards)
 
 
 def gae(rewards: Array, values: Array, mask: Array, gamma=1.0, lam=1.0,
@@ -53,14 +55,14 @@ def gae(rewards: Array, values: Array, mask: Array, gamma=1.0, lam=1.0,
       gamma, lam: discount and GAE lambda, scalars in [0, 1] (may be traced).
       bootstrap: ``[B]`` value after the response; None means 0 (terminated).
     Returns:
-      ``(advantages, lambda_returns)``, both ``[B, T]`` float32, 0 off the mask.
+      ``(advantages, lambda_returns)``, both ``[B, T]`` (at least float32), 0 off the mask.
     """
     chex.assert_rank([rewards, values, mask], 2)
     chex.assert_equal_shape([rewards, values, mask])
     b = rewards.shape[0]
-    bootstrap = jnp.zeros((b,), jnp.float32) if bootstrap is None else bootstrap.astype(jnp.float32)
+    rewards, values, mask = (at_least_f32(x) for x in (rewards, values, mask))
+    bootstrap = jnp.zeros((b,), rewards.dtype) if bootstrap is None else at_least_f32(bootstrap)
     chex.assert_shape(bootstrap, (b,))
-    rewards, values, mask = (x.astype(jnp.float32) for x in (rewards, values, mask))
 
     def step(carry, xs):
         next_value, next_adv = carry
@@ -70,7 +72,7 @@ def gae(rewards: Array, values: Array, mask: Array, gamma=1.0, lam=1.0,
         carry = (jnp.where(on, v, bootstrap), jnp.where(on, adv, 0.0))
         return carry, jnp.where(on, adv, 0.0)
 
-    init = (bootstrap, jnp.zeros((b,), jnp.float32))
+    init = (bootstrap, jnp.zeros_like(bootstrap))
     _, adv = jax.lax.scan(step, init, (rewards.T, values.T, mask.T), reverse=True)
     adv = adv.T
     return adv, (adv + values) * mask
