@@ -222,16 +222,18 @@ def advantages(spec: Spec, hp: HParams, batch: Batch) -> Array:
     """Per-token advantages ``[B, T]`` (no gradient) of ``spec`` on the *global* batch."""
     check_batch(spec, batch)
     mask = batch.mask
-    token_rewards = as_token_rewards(batch.rewards, mask)
+    kl_penalty = jnp.zeros_like(mask)
     if _kl_needed(spec, hp, batch, "reward"):
         kl = obj_lib.kl_estimate(_behaviour_logp(batch), batch.ref_logp, spec.kl_estimator)
-        token_rewards = token_rewards - hp.kl_coef * kl * mask
-    if spec.baseline == "none":
-        adv = gae(token_rewards, jnp.zeros_like(token_rewards), mask, hp.gamma, 1.0, batch.bootstrap)[0]
-    elif spec.baseline == "value":
-        adv = gae(token_rewards, batch.values, mask, hp.gamma, hp.lam, batch.bootstrap)[0]
+        kl_penalty = hp.kl_coef * kl * mask
+    if spec.baseline in ("none", "value"):
+        token_rewards = as_token_rewards(batch.rewards, mask) - kl_penalty
+        values = jnp.zeros_like(token_rewards) if spec.baseline == "none" else batch.values
+        lam = 1.0 if spec.baseline == "none" else hp.lam
+        adv = gae(token_rewards, values, mask, hp.gamma, lam, batch.bootstrap)[0]
     else:
-        scores = adv_lib.sequence_scores(token_rewards, mask)
+        # scored from the rewards themselves, so an empty response still counts in its group
+        scores = adv_lib.sequence_scores(batch.rewards, mask) - jnp.sum(kl_penalty, axis=1)
         if spec.baseline == "greedy":
             seq_adv = adv_lib.greedy_baseline_advantages(scores, batch.greedy_rewards)
         else:

@@ -1,0 +1,41 @@
+"""Shared test helpers: random batches whose log-probs are a function of parameters."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pgjax.core import Batch, token_logprobs
+
+VOCAB = 5
+
+
+def make_batch(seed: int, prompts: int = 3, group_size: int = 4, length: int = 6, *, dtype=jnp.float32):
+    """A batch of P * K rows with varied response lengths (one empty response, one full,
+    i.e. truncated), binary rewards with one all-equal group, and behaviour / reference
+    log-probs near the current ones so that some tokens are clipped.
+
+    Returns ``(batch, theta, tokens)``; ``batch.logp == token_logprobs(theta, tokens)``.
+    """
+    rng = np.random.default_rng(seed)
+    b = prompts * group_size
+    lengths = rng.integers(1, length + 1, size=b)
+    lengths[0], lengths[1] = 0, length
+    mask = (np.arange(length)[None, :] < lengths[:, None]).astype(np.float64)
+    rewards = rng.integers(0, 2, size=b).astype(np.float64)
+    rewards[group_size:2 * group_size] = 1.0  # prompt 1: every sample correct
+    theta = rng.normal(size=(b, length, VOCAB))
+    tokens = rng.integers(0, VOCAB, size=(b, length))
+    theta, tokens = jnp.asarray(theta, dtype), jnp.asarray(tokens)
+    logp = token_logprobs(theta, tokens)
+    noise = lambda scale: jnp.asarray(rng.normal(scale=scale, size=(b, length)), dtype)
+    batch = Batch(mask=jnp.asarray(mask, dtype), rewards=jnp.asarray(rewards, dtype), logp=logp,
+                  old_logp=logp + noise(0.3), ref_logp=logp + noise(0.2),
+                  values=noise(1.0), bootstrap=jnp.asarray(np.where(lengths == length, 0.5, 0.0), dtype),
+                  greedy_rewards=jnp.asarray(rng.integers(0, 2, size=b), dtype), group_size=group_size)
+    return batch, theta, tokens
+
+
+@pytest.fixture
+def x64():
+    with jax.enable_x64(True):
+        yield
