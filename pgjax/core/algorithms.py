@@ -107,7 +107,9 @@ class HParams:
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
         if unknown:
             raise ValueError(f"unknown hyperparameter(s) {sorted(unknown)}; valid: {field_names(HParams)}")
-        return dataclasses.replace(self, **changes)
+        new = dataclasses.replace(self, **changes)
+        check_hparams(new)
+        return new
 
 
 def field_names(cls) -> list[str]:
@@ -118,8 +120,13 @@ _SWITCHES = ("leave_one_out", "divide_by_std", "divide_by_length", "whiten")
 
 
 def check_hparams(hp: HParams, group_size: int = 1) -> None:
-    """Raise ValueError for out-of-range hyperparameters. Traced values are skipped
-    (they cannot be read); concrete ones (also stacked grids) are checked."""
+    """Raise ValueError for out-of-range hyperparameters.
+
+    Concrete values (Python floats, arrays, stacked grids) are checked; traced
+    ones cannot be read and are skipped, so a setting built inside ``jit`` is
+    the caller's responsibility. ``HParams.replace``, ``hparam_grid`` and an
+    eager ``loss`` call check.
+    """
     def values(name):
         x = getattr(hp, name)
         if isinstance(x, jax.core.Tracer):

@@ -1,0 +1,30 @@
+"""DESIGN.md's layering: pgjax.core imports nothing else from pgjax and does no I/O."""
+import ast
+import pathlib
+
+CORE = pathlib.Path(__file__).parent.parent / "pgjax" / "core"
+IO_CALLS = {"open", "print", "input"}
+
+
+def _imports_and_calls(path):
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (("import", alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            yield "import", node.module or ""
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            yield "call", node.func.id
+
+
+def test_core_imports_only_core_and_does_no_io():
+    files = sorted(CORE.glob("*.py"))
+    assert len(files) >= 7
+    for path in files:
+        for kind, name in _imports_and_calls(path):
+            if kind == "import":
+                assert not name.startswith("pgjax") or name.startswith("pgjax.core"), f"{path.name} imports {name}"
+                assert name.split(".")[0] not in {"os", "io", "pathlib", "requests", "urllib"}, \
+                    f"{path.name} imports {name}"
+            else:
+                assert name not in IO_CALLS, f"{path.name} calls {name}()"
