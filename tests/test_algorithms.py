@@ -99,7 +99,7 @@ def reference_loss(name, x, k):
         adv = _ref_gae(_outcome_tokens(r, m), x["values"], m, x["bootstrap"], 1.0, 0.95)
         sel = adv[m > 0]
         adv = (adv - sel.mean()) / (sel.std(ddof=1) + 1e-8) * m
-        return -np.sum(seq(_ref_rho_hat(logp, old, adv, 0.2, 0.2) * adv)) / m.sum()
+        return -np.mean(seq(_ref_rho_hat(logp, old, adv, 0.2, 0.2) * adv))
     raise KeyError(name)
 
 

@@ -30,7 +30,7 @@ PRESETS: dict[str, Algorithm] = {
     "ppo": _preset(
         "PPO: modified ratio rho-hat, GAE(lambda) with a critic, whitened advantages, KL in reward",
         HParams(lam=0.95, whiten=1.0), name="ppo", equation="15-17",
-        baseline="value", ratio="clip", aggregation="token_mean", kl_placement="reward", kl_estimator="k1"),
+        baseline="value", ratio="clip", aggregation="seq_mean", kl_placement="reward", kl_estimator="k1"),
     "ppo_multi_sample": _preset(
         "PPO with multiple sampling: group mean baseline with 1/(K-1), rho-hat",
         HParams(leave_one_out=1.0), name="ppo_multi_sample", equation="19-20",
