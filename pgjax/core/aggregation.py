@@ -46,9 +46,10 @@ def loss_normalizer(mask: Array, group_size: int = 1, max_length=None) -> Normal
     """Denominators of the global batch ``mask`` ``[B, T]``; L defaults to T."""
     chex.assert_rank(mask, 2)
     b, t = mask.shape
+    mask = at_least_f32(mask)
     if group_size < 1 or b % group_size:
         raise ValueError(f"batch of {b} rows is not divisible by group_size K={group_size}")
-    f = lambda x: at_least_f32(jnp.asarray(x, mask.dtype))
+    f = lambda x: jnp.asarray(x, mask.dtype)
     return Normalizer(num_tokens=f(jnp.sum(mask)), num_sequences=f(b), num_prompts=f(b // group_size),
                       max_length=f(t if max_length is None else max_length))
 
@@ -64,7 +65,9 @@ def aggregate(per_token: Array, mask: Array, mode: str, norm: Normalizer,
     """Scalar aggregate of ``per_token`` ``[B, T]`` under ``mode`` (see the module docstring)."""
     chex.assert_rank([per_token, mask], 2)
     chex.assert_equal_shape([per_token, mask])
-    weighted = jnp.sum(per_token * mask, axis=1) * length_weights(mask, divide_by_length)
+    mask = at_least_f32(mask)
+    masked = jnp.where(mask > 0, at_least_f32(per_token) * mask, 0.0)  # padding may hold inf / NaN
+    weighted = jnp.sum(masked, axis=1) * length_weights(mask, divide_by_length)
     total = jnp.sum(weighted)
     if mode == "token_sum":
         return total / norm.num_prompts

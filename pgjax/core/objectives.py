@@ -9,6 +9,8 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from pgjax.core.dtypes import at_least_f32
+
 Array = jax.Array
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
@@ -17,7 +19,7 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 def importance_ratio(logp: Array, old_logp: Array) -> Array:
     """rho_t(theta) = pi_theta(a_t|s_t) / pi_old(a_t|s_t) = exp(logp - old_logp)."""
     chex.assert_equal_shape([logp, old_logp])
-    return jnp.exp(logp - old_logp)
+    return jnp.exp(at_least_f32(logp) - at_least_f32(old_logp))
 
 
 def on_policy_ratio(logp: Array) -> Array:
@@ -26,6 +28,7 @@ def on_policy_ratio(logp: Array) -> Array:
     With it, ratio * A is the REINFORCE surrogate of eq. (10)-(14): its value is
     A and its gradient A grad log pi, the same as PPO at theta = theta_old.
     """
+    logp = at_least_f32(logp)
     return jnp.exp(logp - jax.lax.stop_gradient(logp))
 
 
@@ -39,8 +42,10 @@ def sequence_ratio(logp: Array, old_logp: Array, mask: Array) -> Array:
     With the sequence-mean / |o| aggregation this is GSPO's objective.
     """
     chex.assert_equal_shape([logp, old_logp, mask])
+    logp, old_logp, mask = (at_least_f32(x) for x in (logp, old_logp, mask))
     length = jnp.maximum(jnp.sum(mask, axis=1, keepdims=True), 1.0)
-    seq_log_ratio = jnp.sum((logp - old_logp) * mask, axis=1, keepdims=True) / length
+    log_ratio = jnp.where(mask > 0, logp - old_logp, 0.0)
+    seq_log_ratio = jnp.sum(log_ratio, axis=1, keepdims=True) / length
     return jnp.exp(jax.lax.stop_gradient(seq_log_ratio) + logp - jax.lax.stop_gradient(logp))
 
 
@@ -51,6 +56,7 @@ def clipped_mask(ratio: Array, advantages: Array, eps_low, eps_high, dual_clip=0
     (eq. 16 with clip-higher's asymmetric epsilons), or, with dual clip
     c > 1, when A < 0 and rho > c. ``dual_clip`` = 0 disables the dual clip.
     """
+    chex.assert_equal_shape([ratio, advantages])
     ratio = jax.lax.stop_gradient(ratio)
     upper = (advantages > 0) & (ratio > 1.0 + eps_high)
     lower = (advantages < 0) & (ratio < 1.0 - eps_low)
@@ -72,6 +78,7 @@ def clipped_objective(ratio: Array, advantages: Array, eps_low, eps_high, dual_c
       min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A), and for A < 0 and c > 1
       max(that, c A)  (dual clip).
     """
+    chex.assert_equal_shape([ratio, advantages])
     clipped = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
     obj = jnp.minimum(ratio * advantages, clipped * advantages)
     dual = jnp.maximum(obj, dual_clip * advantages)
@@ -93,7 +100,7 @@ def kl_estimate(logp: Array, ref_logp: Array, estimator: str) -> Array:
       k3 = (r - 1) - log r          unbiased, low variance, >= 0 (GRPO's choice)
     """
     chex.assert_equal_shape([logp, ref_logp])
-    log_r = ref_logp - logp
+    log_r = at_least_f32(ref_logp) - at_least_f32(logp)
     if estimator == "k1":
         return -log_r
     if estimator == "k2":
@@ -109,6 +116,7 @@ def value_loss(values: Array, old_values: Array, returns: Array, clip_eps=0.0) -
       0.5 max((V - G)^2, (V_old + clip(V - V_old, -eps, eps) - G)^2).
     """
     chex.assert_equal_shape([values, old_values, returns])
+    values, old_values, returns = (at_least_f32(x) for x in (values, old_values, returns))
     plain = (values - returns) ** 2
     clipped = (old_values + jnp.clip(values - old_values, -clip_eps, clip_eps) - returns) ** 2
     return 0.5 * jnp.where(clip_eps > 0, jnp.maximum(plain, clipped), plain)
