@@ -86,27 +86,33 @@ def whiten(x: Array, mask: Array, eps=1e-8, ddof=1.0) -> Array:
 
     E and std are over every masked entry, std with ``ddof`` (the seed's PPO
     note uses ddof = 1). Off-mask entries stay 0. With fewer than ddof + 1
-    masked entries the std is taken as 0 (no NaN).
+    masked entries the divisor n - ddof is replaced by 1 (no NaN). Off-mask
+    entries may hold anything (they are selected away, not multiplied).
     """
     chex.assert_equal_shape([x, mask])
-    x, mask = at_least_f32(x), at_least_f32(mask)
-    n = jnp.sum(mask)
-    mean = jnp.sum(x * mask) / jnp.maximum(n, 1.0)
-    var = jnp.sum(((x - mean) * mask) ** 2) / jnp.maximum(n - ddof, 1.0)
-    return (x - mean) / (jnp.sqrt(var) + eps) * mask
+    on = at_least_f32(mask) > 0
+    x = jnp.where(on, at_least_f32(x), 0.0)
+    n = jnp.sum(on)
+    mean = jnp.sum(x) / jnp.maximum(n, 1)
+    centered = jnp.where(on, x - mean, 0.0)
+    var = jnp.sum(centered ** 2) / jnp.maximum(n - ddof, 1.0)
+    return centered / (jnp.sqrt(var) + eps)
 
 
 def broadcast_over_tokens(seq_advantages: Array, mask: Array) -> Array:
     """Outcome-level A_k ``[B]`` -> per-token ``[B, T]``: A_{k,t} = A_k on response tokens."""
     chex.assert_rank([seq_advantages, mask], [1, 2])
     chex.assert_equal_shape_prefix([seq_advantages, mask], 1)
-    return at_least_f32(seq_advantages)[:, None] * at_least_f32(mask)
+    return jnp.where(at_least_f32(mask) > 0, at_least_f32(seq_advantages)[:, None], 0.0)
 
 
 def sequence_scores(rewards: Array, mask: Array) -> Array:
     """The scalar score of each response: the outcome reward ``[B]`` itself, or the
-    undiscounted sum of per-token rewards over the response for ``[B, T]``."""
+    undiscounted sum of per-token rewards over the response for ``[B, T]``.
+
+    An empty response keeps its outcome reward, so it still counts in its
+    group's statistics (it has no token to receive a gradient)."""
     if rewards.ndim == 1:
         return at_least_f32(rewards)
     chex.assert_equal_shape([rewards, mask])
-    return jnp.sum(at_least_f32(rewards) * mask, axis=1)
+    return jnp.sum(jnp.where(mask > 0, at_least_f32(rewards), 0.0), axis=1)

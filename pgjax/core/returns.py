@@ -60,8 +60,11 @@ def gae(rewards: Array, values: Array, mask: Array, gamma=1.0, lam=1.0,
     chex.assert_rank([rewards, values, mask], 2)
     chex.assert_equal_shape([rewards, values, mask])
     b = rewards.shape[0]
-    rewards, values, mask = (at_least_f32(x) for x in (rewards, values, mask))
-    bootstrap = jnp.zeros((b,), rewards.dtype) if bootstrap is None else at_least_f32(bootstrap)
+    given = (rewards, values) if bootstrap is None else (rewards, values, bootstrap)
+    dtype = jnp.result_type(*(at_least_f32(x) for x in given))
+    rewards, values, mask = (x.astype(dtype) for x in (rewards, values, mask))
+    bootstrap = jnp.zeros((b,), dtype) if bootstrap is None else bootstrap.astype(dtype)
+    gamma, lam = jnp.asarray(gamma, dtype), jnp.asarray(lam, dtype)
     chex.assert_shape(bootstrap, (b,))
 
     def step(carry, xs):
@@ -75,7 +78,7 @@ def gae(rewards: Array, values: Array, mask: Array, gamma=1.0, lam=1.0,
     init = (bootstrap, jnp.zeros_like(bootstrap))
     _, adv = jax.lax.scan(step, init, (rewards.T, values.T, mask.T), reverse=True)
     adv = adv.T
-    return adv, (adv + values) * mask
+    return adv, jnp.where(mask > 0, adv + values, 0.0)
 
 
 def discounted_returns(rewards: Array, mask: Array, gamma=1.0,
