@@ -232,7 +232,7 @@ def advantages(spec: Spec, hp: HParams, batch: Batch) -> Array:
     kl_penalty = jnp.zeros_like(mask)
     if _kl_needed(spec, hp, batch, "reward"):
         kl = obj_lib.kl_estimate(_behaviour_logp(batch), batch.ref_logp, spec.kl_estimator)
-        kl_penalty = hp.kl_coef * kl * mask
+        kl_penalty = jnp.where(mask > 0, hp.kl_coef * kl, 0.0)
     if spec.baseline in ("none", "value"):
         token_rewards = as_token_rewards(batch.rewards, mask) - kl_penalty
         values = jnp.zeros_like(token_rewards) if spec.baseline == "none" else batch.values
