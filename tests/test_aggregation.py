@@ -29,7 +29,7 @@ def np_aggregate(x, m, mode, group_size=1, divide_by_length=0.0, max_length=None
             continue
         w = s / length + (1.0 - s)
         total += w * sum(m[i, j] * x[i, j] for j in range(t))
-    if mode == "token_sum":
+    if mode == "prompt_mean":
         return total / (b / group_size)
     if mode == "token_mean":
         return total / m.sum() if m.sum() > 0 else 0.0
@@ -71,10 +71,10 @@ def test_aggregate_hand_computed():
     # rows: [1, 2 | pad], [3 | pad, pad], [] (empty), K = 1, T = 3
     x = jnp.array([[1.0, 2.0, 100.0], [3.0, 100.0, 100.0], [100.0, 100.0, 100.0]])
     m = jnp.array([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
-    norm = loss_normalizer(m)
+    norm = loss_normalizer(m, 1)
     # token sums 3, 3, 0 (total 6); with 1/|o|: 1.5 + 3 = 4.5. B = 3, P = 3 (K = 1), sum m = 3, L = T = 3.
     expected = {  # (s = 0, s = 1)
-        "token_sum": (6.0 / 3, 4.5 / 3),
+        "prompt_mean": (6.0 / 3, 4.5 / 3),
         "token_mean": (6.0 / 3, 4.5 / 3),
         "seq_mean": (6.0 / 3, 4.5 / 3),
         "seq_mean_const_len": (6.0 / 9, 4.5 / 9),
@@ -82,9 +82,9 @@ def test_aggregate_hand_computed():
     for mode, (e0, e1) in expected.items():
         np.testing.assert_allclose(aggregate(x, m, mode, norm, 0.0), e0, rtol=1e-6, err_msg=mode)
         np.testing.assert_allclose(aggregate(x, m, mode, norm, 1.0), e1, rtol=1e-6, err_msg=mode)
-    # token_sum with K = 3: one prompt, P = 1 -> the total itself; 3 masked ones / P = 3 -> 1
-    np.testing.assert_allclose(aggregate(x, m, "token_sum", loss_normalizer(m, 3)), 6.0, rtol=1e-6)
-    np.testing.assert_allclose(aggregate(x * 0 + 1, m, "token_sum", loss_normalizer(m, 1)), 1.0, rtol=1e-6)
+    # prompt_mean with K = 3: one prompt, P = 1 -> the total itself; 3 masked ones / P = 3 -> 1
+    np.testing.assert_allclose(aggregate(x, m, "prompt_mean", loss_normalizer(m, 3)), 6.0, rtol=1e-6)
+    np.testing.assert_allclose(aggregate(x * 0 + 1, m, "prompt_mean", loss_normalizer(m, 1)), 1.0, rtol=1e-6)
     # constant length L = 4 instead of T = 3
     np.testing.assert_allclose(aggregate(x, m, "seq_mean_const_len", loss_normalizer(m, 1, 4)), 6.0 / 12,
                                rtol=1e-6)
@@ -92,13 +92,13 @@ def test_aggregate_hand_computed():
 
 @pytest.mark.parametrize("mode", AGGREGATIONS)
 @pytest.mark.parametrize("divide_by_length", [0.0, 1.0])
-def test_token_sum_divides_by_prompts_not_sequences(f64, mode, divide_by_length):
+def test_prompt_mean_divides_by_prompts_not_sequences(f64, mode, divide_by_length):
     x, m = random_case(1)
     b = x.shape[0]
     jx, jm = jnp.asarray(x), jnp.asarray(m)
     v1 = aggregate(jx, jm, mode, loss_normalizer(jm, 1), divide_by_length)
     v4 = aggregate(jx, jm, mode, loss_normalizer(jm, 4), divide_by_length)
-    if mode == "token_sum":   # P = B / K: K = 4 divides by 2 instead of 8
+    if mode == "prompt_mean":   # P = B / K: K = 4 divides by 2 instead of 8
         np.testing.assert_allclose(v4, 4 * v1, rtol=1e-12)
         np.testing.assert_allclose(v4, np_aggregate(x, m, mode, 4, divide_by_length), rtol=1e-12)
         assert not np.isclose(v1, v4)
@@ -198,7 +198,7 @@ def per_token_slice(th_slice, sl):
     return per_token(theta.at[sl].set(th_slice))[sl]
 
 
-@pytest.mark.parametrize("mode", ["token_mean", "token_sum"])
+@pytest.mark.parametrize("mode", ["token_mean", "prompt_mean"])
 def test_local_normalizer_breaks_invariance(mode):
     """Sanity check that the invariance test is sensitive: micro-batch-local denominators differ."""
     b, t, k = 8, 6, 2
@@ -231,21 +231,21 @@ def test_loss_normalizer_values():
 
 def test_loss_normalizer_float64_keeps_double(f64):
     m = jnp.asarray(make_mask([2, 3], 4))
-    n = loss_normalizer(m)
+    n = loss_normalizer(m, 1)
     assert all(leaf.dtype == jnp.float64 for leaf in jax.tree.leaves(n))
 
 
 def test_loss_normalizer_counts_exact_for_bfloat16_mask():
     m = jnp.ones((1, 257), jnp.bfloat16)
-    n = loss_normalizer(m)
+    n = loss_normalizer(m, 1)
     assert float(n.num_tokens) == 257.0 and float(n.max_length) == 257.0
 
 
 def test_aggregate_sums_bfloat16_inputs_in_float32():
     x = jnp.ones((1, 3000), jnp.bfloat16)
     m = jnp.ones((1, 3000), jnp.bfloat16)
-    norm = loss_normalizer(jnp.ones((1, 3000), jnp.float32))
-    assert float(aggregate(x, m, "token_sum", norm)) == 3000.0
+    norm = loss_normalizer(jnp.ones((1, 3000), jnp.float32), 1)
+    assert float(aggregate(x, m, "prompt_mean", norm)) == 3000.0
 
 
 @pytest.mark.parametrize("b, k", [(6, 4), (5, 2), (4, 0), (3, -1)])
@@ -257,16 +257,16 @@ def test_indivisible_or_invalid_group_size_raises(b, k):
 def test_unknown_mode_raises_listing_valid_modes():
     m = jnp.ones((2, 3))
     with pytest.raises(ValueError, match="token_average") as info:
-        aggregate(m, m, "token_average", loss_normalizer(m))
+        aggregate(m, m, "token_average", loss_normalizer(m, 1))
     for mode in AGGREGATIONS:
         assert mode in str(info.value)
 
 
 def test_shape_mismatch_raises():
     with pytest.raises((AssertionError, ValueError)):
-        aggregate(jnp.ones((2, 3)), jnp.ones((2, 4)), "token_mean", loss_normalizer(jnp.ones((2, 4))))
+        aggregate(jnp.ones((2, 3)), jnp.ones((2, 4)), "token_mean", loss_normalizer(jnp.ones((2, 4)), 1))
     with pytest.raises((AssertionError, ValueError)):
-        loss_normalizer(jnp.ones((2, 3, 1)))
+        loss_normalizer(jnp.ones((2, 3, 1)), 1)
 
 
 # ----------------------------------------------------------------------------------------
@@ -311,4 +311,4 @@ def test_padding_holding_inf_or_nan_does_not_leak_into_the_aggregate():
     mask = jnp.asarray(make_mask([2, 3], 4))
     per_token = jnp.where(mask > 0, 1.0, jnp.nan)
     for mode in AGGREGATIONS:
-        assert np.isfinite(float(aggregate(per_token, mask, mode, loss_normalizer(mask)))), mode
+        assert np.isfinite(float(aggregate(per_token, mask, mode, loss_normalizer(mask, 1)))), mode

@@ -72,8 +72,8 @@ def reference_loss(name, x, k):
     p = b // k
     lengths = m.sum(1)
     seq = lambda per_tok: (per_tok * m).sum(1)
-    if name == "reinforce":      # eq. 10, G_t = r (+ bootstrap if truncated) for gamma = 1, rho = 1
-        return -np.mean(seq(np.broadcast_to((r + x["bootstrap"])[:, None], m.shape)))
+    if name == "reinforce":      # eq. 10, G_t = r for gamma = 1, rho = 1 (no critic, no bootstrap)
+        return -np.mean(seq(np.broadcast_to(r[:, None], m.shape)))
     if name == "remax":          # eq. 13
         return -np.mean(seq(np.broadcast_to((r - x["greedy_rewards"])[:, None], m.shape)))
     if name == "reinforce_baseline":  # eq. 12: G_t - V(s_t) (with the bootstrap after truncation)
@@ -100,11 +100,30 @@ def reference_loss(name, x, k):
         sel = adv[m > 0]
         adv = (adv - sel.mean()) / (sel.std(ddof=1) + 1e-8) * m
         return -np.mean(seq(_ref_rho_hat(logp, old, adv, 0.2, 0.2) * adv))
+    if name == "reinforce_pp":   # return-to-go of r - 0.01 * k1(old, ref), whitened, rho-hat, token-mean
+        r_tok = _outcome_tokens(r, m) - 0.01 * (old - x["ref_logp"]) * m
+        adv = np.flip(np.cumsum(np.flip(r_tok, 1), 1), 1) * m
+        sel = adv[m > 0]
+        adv = (adv - sel.mean()) / (sel.std(ddof=1) + 1e-8) * m
+        return -np.sum(seq(_ref_rho_hat(logp, old, adv, 0.2, 0.2) * adv)) / m.sum()
+    if name == "gspo":           # sequence ratio exp(mean_t log rho), clipped per sequence, / |o|
+        a = _ref_group(r, k, std=True)
+        total = 0.0
+        for i in range(b):
+            if lengths[i] == 0:
+                continue
+            s_i = np.exp(((logp[i] - old[i]) * m[i]).sum() / lengths[i])
+            clipped = (a[i] > 0 and s_i > 1 + 4e-4) or (a[i] < 0 and s_i < 1 - 3e-4)
+            total += 0.0 if clipped else s_i * a[i]   # (1/|o|) sum_t of a per-token constant
+        return -total / b
+    if name == "cispo":          # sg(min(rho, 1 + eps_high)) A log pi, token-mean
+        a = _ref_group(r, k, std=True)[:, None] * np.ones_like(m)
+        weight = np.minimum(np.exp(logp - old), 5.0)
+        return -np.sum(seq(weight * a * logp)) / m.sum()
     raise KeyError(name)
 
 
-REFERENCED = ["reinforce", "remax", "reinforce_baseline", "rloo", "ppo_multi_sample", "dr_grpo", "grpo",
-              "dapo", "ppo"]
+REFERENCED = sorted(PRESETS)
 
 
 @pytest.mark.parametrize("name", REFERENCED)
@@ -140,7 +159,7 @@ def test_rho_hat_loss_gradient_equals_clipped_objective_gradient(x64):
     batch, theta, tokens = make_batch(2, dtype=jnp.float64)
     hp = HParams(clip_eps_low=0.1, clip_eps_high=0.25, dual_clip=2.0, divide_by_std=1.0)
     spec = preset("dapo").spec
-    adv = core.advantages(spec, hp, batch)
+    adv = core.advantages(spec, batch, hp)
     norm = loss_normalizer(batch.mask, batch.group_size)
 
     def clipped(th):
@@ -252,7 +271,7 @@ def test_micro_batch_gradients_sum_to_full_batch_gradient(aggregation, n_micro):
     algo = preset("grpo")
     spec = dataclasses.replace(algo.spec, aggregation=aggregation)
     hp = algo.hparams.replace(whiten=1.0)  # whitening needs global statistics too
-    adv = core.advantages(spec, hp, batch)
+    adv = core.advantages(spec, batch, hp)
     norm = loss_normalizer(batch.mask, batch.group_size)
     full = _grad(spec, hp, batch.replace(advantages=adv), theta, tokens, norm)
     rows = batch.mask.shape[0] // n_micro
@@ -319,6 +338,9 @@ def test_metrics_are_sums_and_counts():
     assert float(m["tokens"]) == mask.sum()
     np.testing.assert_allclose(m["ratio_sum"], (ratio * mask).sum(), rtol=1e-5)
     np.testing.assert_allclose(m["ratio_max"], ratio[mask > 0].max(), rtol=1e-6)
+    np.testing.assert_allclose(m["ratio_min"], ratio[mask > 0].min(), rtol=1e-6)
+    log_r = np.asarray(batch.logp - batch.old_logp)  # k3 estimate of KL(old || new) from samples of old
+    np.testing.assert_allclose(m["approx_kl_sum"], ((np.exp(log_r) - 1 - log_r) * mask).sum(), rtol=1e-4)
     out = finalize_metrics(m)
     np.testing.assert_allclose(out["ratio_mean"], (ratio * mask).sum() / mask.sum(), rtol=1e-5)
     assert 0.0 < float(out["clip_fraction"]) < 1.0
@@ -337,8 +359,8 @@ def test_entropy_bonus_enters_the_loss():
 def test_kl_in_reward_lowers_the_returns():
     batch, _, _ = make_batch(15)
     algo = preset("reinforce_pp")
-    off = core.advantages(algo.spec, algo.hparams.replace(kl_coef=0.0, whiten=0.0), batch)
-    on = core.advantages(algo.spec, algo.hparams.replace(kl_coef=0.5, whiten=0.0), batch)
+    off = core.advantages(algo.spec, batch, algo.hparams.replace(kl_coef=0.0, whiten=0.0))
+    on = core.advantages(algo.spec, batch, algo.hparams.replace(kl_coef=0.5, whiten=0.0))
     k1 = np.asarray((batch.old_logp - batch.ref_logp) * batch.mask)
     # return-to-go of the per-token penalty -0.5 * k1
     penalty = -0.5 * np.flip(np.cumsum(np.flip(k1, 1), 1), 1) * np.asarray(batch.mask)
@@ -387,7 +409,7 @@ def test_bad_batches_raise():
         grpo.loss(batch.replace(rewards=batch.rewards[:-1]))
     with pytest.raises(ValueError, match="mask must be a float"):
         grpo.loss(batch.replace(mask=batch.mask.astype(jnp.int32)))
-    with pytest.raises(ValueError, match="group baseline needs group_size K >= 2"):
+    with pytest.raises(ValueError, match="K must be >= 2 here, got K=1"):
         grpo.loss(batch.replace(group_size=1))
     with pytest.raises(ValueError, match="needs batch.values"):
         preset("ppo").loss(batch.replace(values=None))
@@ -398,3 +420,64 @@ def test_bad_batches_raise():
     # KL off: ref_logp may be absent
     loss_value, _ = grpo.loss(batch.replace(ref_logp=None), grpo.hparams.replace(kl_coef=0.0))
     assert np.isfinite(float(loss_value))
+
+
+def test_missing_reference_drops_the_kl_term_under_jit_and_vmap():
+    batch, _, _ = make_batch(18)
+    grpo = preset("grpo")
+    no_ref = batch.replace(ref_logp=None)
+    off = grpo.hparams.replace(kl_coef=0.0)
+    eager, _ = grpo.loss(no_ref, off)
+    jitted, _ = jax.jit(grpo.loss)(no_ref, off)
+    np.testing.assert_allclose(jitted, eager, rtol=1e-6)
+    np.testing.assert_allclose(eager, grpo.loss(batch, off)[0], rtol=1e-6)
+    grid, _ = hparam_grid(off, divide_by_std=[0.0, 1.0])
+    swept, _ = jax.vmap(grpo.loss, in_axes=(None, 0))(no_ref, grid)
+    np.testing.assert_allclose(swept[1], eager, rtol=1e-6)
+
+
+def test_entropy_coef_without_entropy_raises():
+    batch, _, _ = make_batch(19)
+    with pytest.raises(ValueError, match="entropy_coef != 0 needs batch.entropy"):
+        preset("dapo").loss(batch, preset("dapo").hparams.replace(entropy_coef=0.01))
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_minus_inf_log_probs_in_padding_give_finite_values_and_gradients(name):
+    batch, theta, tokens = make_batch(20)
+    pad = batch.mask == 0
+    poison = lambda x: jnp.where(pad, -jnp.inf, x)
+    batch = batch.replace(old_logp=poison(batch.old_logp), ref_logp=poison(batch.ref_logp),
+                          entropy=jnp.where(pad, jnp.nan, 1.0))
+    algo = preset(name)
+
+    def f(th):
+        return algo.loss(batch.replace(logp=poison(token_logprobs(th, tokens))), algo.hparams)[0]
+    value, grad = jax.value_and_grad(f)(theta)
+    assert np.isfinite(float(value))
+    assert np.all(np.isfinite(np.asarray(grad)))
+
+
+def test_reinforce_uses_the_sampled_return_not_a_critic_bootstrap():
+    batch, _, _ = make_batch(21)
+    reinforce = preset("reinforce")
+    scaled = batch.replace(bootstrap=batch.bootstrap * 100)
+    np.testing.assert_allclose(reinforce.loss(batch)[0], reinforce.loss(scaled)[0])
+    critic = preset("reinforce_baseline")  # with a critic, the bootstrap value is used
+    assert float(critic.loss(batch)[0]) != float(critic.loss(scaled)[0])
+
+
+def test_micro_batches_may_split_a_group_and_carry_per_token_advantages():
+    """PPO's per-token GAE advantages and GRPO's group advantages, micro-batches of 2 rows with K = 4."""
+    batch, theta, tokens = make_batch(22, prompts=2, group_size=4)
+    norm = loss_normalizer(batch.mask, batch.group_size)
+    for name in ("ppo", "grpo"):
+        algo = preset(name)
+        adv = algo.advantages(batch)
+        full = _grad(algo.spec, algo.hparams, batch.replace(advantages=adv), theta, tokens, norm)
+        total = np.zeros_like(full)
+        for start in range(0, 8, 2):
+            sl = slice(start, start + 2)
+            micro = jax.tree.map(lambda x: x[sl], batch.replace(advantages=adv))
+            total[sl] = _grad(algo.spec, algo.hparams, micro, theta[sl], tokens[sl], norm)
+        np.testing.assert_allclose(total, full, atol=1e-6, err_msg=name)

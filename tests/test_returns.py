@@ -572,3 +572,15 @@ def test_lambda_returns_ignore_nan_values_in_padding():
     ret = lambda_returns(jnp.asarray([1.0]), values, mask, 1.0, 0.9)
     # t=1: delta = 1 - 0.5, G = 1; t=0: delta = 0, A = 0.9 * 0.5, G = 0.45 + 0.5
     np.testing.assert_allclose(np.asarray(ret), [[0.95, 1.0, 0.0]], rtol=1e-6)
+
+
+def test_a_gap_inside_the_response_is_skipped_not_an_episode_end():
+    """Masked positions are not steps: the reward after a gap (e.g. a tool's output) reaches the
+    tokens before it, discounted once per response token."""
+    rewards = jnp.asarray([[0.0, 0.0, 0.0, 1.0]])
+    mask = jnp.asarray([[1.0, 0.0, 1.0, 1.0]])
+    np.testing.assert_allclose(np.asarray(discounted_returns(rewards, mask, 0.5)), [[0.25, 0.0, 0.5, 1.0]])
+    values = jnp.asarray([[0.1, 9.0, 0.2, 0.3]])
+    adv, _ = gae(rewards, values, mask, 1.0, 0.0)
+    # one-step TD errors, where the step after token 0 is token 2 (value 0.2), not the gap's 9.0
+    np.testing.assert_allclose(np.asarray(adv), [[0.2 - 0.1, 0.0, 0.3 - 0.2, 1.0 - 0.3]], rtol=1e-6)

@@ -14,12 +14,17 @@ from pgjax.core.dtypes import at_least_f32
 Array = jax.Array
 
 
+def check_group_size(rows: int, group_size: int, minimum: int = 1) -> None:
+    """Raise a ValueError unless ``group_size`` >= ``minimum`` and divides ``rows``."""
+    if group_size < minimum:
+        raise ValueError(f"group_size K must be >= {minimum} here, got K={group_size}")
+    if rows % group_size:
+        raise ValueError(f"batch of {rows} rows is not divisible by group_size K={group_size}")
+
+
 def _groups(x: Array, group_size: int) -> Array:
     chex.assert_rank(x, 1)
-    if group_size < 2:
-        raise ValueError(f"group baselines need group_size K >= 2, got K={group_size}")
-    if x.shape[0] % group_size:
-        raise ValueError(f"batch of {x.shape[0]} rows is not divisible by group_size K={group_size}")
+    check_group_size(x.shape[0], group_size, minimum=2)
     return at_least_f32(x).reshape(-1, group_size)
 
 
@@ -58,7 +63,9 @@ def group_advantages(scores: Array, group_size: int, leave_one_out=0.0, divide_b
     scaling of RLOO (eq. 14) and eq. (19). s = ``divide_by_std``: 1 divides by
     the group std (eq. 18, 20). Both are floats so ``vmap`` can sweep them.
 
-    A group whose scores are all equal gets A = 0 exactly (not 0/eps noise).
+    A group whose scores are all exactly equal gets A = 0 exactly (not 0/eps
+    noise). Scores that differ by rounding only are not equal: with
+    divide_by_std they are scaled up like any other group.
     """
     g = _groups(scores, group_size).reshape(-1)
     baseline = (1.0 - leave_one_out) * group_mean(g, group_size) \
@@ -84,8 +91,9 @@ def greedy_baseline_advantages(scores: Array, greedy_scores: Array) -> Array:
 def whiten(x: Array, mask: Array, eps=1e-8, ddof=1.0) -> Array:
     """(A - E[A]) / (std[A] + eps) over the masked entries of the whole batch (PPO, REINFORCE++).
 
-    E and std are over every masked entry, std with ``ddof`` (the seed's PPO
-    note uses ddof = 1). Off-mask entries stay 0. With fewer than ddof + 1
+    E and std are over every masked token of the batch (the usual practice;
+    the seed's PPO note writes the same normalisation over one trajectory's
+    T steps), std with ``ddof`` (the seed uses 1). Off-mask entries are 0. With fewer than ddof + 1
     masked entries the divisor n - ddof is replaced by 1 (no NaN). Off-mask
     entries may hold anything (they are selected away, not multiplied).
     """

@@ -6,8 +6,9 @@ aggregates of micro-batches (or of devices) gives exactly the full-batch value
 and gradient. Modes, with m the mask, B sequences, P = B / K prompts and
 w_b the per-sequence length weight:
 
-  token_sum            (1/P) sum_b w_b sum_t m x      eq. (21): sum over the K responses
-                                                      and their tokens, averaged over prompts
+  prompt_mean          (1/P) sum_b w_b sum_t m x      eq. (21): sum over a prompt's K
+                                                      responses and their tokens, mean
+                                                      over prompts (the token sum for P = 1)
   token_mean           sum_b w_b sum_t m x / sum m    DAPO's token-level mean
   seq_mean             (1/B) sum_b w_b sum_t m x      w_b = 1/|o_b|: sequence-mean of
                                                       token-means (GRPO, eq. 18);
@@ -16,8 +17,10 @@ w_b the per-sequence length weight:
                                                       (the token budget) instead of |o_b|
 
 w_b = s / |o_b| + (1 - s) with s = ``divide_by_length``, the seed's 1/|o|
-switch (a traced float, so one compiled loss sweeps it). An empty response
-(|o_b| = 0) contributes 0.
+switch (a traced float, so one compiled loss sweeps it); it applies in every
+mode, though only ``seq_mean`` with it is a named algorithm (GRPO). An empty
+response (|o_b| = 0) contributes 0. L is the token budget: pass it to
+``loss_normalizer``; it defaults to the padded width T.
 """
 import dataclasses
 
@@ -25,11 +28,12 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from pgjax.core.advantages import check_group_size
 from pgjax.core.dtypes import at_least_f32
 
 Array = jax.Array
 
-AGGREGATIONS = ("token_sum", "token_mean", "seq_mean", "seq_mean_const_len")
+AGGREGATIONS = ("prompt_mean", "token_mean", "seq_mean", "seq_mean_const_len")
 
 
 @jax.tree_util.register_dataclass
@@ -42,13 +46,13 @@ class Normalizer:
     max_length: Array
 
 
-def loss_normalizer(mask: Array, group_size: int = 1, max_length=None) -> Normalizer:
-    """Denominators of the global batch ``mask`` ``[B, T]``; L defaults to T."""
+def loss_normalizer(mask: Array, group_size: int, max_length=None) -> Normalizer:
+    """Denominators of the global batch ``mask`` ``[B, T]`` with K = ``group_size``
+    responses per prompt (1 without groups); L defaults to T."""
     chex.assert_rank(mask, 2)
     b, t = mask.shape
     mask = at_least_f32(mask)
-    if group_size < 1 or b % group_size:
-        raise ValueError(f"batch of {b} rows is not divisible by group_size K={group_size}")
+    check_group_size(b, group_size)
     f = lambda x: jnp.asarray(x, mask.dtype)
     return Normalizer(num_tokens=f(jnp.sum(mask)), num_sequences=f(b), num_prompts=f(b // group_size),
                       max_length=f(t if max_length is None else max_length))
@@ -69,7 +73,7 @@ def aggregate(per_token: Array, mask: Array, mode: str, norm: Normalizer,
     masked = jnp.where(mask > 0, at_least_f32(per_token) * mask, 0.0)  # padding may hold inf / NaN
     weighted = jnp.sum(masked, axis=1) * length_weights(mask, divide_by_length)
     total = jnp.sum(weighted)
-    if mode == "token_sum":
+    if mode == "prompt_mean":
         return total / norm.num_prompts
     if mode == "token_mean":
         return total / jnp.maximum(norm.num_tokens, 1.0)

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pgjax.core import advantages as adv_lib
+from pgjax.core.advantages import check_group_size
 from pgjax.core import objectives as obj_lib
 from pgjax.core.dtypes import at_least_f32
 from pgjax.core.aggregation import AGGREGATIONS, Normalizer, aggregate, loss_normalizer
@@ -42,8 +43,10 @@ KL_PLACEMENTS = ("none", "reward", "loss")
 class Spec:
     """Static choices of an algorithm.
 
-    baseline: ``none`` A_t = G_t (eq. 10); ``value`` A_t = GAE(gamma, lambda)
-      with a critic V(s_t) (eq. 12 with lambda = 1, eq. 17); ``greedy``
+    baseline: ``none`` A_t = G_t, the sampled return (eq. 10; no critic, so
+      ``batch.bootstrap`` is not used); ``value`` A_t = GAE(gamma, lambda)
+      with a critic V(s_t) and its bootstrap after truncated responses
+      (eq. 12 with lambda = 1, eq. 17); ``greedy``
       A = G - G_hat of the greedy rollout (ReMax, eq. 13); ``group`` the group
       family of eq. (14), (18)-(21), shaped by ``leave_one_out`` and
       ``divide_by_std``. ``greedy`` and ``group`` score each response by its
@@ -119,13 +122,13 @@ def field_names(cls) -> list[str]:
 _SWITCHES = ("leave_one_out", "divide_by_std", "divide_by_length", "whiten")
 
 
-def check_hparams(hp: HParams, group_size: int = 1) -> None:
+def check_hparams(hp: HParams, group_size: int | None = None) -> None:
     """Raise ValueError for out-of-range hyperparameters.
 
     Concrete values (Python floats, arrays, stacked grids) are checked; traced
     ones cannot be read and are skipped, so a setting built inside ``jit`` is
     the caller's responsibility. ``HParams.replace``, ``hparam_grid`` and an
-    eager ``loss`` call check.
+    eager ``loss`` call check; ``std_ddof < K`` is checked only where K is known.
     """
     def values(name):
         x = getattr(hp, name)
@@ -141,7 +144,8 @@ def check_hparams(hp: HParams, group_size: int = 1) -> None:
         "gamma": (lambda v: (v >= 0) & (v <= 1), "must be in [0, 1]"),
         "lam": (lambda v: (v >= 0) & (v <= 1), "must be in [0, 1]"),
         "std_eps": (lambda v: v > 0, "must be > 0"),
-        "std_ddof": (lambda v: (v >= 0) & (v < max(group_size, 2)), f"must be in [0, K) with K={group_size}"),
+        "std_ddof": ((lambda v: v >= 0, "must be >= 0") if group_size is None else
+                     (lambda v: (v >= 0) & (v < group_size), f"must be in [0, K) with K={group_size}")),
         **{s: (lambda v: (v >= 0) & (v <= 1), "is a switch: must be in [0, 1]") for s in _SWITCHES},
     }
     for name, (ok, message) in rules.items():
@@ -188,8 +192,6 @@ def check_batch(spec: Spec, batch: Batch) -> None:
     if not jnp.issubdtype(batch.mask.dtype, jnp.floating):
         raise ValueError(f"mask must be a float array (1.0 / 0.0), got {batch.mask.dtype}")
     b, t = batch.mask.shape
-    if batch.group_size < 1 or b % batch.group_size:
-        raise ValueError(f"batch of {b} rows is not divisible by group_size K={batch.group_size}")
     if batch.rewards.shape not in ((b,), (b, t)):
         raise ValueError(f"rewards must have shape ({b},) or ({b}, {t}), got {batch.rewards.shape}")
     for name in ("logp", "old_logp", "ref_logp", "values", "entropy", "advantages"):
@@ -204,28 +206,34 @@ def check_batch(spec: Spec, batch: Batch) -> None:
         needs = {"value": "values", "greedy": "greedy_rewards"}.get(spec.baseline)
         if needs and getattr(batch, needs) is None:
             raise ValueError(f"{spec.name}: baseline {spec.baseline!r} needs batch.{needs}")
-        if spec.baseline == "group" and batch.group_size < 2:
-            raise ValueError(f"{spec.name}: the group baseline needs group_size K >= 2, got {batch.group_size}")
+        check_group_size(b, batch.group_size, minimum=2 if spec.baseline == "group" else 1)
+
+
+def _is_nonzero(x) -> bool:
+    """True when ``x`` is concrete and not all zero; traced values count as zero."""
+    return not isinstance(x, jax.core.Tracer) and bool(np.any(np.asarray(x) != 0))
 
 
 def _kl_needed(spec: Spec, hp: HParams, batch: Batch, placement: str) -> bool:
-    """Whether the KL term must be computed; an error if it needs ref_logp that is missing."""
+    """Whether the KL term at ``placement`` is computed: only with ``batch.ref_logp``.
+
+    Without ref_logp the term is dropped; a concrete non-zero kl_coef then raises.
+    """
     if spec.kl_placement != placement:
         return False
     if batch.ref_logp is not None:
         return True
-    coef = hp.kl_coef
-    if not isinstance(coef, jax.core.Tracer) and np.all(np.asarray(coef) == 0):
-        return False
-    raise ValueError(f"{spec.name}: kl_placement={placement!r} with kl_coef != 0 needs batch.ref_logp "
-                     "(or use kl_placement='none')")
+    if _is_nonzero(hp.kl_coef):
+        raise ValueError(f"{spec.name}: kl_placement={placement!r} with kl_coef != 0 needs batch.ref_logp "
+                         "(or set kl_coef=0)")
+    return False
 
 
 def _behaviour_logp(batch: Batch) -> Array:
     return jax.lax.stop_gradient(batch.logp) if batch.old_logp is None else batch.old_logp
 
 
-def advantages(spec: Spec, hp: HParams, batch: Batch) -> Array:
+def advantages(spec: Spec, batch: Batch, hp: HParams) -> Array:
     """Per-token advantages ``[B, T]`` (no gradient) of ``spec`` on the *global* batch."""
     check_batch(spec, batch)
     mask = batch.mask
@@ -235,9 +243,10 @@ def advantages(spec: Spec, hp: HParams, batch: Batch) -> Array:
         kl_penalty = jnp.where(mask > 0, hp.kl_coef * kl, 0.0)
     if spec.baseline in ("none", "value"):
         token_rewards = as_token_rewards(batch.rewards, mask) - kl_penalty
-        values = jnp.zeros_like(token_rewards) if spec.baseline == "none" else batch.values
-        lam = 1.0 if spec.baseline == "none" else hp.lam
-        adv = gae(token_rewards, values, mask, hp.gamma, lam, batch.bootstrap)[0]
+        if spec.baseline == "none":
+            adv = gae(token_rewards, jnp.zeros_like(token_rewards), mask, hp.gamma, 1.0)[0]
+        else:
+            adv = gae(token_rewards, batch.values, mask, hp.gamma, hp.lam, batch.bootstrap)[0]
     else:
         # scored from the rewards themselves, so an empty response still counts in its group
         scores = adv_lib.sequence_scores(batch.rewards, mask) - jnp.sum(kl_penalty, axis=1)
@@ -264,8 +273,8 @@ def _policy_terms(spec: Spec, hp: HParams, logp: Array, old_logp: Array, adv: Ar
         ratio = obj_lib.sequence_ratio(logp, old_logp, mask)
     else:
         ratio = obj_lib.importance_ratio(logp, old_logp)
-    clipped = obj_lib.clipped_mask(ratio, adv, hp.clip_eps_low, hp.clip_eps_high, hp.dual_clip)
-    return ratio * (1.0 - clipped) * adv, ratio, clipped
+    eps = (hp.clip_eps_low, hp.clip_eps_high, hp.dual_clip)
+    return obj_lib.modified_ratio(ratio, adv, *eps) * adv, ratio, obj_lib.clipped_mask(ratio, adv, *eps)
 
 
 def loss(spec: Spec, batch: Batch, hp: HParams, norm: Normalizer | None = None):
@@ -276,12 +285,17 @@ def loss(spec: Spec, batch: Batch, hp: HParams, norm: Normalizer | None = None):
     with agg the spec's aggregation and the 1/|o| switch. ``norm`` must come
     from the global batch when ``batch`` is a micro-batch (then also pass
     ``batch.advantages`` computed on the global batch); None uses this batch.
+
+    Whatever padded positions of the log-probs and entropy hold (even -inf)
+    is replaced by 0 first, so it reaches neither the value nor the gradient.
     """
     check_batch(spec, batch)
-    check_hparams(hp, batch.group_size)
+    computes_group_std = batch.advantages is None and spec.baseline == "group"
+    check_hparams(hp, batch.group_size if computes_group_std else None)
+    batch = _zero_padding(batch)
     mask = batch.mask
     norm = loss_normalizer(mask, batch.group_size) if norm is None else norm
-    adv = advantages(spec, hp, batch) if batch.advantages is None else jax.lax.stop_gradient(batch.advantages)
+    adv = advantages(spec, batch, hp) if batch.advantages is None else jax.lax.stop_gradient(batch.advantages)
     old_logp = _behaviour_logp(batch)
     agg = lambda x: aggregate(x, mask, spec.aggregation, norm, hp.divide_by_length)
 
@@ -293,12 +307,22 @@ def loss(spec: Spec, batch: Batch, hp: HParams, norm: Normalizer | None = None):
         kl_loss = agg(obj_lib.kl_estimate(batch.logp, batch.ref_logp, spec.kl_estimator))
         total = total + hp.kl_coef * kl_loss
         metrics["kl_loss"] = kl_loss
+    if batch.entropy is None and _is_nonzero(hp.entropy_coef):
+        raise ValueError(f"{spec.name}: entropy_coef != 0 needs batch.entropy")
     if batch.entropy is not None:
         entropy_bonus = agg(batch.entropy)
         total = total - hp.entropy_coef * entropy_bonus
         metrics["entropy_bonus"] = entropy_bonus
     metrics.update(_token_metrics(batch, ratio, clipped, adv, old_logp))
     return total, metrics
+
+
+def _zero_padding(batch: Batch) -> Batch:
+    """The per-token inputs with 0 wherever the mask is 0."""
+    on = batch.mask > 0
+    fields = ("logp", "old_logp", "ref_logp", "entropy")
+    return batch.replace(**{name: jnp.where(on, getattr(batch, name), 0.0) for name in fields
+                            if getattr(batch, name) is not None})
 
 
 def _token_metrics(batch: Batch, ratio, clipped, adv, old_logp) -> dict:
@@ -352,7 +376,7 @@ class Algorithm:
     summary: str = ""
 
     def advantages(self, batch: Batch, hp: HParams | None = None) -> Array:
-        return advantages(self.spec, self.hparams if hp is None else hp, batch)
+        return advantages(self.spec, batch, self.hparams if hp is None else hp)
 
     def loss(self, batch: Batch, hp: HParams | None = None, norm: Normalizer | None = None):
         return loss(self.spec, batch, self.hparams if hp is None else hp, norm)

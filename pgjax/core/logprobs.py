@@ -40,15 +40,18 @@ def token_logprobs(logits: Array, tokens: Array, temperature=1.0) -> Array:
 
 
 def entropy_from_logits(logits: Array, temperature=1.0) -> Array:
-    """H(pi(.|s_t)) = logsumexp(z/tau) - sum_a pi(a|s_t) z_a/tau, ``[...]``."""
+    """H(pi(.|s_t)) = logsumexp(z/tau) - sum_a pi(a|s_t) z_a/tau, ``[...]``.
+
+    Tokens with logit -inf (a masked vocabulary) have p = 0 and add nothing."""
     z = at_least_f32(logits) / temperature
     lse = jax.nn.logsumexp(z, axis=-1)
-    return lse - jnp.sum(jax.nn.softmax(z, axis=-1) * z, axis=-1)
+    p = jax.nn.softmax(z, axis=-1)
+    return lse - jnp.sum(jnp.where(p > 0, p * z, 0.0), axis=-1)
 
 
 def _chunk_stats(h, w, tok, temperature):
-    """Scaled logits z/tau of one chunk ``[C, V]`` (at least float32), p = softmax(z/tau),
-    its log-sum-exp, mean score E_p[z/tau] and the taken token's score."""
+    """Scaled logits z = h W / tau of one chunk ``[C, V]`` (at least float32), p = softmax(z),
+    the log-sum-exp of z, the mean score E_p[z] and the taken token's score z_a."""
     dtype = jnp.promote_types(jnp.result_type(h, w), jnp.float32)
     z = jnp.dot(h, w, preferred_element_type=dtype) / temperature
     lse = jax.nn.logsumexp(z, axis=-1)
@@ -77,12 +80,11 @@ def _flat_forward(hidden, unembed, tokens, temperature, chunk_size):
     def one_chunk(args):
         h, tok = args
         _, _, lse, mean_z, taken = _chunk_stats(h, unembed, tok, temperature)
-        return taken - lse, lse - mean_z, lse
+        return taken - lse, lse - mean_z
 
-    logp, ent, lse = jax.lax.map(one_chunk, (_split_chunks(hidden, chunk_size),
-                                             _split_chunks(tokens, chunk_size)))
-    logp, ent, lse = (x.reshape(-1)[:n] for x in (logp, ent, lse))
-    return (logp, ent), (hidden, unembed, tokens, temperature, lse, ent)
+    logp, ent = jax.lax.map(one_chunk, (_split_chunks(hidden, chunk_size), _split_chunks(tokens, chunk_size)))
+    logp, ent = (x.reshape(-1)[:n] for x in (logp, ent))
+    return (logp, ent), (hidden, unembed, tokens, temperature)
 
 
 def _flat_backward(chunk_size, res, cotangents):
@@ -93,7 +95,7 @@ def _flat_backward(chunk_size, res, cotangents):
     So dL/dz = g_logp (onehot - p) - g_H p (z - E_p z), then
     dL/dh = dL/dz W^T / tau,  dL/dW = h^T dL/dz / tau,  dL/dtau = -sum dL/dz * z / tau.
     """
-    hidden, unembed, tokens, temperature, lse, ent = res
+    hidden, unembed, tokens, temperature = res
     g_logp, g_ent = cotangents
     n = hidden.shape[0]
     chunks = tuple(_split_chunks(x, chunk_size) for x in (hidden, tokens, g_logp, g_ent))
@@ -101,7 +103,7 @@ def _flat_backward(chunk_size, res, cotangents):
     def body(carry, args):
         g_w, g_tau = carry
         h, tok, gl, ge = args
-        z, p, lse_c, mean_z, _ = _chunk_stats(h, unembed, tok, temperature)
+        z, p, _, mean_z, _ = _chunk_stats(h, unembed, tok, temperature)
         onehot = jax.nn.one_hot(tok, z.shape[-1], dtype=z.dtype)
         g_z = gl[:, None] * (onehot - p) - ge[:, None] * p * (z - mean_z[:, None])
         g_h = jnp.dot(g_z, at_least_f32(unembed).T) / temperature
@@ -149,7 +151,7 @@ def chunked_logprobs_and_entropy(hidden: Array, unembed: Array, tokens: Array,
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     lead = tokens.shape
     flat_h = hidden.reshape(-1, hidden.shape[-1])
-    temperature = at_least_f32(temperature)
+    temperature = jnp.asarray(temperature, jnp.promote_types(jnp.result_type(hidden, unembed), jnp.float32))
     logp, ent = _flat_logprobs_entropy(flat_h, unembed, tokens.reshape(-1), temperature,
                                        min(chunk_size, max(flat_h.shape[0], 1)))
     return logp.reshape(lead), ent.reshape(lead)

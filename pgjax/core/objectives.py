@@ -95,9 +95,15 @@ def kl_estimate(logp: Array, ref_logp: Array, estimator: str) -> Array:
     """Per-token estimate of KL(pi_theta || pi_ref) from a sample a_t ~ pi_theta.
 
     With log r = log pi_ref(a_t) - log pi_theta(a_t):
-      k1 = -log r                   unbiased, high variance, can be negative
-      k2 = (log r)^2 / 2            biased, low variance, >= 0
-      k3 = (r - 1) - log r          unbiased, low variance, >= 0 (GRPO's choice)
+      k1 = -log r                   unbiased value, high variance, can be negative
+      k2 = (log r)^2 / 2            biased value, low variance, >= 0
+      k3 = (r - 1) - log r          unbiased value, low variance, >= 0 (GRPO's choice)
+
+    "Unbiased" is about the value. As a *loss term* differentiated through the
+    sample's log-prob (kl_placement="loss"), the expected gradients are:
+    k1 -> 0 (E[grad log pi] = 0: k1 in the loss does nothing on average);
+    k2 -> grad KL(pi || ref); k3 -> grad KL(ref || pi) (the reverse KL).
+    In the reward (kl_placement="reward") the value is what matters.
     """
     chex.assert_equal_shape([logp, ref_logp])
     log_r = at_least_f32(ref_logp) - at_least_f32(logp)

@@ -4,7 +4,8 @@ README's table is generated from the presets themselves.
 
 Each preset reproduces its equation up to a positive constant factor that the
 learning rate absorbs, except where the seed's point is the factor itself
-(1/K vs 1/(K-1)); see each ``equation`` and the tests in tests/test_presets.py.
+(1/K vs 1/(K-1)); see each ``equation`` and the float64 references in
+tests/test_algorithms.py.
 """
 from pgjax.core.algorithms import Algorithm, HParams, Spec
 
@@ -41,7 +42,7 @@ PRESETS: dict[str, Algorithm] = {
         baseline="group", ratio="clip", aggregation="seq_mean", kl_placement="loss", kl_estimator="k3"),
     "dr_grpo": _preset(
         "Dr. GRPO: group mean, no std, no |o|: sum_k sum_t rho-hat (r_k - mean r)",
-        name="dr_grpo", equation="21", baseline="group", ratio="clip", aggregation="token_sum"),
+        name="dr_grpo", equation="21", baseline="group", ratio="clip", aggregation="prompt_mean"),
     "dapo": _preset(
         "DAPO (beyond the seed): clip-higher, token-mean, / std, no KL",
         HParams(clip_eps_high=0.28, divide_by_std=1.0), name="dapo", equation="-",
@@ -95,7 +96,7 @@ def _ratio_column(algo: Algorithm) -> str:
         f"eps=({_num(hp.clip_eps_low)}, {_num(hp.clip_eps_high)})"
     return {"on_policy": "on-policy (rho = 1)", "clip": f"rho-hat, {eps}",
             "sequence": f"sequence rho-hat, {eps}",
-            "truncated_is": f"sg(min(rho, {_num(1 + hp.clip_eps_high)})) log pi"}[spec.ratio]
+            "truncated_is": f"sg(min(rho, {_num(1 + hp.clip_eps_high)})) A log pi"}[spec.ratio]
 
 
 def _kl_column(algo: Algorithm) -> str:

@@ -3,9 +3,14 @@
 All three come from one reverse ``lax.scan`` (``gae``): the discounted return
 G_t is GAE with lambda = 1 and V = 0, and the lambda-return is GAE + V.
 
-End-of-response rule: after the last response token (mask_{t+1} = 0) the
-next-state value is ``bootstrap[b]``: 0 for a response that ended with EOS
-(a terminal state), the critic's V(s_T) for one truncated by the token budget.
+End-of-response rule: after the last response token the next-state value is
+``bootstrap[b]``: 0 for a response that ended with EOS (a terminal state), the
+critic's V(s_T) for one truncated by the token budget.
+
+Masked positions are not steps: the scan carries the next value and advantage
+across them unchanged. So right padding ends the response, and a gap inside a
+response (say a tool's output in a multi-turn episode) is skipped: the token
+before the gap bootstraps from the token after it.
 """
 import chex
 import jax
@@ -72,7 +77,7 @@ def gae(rewards: Array, values: Array, mask: Array, gamma=1.0, lam=1.0,
         r, v, m = xs
         adv = r + gamma * next_value - v + gamma * lam * next_adv
         on = m > 0
-        carry = (jnp.where(on, v, bootstrap), jnp.where(on, adv, 0.0))
+        carry = (jnp.where(on, v, next_value), jnp.where(on, adv, next_adv))
         return carry, jnp.where(on, adv, 0.0)
 
     init = (bootstrap, jnp.zeros_like(bootstrap))
