@@ -46,7 +46,7 @@ def entropy_from_logits(logits: Array, temperature=1.0) -> Array:
     z = at_least_f32(logits) / temperature
     lse = jax.nn.logsumexp(z, axis=-1)
     p = jax.nn.softmax(z, axis=-1)
-    return lse - jnp.sum(jnp.where(p > 0, p * z, 0.0), axis=-1)
+    return lse - jnp.sum(p * jnp.where(p > 0, z, 0.0), axis=-1)  # where inside: finite gradient too
 
 
 def _chunk_stats(h, w, tok, temperature):
