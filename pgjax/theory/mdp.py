@@ -1,0 +1,191 @@
+"""Token-level MDPs small enough to enumerate every trajectory (the seed's token-level MDP).
+
+A prompt p is the initial state; the state s_t is the prompt plus the tokens
+generated so far; the transition is deterministic (s_{t+1} = s_t | a_t); an
+episode ends when the EOS token is emitted or after ``horizon`` tokens
+(truncation). With V tokens and horizon H there are
+sum_{l<H} (V-1)^l states per prompt and sum_{l=1..H} (V-1)^(l-1) + (V-1)^H
+trajectories (V = 3, H = 3: 7 states, 15 trajectories).
+
+Arrays (N trajectories, S states, T = H positions):
+  tokens [N, T] int, mask [N, T] float (1 on generated tokens, EOS included),
+  states [N, T] int (index of the prefix each token was sampled from; 0 off the mask).
+A policy is any function ``theta -> logits [P, S, V]``; ``tabular_policy``
+has one logit vector per (prompt, prefix), ``shared_policy`` shares parameters
+across prefixes (logits from the prompt, the position and the last token).
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenMDP:
+    """An enumerated token MDP with P prompts.
+
+    prompt_probs: [P] p_0 over prompts.
+    rewards: [P, N, T] per-token rewards R(s_t, a_t) (an outcome reward sits on the last token).
+    outcome: whether the rewards are outcome rewards (a single non-zero per trajectory).
+    state_depth, state_last: [S] position t and last token of each prefix (-1 for the empty prefix).
+    """
+    vocab: int
+    horizon: int
+    eos: int
+    tokens: np.ndarray
+    mask: np.ndarray
+    states: np.ndarray
+    state_depth: np.ndarray
+    state_last: np.ndarray
+    prompt_probs: np.ndarray
+    rewards: np.ndarray
+    outcome: bool
+
+    @property
+    def num_prompts(self) -> int:
+        return self.rewards.shape[0]
+
+    @property
+    def num_trajectories(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def num_states(self) -> int:
+        return self.state_depth.shape[0]
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return self.mask.sum(axis=1).astype(int)
+
+    @property
+    def outcome_rewards(self) -> np.ndarray:
+        """[P, N] total reward of each trajectory (the outcome reward r_k for outcome MDPs)."""
+        return self.rewards.sum(axis=2)
+
+
+def enumerate_trajectories(vocab: int, horizon: int, eos: int = 0):
+    """Every trajectory and prefix of the token tree: (tokens, mask, states, state_depth, state_last)."""
+    if vocab < 2 or horizon < 1 or not 0 <= eos < vocab:
+        raise ValueError(f"need vocab >= 2, horizon >= 1 and 0 <= eos < vocab; got {vocab=}, {horizon=}, {eos=}")
+    others = [a for a in range(vocab) if a != eos]
+    prefixes = [()]
+    for depth in range(1, horizon):
+        prefixes += [p for p in itertools.product(others, repeat=depth)]
+    index = {p: i for i, p in enumerate(prefixes)}
+    trajectories = [p + (eos,) for p in prefixes] + list(itertools.product(others, repeat=horizon))
+    n = len(trajectories)
+    tokens = np.zeros((n, horizon), np.int32)
+    mask = np.zeros((n, horizon))
+    states = np.zeros((n, horizon), np.int32)
+    for i, traj in enumerate(trajectories):
+        tokens[i, :len(traj)] = traj
+        mask[i, :len(traj)] = 1.0
+        states[i, :len(traj)] = [index[traj[:t]] for t in range(len(traj))]
+    depth = np.array([len(p) for p in prefixes])
+    last = np.array([p[-1] if p else -1 for p in prefixes])
+    return tokens, mask, states, depth, last
+
+
+def make_mdp(vocab: int = 3, horizon: int = 3, prompts: int = 3, reward: str = "outcome", seed: int = 0,
+             eos: int = 0) -> TokenMDP:
+    """A random MDP whose prompts differ in difficulty.
+
+    ``reward="outcome"``: each prompt p marks a random subset of trajectories
+    correct (r = 1, else 0); prompt p's subset has about a fraction
+    (p + 1) / (P + 1) of the trajectories, so prompts range from hard to easy,
+    and correct and incorrect responses of every prompt have different lengths.
+    ``reward="process"``: R(s_t, a_t) ~ N(0, 1) per (prompt, prefix, token).
+    """
+    tokens, mask, states, depth, last = enumerate_trajectories(vocab, horizon, eos)
+    rng = np.random.default_rng(seed)
+    n, s = tokens.shape[0], depth.shape[0]
+    if reward == "outcome":
+        rewards = np.zeros((prompts, n, horizon))
+        last_pos = mask.sum(1).astype(int) - 1
+        for p in range(prompts):
+            correct = rng.random(n) < (p + 1) / (prompts + 1)
+            correct[rng.integers(n)] = True  # every prompt is solvable
+            rewards[p, np.arange(n), last_pos] = correct.astype(float)
+    elif reward == "process":
+        table = rng.normal(size=(prompts, s, vocab))
+        rewards = table[:, states, tokens] * mask[None]
+    else:
+        raise ValueError(f"unknown reward kind {reward!r}; expected 'outcome' or 'process'")
+    return TokenMDP(vocab=vocab, horizon=horizon, eos=eos, tokens=tokens, mask=mask, states=states,
+                    state_depth=depth, state_last=last, prompt_probs=np.full(prompts, 1.0 / prompts),
+                    rewards=rewards, outcome=reward == "outcome")
+
+
+def tabular_policy(mdp: TokenMDP):
+    """theta [P, S, V] are the logits themselves: one logit vector per (prompt, prefix)."""
+    def logits(theta):
+        return theta
+    return logits, (mdp.num_prompts, mdp.num_states, mdp.vocab)
+
+
+def shared_policy(mdp: TokenMDP):
+    """Logits from shared parameters: prompt[p] + position[t] + last_token[a_{t-1}] (BOS for t = 0).
+
+    theta is a flat vector of P*V + H*V + (V+1)*V parameters.
+    """
+    p, h, v = mdp.num_prompts, mdp.horizon, mdp.vocab
+    depth, last = jnp.asarray(mdp.state_depth), jnp.asarray(np.where(mdp.state_last < 0, v, mdp.state_last))
+
+    def logits(theta):
+        prompt = theta[:p * v].reshape(p, v)
+        position = theta[p * v:(p + h) * v].reshape(h, v)
+        previous = theta[(p + h) * v:].reshape(v + 1, v)
+        return prompt[:, None, :] + (position[depth] + previous[last])[None]
+    return logits, ((p + h + v + 1) * v,)
+
+
+def trajectory_logprobs(mdp: TokenMDP, logits: Array) -> Array:
+    """log pi(a_t | s_t) of every token of every trajectory, [P, N, T], 0 off the mask."""
+    logpi = jax.nn.log_softmax(logits, axis=-1)                    # [P, S, V]
+    per_token = logpi[:, mdp.states, mdp.tokens]                   # [P, N, T]
+    return jnp.where(jnp.asarray(mdp.mask)[None] > 0, per_token, 0.0)
+
+
+def objective(mdp: TokenMDP, logits: Array) -> Array:
+    """J(theta) = sum_p p0(p) sum_tau pi(tau | p) R(tau) (eq. 6), exactly."""
+    probs = jnp.exp(jnp.sum(trajectory_logprobs(mdp, logits), axis=2))    # [P, N]
+    return jnp.sum(jnp.asarray(mdp.prompt_probs) * jnp.sum(probs * jnp.asarray(mdp.outcome_rewards), axis=1))
+
+
+def state_values(mdp: TokenMDP, logits: Array) -> Array:
+    """V_pi(s) of every (prompt, prefix), [P, S], undiscounted (eq. 2), exactly.
+
+    V(s) = sum over trajectories through s of pi(rest of tau | s) * (return from s).
+    """
+    logp = trajectory_logprobs(mdp, logits)
+    suffix_logp = jnp.flip(jnp.cumsum(jnp.flip(logp, 2), axis=2), 2)            # log pi(a_t.. | s_t)
+    rewards = jnp.asarray(mdp.rewards)
+    returns_to_go = jnp.flip(jnp.cumsum(jnp.flip(rewards, 2), axis=2), 2)      # G_t
+    weight = jnp.exp(suffix_logp) * returns_to_go * jnp.asarray(mdp.mask)[None]
+    values = jnp.zeros((mdp.num_prompts, mdp.num_states), weight.dtype)
+    return values.at[:, mdp.states].add(weight)
+
+
+def greedy_rewards(mdp: TokenMDP, logits) -> np.ndarray:
+    """[P] total reward of the greedy trajectory of each prompt (ReMax's baseline, eq. 13)."""
+    logits = np.asarray(logits)
+    out = np.zeros(mdp.num_prompts)
+    prefix_of = {}
+    for n in range(mdp.num_trajectories):
+        for t in range(mdp.lengths[n]):
+            prefix_of[tuple(mdp.tokens[n, :t])] = mdp.states[n, t]
+    trajectory_of = {tuple(mdp.tokens[n, :mdp.lengths[n]]): n for n in range(mdp.num_trajectories)}
+    for p in range(mdp.num_prompts):
+        prefix = ()
+        while prefix in prefix_of:
+            prefix = prefix + (int(np.argmax(logits[p, prefix_of[prefix]])),)
+            if prefix[-1] == mdp.eos:
+                break
+        out[p] = mdp.outcome_rewards[p, trajectory_of[prefix]]
+    return out
