@@ -150,3 +150,14 @@ def test_length_normalisation_shortens_correct_and_lengthens_incorrect_responses
         change = grad @ biased.mean - grad @ unbiased_direction
         assert sign * change > 0, (correct, change)
 
+
+
+@pytest.mark.slow
+def test_readme_audit_table_is_the_audit_commands_output():
+    import pathlib
+    import re
+
+    from pgjax.theory.audit import report
+    readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
+    copy = re.search(r"<!-- audit-table:start -->\n(.*?)\n<!-- audit-table:end -->", readme, re.S).group(1)
+    assert copy.strip() == report().strip(), "README's audit table is stale: paste `python -m pgjax.theory.audit`"
