@@ -1,5 +1,7 @@
 """The seed's claims about each estimator, computed exactly (float64, no sampling) with
 the library's own losses on enumerable token MDPs."""
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -161,3 +163,51 @@ def test_readme_audit_table_is_the_audit_commands_output():
     readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
     copy = re.search(r"<!-- audit-table:start -->\n(.*?)\n<!-- audit-table:end -->", readme, re.S).group(1)
     assert copy.strip() == report().strip(), "README's audit table is stale: paste `python -m pgjax.theory.audit`"
+
+
+def test_per_step_greedy_baseline_is_unbiased():
+    """The seed's ReMax b_t = G-hat_t, the greedy completion's return from every s_t: a state function."""
+    mdp, pol, theta = _setup(reward="process")
+    greedy = mdp_lib.greedy_state_values(mdp, pol[0](theta))
+    assert np.ptp(greedy) > 0
+    result = audit(mdp, pol, theta, core.preset("reinforce_baseline"), k=2, state_baseline=greedy)
+    assert abs(result.scale - 1.0) < TOL and result.direction_bias < TOL
+
+
+def test_per_step_rloo_moments_match_brute_force_enumeration():
+    """Enumerate one trajectory and one extra continuation from every s_t (K = 2, one prompt)."""
+    from pgjax.theory.audit import per_step_rloo_audit
+    mdp = mdp_lib.make_mdp(vocab=3, horizon=2, prompts=1, reward="process", seed=3)
+    pol = mdp_lib.tabular_policy(mdp)
+    theta = jnp.asarray(np.random.default_rng(4).normal(size=pol[1]))
+    logits_fn = pol[0]
+    logp = np.asarray(mdp_lib.trajectory_logprobs(mdp, logits_fn(theta)))[0]          # [N, T]
+    jac = np.asarray(jax.jacrev(lambda th: mdp_lib.trajectory_logprobs(mdp, logits_fn(th)))(theta))[0]
+    jac = jac.reshape(jac.shape[0], jac.shape[1], -1)                                  # [N, T, D]
+    prob = np.exp(logp.sum(1))
+    rewards = mdp.rewards[0]
+    returns = np.flip(np.cumsum(np.flip(rewards, 1), 1), 1)                            # G_t
+    lengths = mdp.lengths
+
+    def continuations(n, t):
+        """(probability, return from t) of every trajectory sharing trajectory n's prefix before t."""
+        out = []
+        for m in range(mdp.num_trajectories):
+            if lengths[m] > t and np.array_equal(mdp.tokens[m, :t], mdp.tokens[n, :t]):
+                out.append((np.exp(logp[m, t:lengths[m]].sum()), returns[m, t]))
+        return out
+
+    mean = np.zeros(jac.shape[2])
+    second = 0.0
+    for n in range(mdp.num_trajectories):
+        options = [continuations(n, t) for t in range(lengths[n])]
+        for combo in itertools.product(*options):
+            weight = prob[n] * np.prod([c[0] for c in combo])
+            g = sum((returns[n, t] - combo[t][1]) * jac[n, t] for t in range(lengths[n]))
+            mean += weight * g
+            second += weight * g @ g
+    # K = 2 independent such trajectories per prompt: the covariance of their average halves
+    result = per_step_rloo_audit(mdp, pol, theta, k=2)
+    np.testing.assert_allclose(result.mean, mean, atol=1e-10)
+    np.testing.assert_allclose(result.second_moment_trace, mean @ mean + (second - mean @ mean) / 2, rtol=1e-10)
+    assert result.direction_bias < TOL

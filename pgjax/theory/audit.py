@@ -66,17 +66,19 @@ def _batch(mdp, prompt, rows, logp_all, values_all, greedy, k):
 
 
 def audit(mdp: mdp_lib.TokenMDP, policy, theta, algo: core.Algorithm, hp: core.HParams | None = None,
-          k: int = 2, chunk: int = 4096) -> AuditResult:
+          k: int = 2, chunk: int = 4096, state_baseline=None) -> AuditResult:
     """Exact E[g] and trace E[g g^T] of ``algo``'s gradient estimate with K samples per prompt.
 
     ``policy`` is ``(logits_fn, shape)`` from ``mdp.tabular_policy`` / ``shared_policy``.
-    The value baseline is the exact V_pi(s_t); ReMax's is the greedy trajectory's reward.
+    The value baseline b(s_t) is ``state_baseline`` ([P, S]), by default the exact
+    V_pi(s_t); ReMax's is the greedy trajectory's reward.
     """
     logits_fn, _ = policy
     hp = algo.hparams if hp is None else hp
     theta = jnp.asarray(theta)
     logits = logits_fn(theta)
-    values_all = jax.lax.stop_gradient(mdp_lib.state_values(mdp, logits))
+    values_all = mdp_lib.state_values(mdp, logits) if state_baseline is None else jnp.asarray(state_baseline)
+    values_all = jax.lax.stop_gradient(values_all)
     greedy = jnp.asarray(mdp_lib.greedy_rewards(mdp, logits))
     traj_logp = np.asarray(jnp.sum(mdp_lib.trajectory_logprobs(mdp, logits), axis=2))   # [P, N]
     tuples = _tuples(mdp.num_trajectories, k)
@@ -93,7 +95,7 @@ def audit(mdp: mdp_lib.TokenMDP, policy, theta, algo: core.Algorithm, hp: core.H
         g = jax.vmap(estimate, in_axes=(None, None, 0))(th, prompt, rows)
         return weights @ g, weights @ jnp.sum(g * g, axis=1)
 
-    core.check_hparams(hp, k)
+    core.check_hparams(hp, k if algo.spec.baseline == "group" else None)
     mean = np.zeros(true_grad.shape)
     second = 0.0
     for p in range(mdp.num_prompts):
@@ -107,6 +109,43 @@ def audit(mdp: mdp_lib.TokenMDP, policy, theta, algo: core.Algorithm, hp: core.H
             m, s = moments(theta, p, jnp.asarray(rows), jnp.asarray(w, theta.dtype))
             mean += np.asarray(m)
             second += float(s)
+    return AuditResult(mean=mean, second_moment_trace=second, true_grad=true_grad)
+
+
+def per_step_rloo_audit(mdp: mdp_lib.TokenMDP, policy, theta, k: int) -> AuditResult:
+    """The seed's per-time-step RLOO with K trajectories per prompt, each of which gets at
+    every s_t the baseline b_t = mean return of K - 1 more continuations sampled from s_t.
+
+    b_t does not depend on a_t and E[b_t | s_t] = V(s_t), so one trajectory's E[g]
+    is that of the V(s_t) baseline (the library's loss, ``reinforce_baseline``), and
+    the extra draws add, independently at every t, Var[b_t | s_t] = Var[G | s_t] / (K - 1):
+
+      E|g_1|^2 = E|sum_t (G_t - V(s_t)) u_t|^2 + E[sum_t Var[G | s_t] / (K - 1) |u_t|^2],
+
+    with u_t = grad log pi(a_t | s_t), exactly by enumeration. The K trajectories of a
+    prompt are independent, so per prompt Cov of their average is Cov[g_1] / K.
+    """
+    if k < 2:
+        raise ValueError(f"per-step RLOO needs K >= 2, got K={k}")
+    logits_fn, _ = policy
+    theta = jnp.asarray(theta)
+    logits = logits_fn(theta)
+    values = mdp_lib.state_values(mdp, logits)
+    variance = mdp_lib.return_second_moments(mdp, logits) - values ** 2                 # [P, S]
+    per_token = jax.jacrev(lambda th: mdp_lib.trajectory_logprobs(mdp, logits_fn(th)))(theta)
+    u_sq = jnp.sum(per_token.reshape(per_token.shape[:3] + (-1,)) ** 2, axis=-1)         # [P, N, T]
+    traj_p = jnp.exp(jnp.sum(mdp_lib.trajectory_logprobs(mdp, logits), axis=2))         # [P, N]
+    extra = jnp.sum(variance[:, mdp.states] / (k - 1) * u_sq * jnp.asarray(mdp.mask)[None], axis=2)
+    extra = np.asarray(jnp.sum(traj_p * extra, axis=1))                                  # [P]
+    mean, second = 0.0, 0.0
+    for p in range(mdp.num_prompts):
+        one = dataclasses.replace(mdp, prompt_probs=np.eye(mdp.num_prompts)[p])
+        single = audit(one, policy, theta, core.preset("reinforce_baseline"), k=1)
+        single_second = single.second_moment_trace + extra[p]
+        mean_sq = single.mean @ single.mean
+        mean = mean + mdp.prompt_probs[p] * single.mean
+        second += mdp.prompt_probs[p] * (mean_sq + (single_second - mean_sq) / k)
+    true_grad = np.asarray(jax.grad(lambda th: mdp_lib.objective(mdp, logits_fn(th)))(theta)).reshape(-1)
     return AuditResult(mean=mean, second_moment_trace=second, true_grad=true_grad)
 
 
@@ -131,9 +170,15 @@ def audit_table(mdp: mdp_lib.TokenMDP, policy, theta, k: int) -> str:
     """Markdown table of every estimator in ``ESTIMATORS`` on ``mdp``."""
     rows = ["| estimator | scale c | direction bias | cosine | total variance |",
             "| --- | ---: | ---: | ---: | ---: |"]
+    results = []
     for label, name, changes in ESTIMATORS:
         algo = core.preset(name)
-        r = audit(mdp, policy, theta, algo, algo.hparams.replace(**changes), k=k)
+        results.append((label, audit(mdp, policy, theta, algo, algo.hparams.replace(**changes), k=k)))
+    greedy_table = mdp_lib.greedy_state_values(mdp, policy[0](jnp.asarray(theta)))
+    results.append(("per-step greedy baseline G-hat_t from every s_t (eq. 13)",
+                    audit(mdp, policy, theta, core.preset("reinforce_baseline"), k=k, state_baseline=greedy_table)))
+    results.append((f"per-step RLOO: K-1 = {k - 1} continuations from every s_t", per_step_rloo_audit(mdp, policy, theta, k)))
+    for label, r in results:
         bias = f"{r.direction_bias:.2e}" if r.direction_bias > 1e-12 else "< 1e-12"
         rows.append(f"| {label} | {r.scale:.4f} | {bias} | {r.cosine:.4f} | {r.total_variance:.4f} |")
     return "\n".join(rows)

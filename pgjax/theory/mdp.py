@@ -172,20 +172,36 @@ def state_values(mdp: TokenMDP, logits: Array) -> Array:
     return values.at[:, mdp.states].add(weight)
 
 
-def greedy_rewards(mdp: TokenMDP, logits) -> np.ndarray:
-    """[P] total reward of the greedy trajectory of each prompt (ReMax's baseline, eq. 13)."""
+def return_second_moments(mdp: TokenMDP, logits: Array) -> Array:
+    """E_pi[G^2 | s] of every (prompt, prefix), [P, S]; Var[G | s] = this - V(s)^2."""
+    logp = trajectory_logprobs(mdp, logits)
+    suffix_logp = jnp.flip(jnp.cumsum(jnp.flip(logp, 2), axis=2), 2)
+    returns_to_go = jnp.flip(jnp.cumsum(jnp.flip(jnp.asarray(mdp.rewards), 2), axis=2), 2)
+    weight = jnp.exp(suffix_logp) * returns_to_go ** 2 * jnp.asarray(mdp.mask)[None]
+    return jnp.zeros((mdp.num_prompts, mdp.num_states), weight.dtype).at[:, mdp.states].add(weight)
+
+
+def greedy_state_values(mdp: TokenMDP, logits) -> np.ndarray:
+    """[P, S] return of the greedy completion from every prefix (the seed's ReMax b_t = G-hat_t, eq. 13)."""
     logits = np.asarray(logits)
-    out = np.zeros(mdp.num_prompts)
+    out = np.zeros((mdp.num_prompts, mdp.num_states))
     prefix_of = {}
     for n in range(mdp.num_trajectories):
         for t in range(mdp.lengths[n]):
             prefix_of[tuple(mdp.tokens[n, :t])] = mdp.states[n, t]
     trajectory_of = {tuple(mdp.tokens[n, :mdp.lengths[n]]): n for n in range(mdp.num_trajectories)}
     for p in range(mdp.num_prompts):
-        prefix = ()
-        while prefix in prefix_of:
-            prefix = prefix + (int(np.argmax(logits[p, prefix_of[prefix]])),)
-            if prefix[-1] == mdp.eos:
-                break
-        out[p] = mdp.outcome_rewards[p, trajectory_of[prefix]]
+        for start, s in prefix_of.items():
+            prefix = start
+            while prefix in prefix_of:
+                prefix = prefix + (int(np.argmax(logits[p, prefix_of[prefix]])),)
+                if prefix[-1] == mdp.eos:
+                    break
+            n, depth = trajectory_of[prefix], len(start)
+            out[p, s] = mdp.rewards[p, n, depth:].sum()
     return out
+
+
+def greedy_rewards(mdp: TokenMDP, logits) -> np.ndarray:
+    """[P] total reward of the greedy trajectory of each prompt (ReMax's baseline from s_0, eq. 13)."""
+    return greedy_state_values(mdp, logits)[:, 0]
