@@ -66,16 +66,20 @@ def ref_discounted_returns(token_rewards, mask, gamma, bootstrap=None):
     return out
 
 
+def _float64_inputs(token_rewards, values, mask, bootstrap):
+    """The reference functions' inputs as float64 NumPy arrays; a missing bootstrap is 0."""
+    mask = np.asarray(mask, np.float64)
+    boot = np.zeros(mask.shape[0]) if bootstrap is None else np.asarray(bootstrap, np.float64)
+    return np.asarray(token_rewards, np.float64), np.asarray(values, np.float64), mask, boot
+
+
 def ref_gae(token_rewards, values, mask, gamma, lam, bootstrap=None):
     """delta_t = r_t + gamma V_{t+1} - V_t, A_t = delta_t + gamma lam A_{t+1}; V_L = bootstrap, A_L = 0.
 
     Returns (advantages, lambda_returns = A + V), both 0 off the mask.
     """
-    r = np.asarray(token_rewards, np.float64)
-    v = np.asarray(values, np.float64)
-    mask = np.asarray(mask, np.float64)
+    r, v, mask, boot = _float64_inputs(token_rewards, values, mask, bootstrap)
     nb = mask.shape[0]
-    boot = np.zeros(nb) if bootstrap is None else np.asarray(bootstrap, np.float64)
     adv = np.zeros(mask.shape, np.float64)
     ret = np.zeros(mask.shape, np.float64)
     for b in range(nb):
@@ -95,11 +99,8 @@ def ref_gae(token_rewards, values, mask, gamma, lam, bootstrap=None):
 
 def ref_lambda_returns_recursive(token_rewards, values, mask, gamma, lam, bootstrap=None):
     """G^lam_t = r_t + gamma [(1 - lam) V_{t+1} + lam G^lam_{t+1}], with V_L = G^lam_L = bootstrap."""
-    r = np.asarray(token_rewards, np.float64)
-    v = np.asarray(values, np.float64)
-    mask = np.asarray(mask, np.float64)
+    r, v, mask, boot = _float64_inputs(token_rewards, values, mask, bootstrap)
     nb = mask.shape[0]
-    boot = np.zeros(nb) if bootstrap is None else np.asarray(bootstrap, np.float64)
     out = np.zeros(mask.shape, np.float64)
     for b in range(nb):
         pos = _response_positions(mask[b])
@@ -115,11 +116,8 @@ def ref_lambda_returns_recursive(token_rewards, values, mask, gamma, lam, bootst
 
 def ref_td_error(token_rewards, values, mask, gamma, bootstrap=None):
     """One-step TD error r_t + gamma V_{t+1} - V_t with V_L = bootstrap."""
-    r = np.asarray(token_rewards, np.float64)
-    v = np.asarray(values, np.float64)
-    mask = np.asarray(mask, np.float64)
+    r, v, mask, boot = _float64_inputs(token_rewards, values, mask, bootstrap)
     nb = mask.shape[0]
-    boot = np.zeros(nb) if bootstrap is None else np.asarray(bootstrap, np.float64)
     out = np.zeros(mask.shape, np.float64)
     for b in range(nb):
         pos = _response_positions(mask[b])
