@@ -1,0 +1,152 @@
+"""Hugging Face checkpoints: load a local directory into ``CausalLM`` and save one back.
+
+``load`` reads config.json with transformers' AutoConfig and the weights from
+``*.safetensors`` (one file or a sharded index) with safetensors' JAX API (which,
+unlike NumPy, reads bfloat16), no torch. ``save`` writes config.json and model.safetensors that ``transformers``
+loads with ``from_pretrained``, and copies tokenizer files from a source directory.
+Nothing is ever downloaded: the directory must exist locally.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+
+import jax.numpy as jnp
+from flax import nnx
+
+from pgjax.models.transformer import FAMILIES, CausalLM, ModelConfig
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                   "merges.txt", "tokenizer.model", "generation_config.json")
+
+
+def config_from_hf(hf_config, param_dtype="float32", compute_dtype="float32") -> ModelConfig:
+    """``ModelConfig`` from a transformers config object; unsupported families raise."""
+    family = hf_config.model_type
+    if family not in FAMILIES:
+        raise ValueError(f"unsupported architecture {family!r}; supported model_type values: {FAMILIES}")
+    rope = dict(getattr(hf_config, "rope_parameters", None) or {})
+    legacy = getattr(hf_config, "rope_scaling", None)
+    if legacy:
+        rope.update(legacy)
+    theta = rope.pop("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    scaling = None if kind == "default" else tuple(sorted((k, v) for k, v in rope.items() if k != "type"))
+    heads = hf_config.num_attention_heads
+    return ModelConfig(
+        family=family, vocab_size=hf_config.vocab_size, hidden_size=hf_config.hidden_size,
+        intermediate_size=hf_config.intermediate_size, num_hidden_layers=hf_config.num_hidden_layers,
+        num_attention_heads=heads, num_key_value_heads=getattr(hf_config, "num_key_value_heads", None) or heads,
+        head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads,
+        rms_norm_eps=hf_config.rms_norm_eps, rope_theta=float(theta), rope_scaling=scaling,
+        tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        param_dtype=param_dtype, compute_dtype=compute_dtype)
+
+
+def _read_safetensors(directory: pathlib.Path) -> dict:
+    from safetensors.flax import load_file
+    index = directory / "model.safetensors.index.json"
+    if index.exists():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        files = sorted(p.name for p in directory.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in {directory}")
+    tensors = {}
+    for name in files:
+        path = directory / name
+        if not path.exists():
+            raise FileNotFoundError(f"{path} is listed in the index but missing")
+        tensors.update(load_file(str(path)))
+    return tensors
+
+
+def _layout(config: ModelConfig):
+    """(hf name, pgjax path, to_pgjax, to_hf) for every weight; linear weights are [out, in] in HF."""
+    c = config
+    h, kv, d, hd = c.num_attention_heads, c.num_key_value_heads, c.hidden_size, c.head_dim
+    same = (lambda w: w, lambda w: w)
+    heads_in = lambda n: (lambda w: w.T.reshape(d, n, hd), lambda w: w.reshape(d, n * hd).T)
+    bias = lambda n: (lambda w: w.reshape(n, hd), lambda w: w.reshape(n * hd))
+    transpose = (lambda w: w.T, lambda w: w.T)
+    out = [("model.embed_tokens.weight", ("embed",), *same), ("model.norm.weight", ("final_norm", "weight"), *same)]
+    if not c.tie_word_embeddings:
+        out.append(("lm_head.weight", ("lm_head",), *transpose))
+    for i in range(c.num_hidden_layers):
+        pre, at = f"model.layers.{i}.", ("layers", i, "attention")
+        out += [(pre + "self_attn.q_proj.weight", at + ("q",), *heads_in(h)),
+                (pre + "self_attn.k_proj.weight", at + ("k",), *heads_in(kv)),
+                (pre + "self_attn.v_proj.weight", at + ("v",), *heads_in(kv)),
+                (pre + "self_attn.o_proj.weight", at + ("o",),
+                 lambda w: w.T.reshape(h, hd, d), lambda w: w.reshape(h * hd, d).T),
+                (pre + "mlp.gate_proj.weight", ("layers", i, "mlp", "gate"), *transpose),
+                (pre + "mlp.up_proj.weight", ("layers", i, "mlp", "up"), *transpose),
+                (pre + "mlp.down_proj.weight", ("layers", i, "mlp", "down"), *transpose),
+                (pre + "input_layernorm.weight", ("layers", i, "input_norm", "weight"), *same),
+                (pre + "post_attention_layernorm.weight", ("layers", i, "post_attention_norm", "weight"), *same)]
+        if c.qkv_bias:
+            out += [(pre + f"self_attn.{n}_proj.bias", at + (f"{n}_bias",), *bias(count))
+                    for n, count in (("q", h), ("k", kv), ("v", kv))]
+        if c.qk_norm:
+            out += [(pre + f"self_attn.{n}_norm.weight", at + (f"{n}_norm", "weight"), *same) for n in ("q", "k")]
+    return out
+
+
+def _variable(model, path):
+    node = model
+    for part in path:
+        node = node[part] if isinstance(part, int) else getattr(node, part)
+    return node
+
+
+def load(directory, param_dtype="float32", compute_dtype="float32") -> CausalLM:
+    """A ``CausalLM`` with the weights of the local checkpoint ``directory``."""
+    from transformers import AutoConfig
+    directory = pathlib.Path(directory)
+    if not (directory / "config.json").exists():
+        raise FileNotFoundError(f"{directory} has no config.json (a local Hugging Face checkpoint directory)")
+    config = config_from_hf(AutoConfig.from_pretrained(str(directory), local_files_only=True),
+                            param_dtype, compute_dtype)
+    tensors = _read_safetensors(directory)
+    model = CausalLM(config, nnx.Rngs(0))
+    for hf_name, path, to_pgjax, _ in _layout(config):
+        if hf_name not in tensors:
+            raise KeyError(f"{directory}: weight {hf_name} is missing")
+        variable = _variable(model, path)
+        value = to_pgjax(jnp.asarray(tensors[hf_name]))
+        if value.shape != variable[...].shape:
+            raise ValueError(f"{hf_name}: shape {tensors[hf_name].shape} does not match the config "
+                             f"(expected {variable[...].shape} after layout)")
+        variable.set_value(value.astype(jnp.dtype(param_dtype)))
+    return model
+
+
+def hf_config_dict(config: ModelConfig) -> dict:
+    """config.json content for ``config``."""
+    arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[config.family]
+    out = {"architectures": [arch], "model_type": config.family, "vocab_size": config.vocab_size,
+           "hidden_size": config.hidden_size, "intermediate_size": config.intermediate_size,
+           "num_hidden_layers": config.num_hidden_layers, "num_attention_heads": config.num_attention_heads,
+           "num_key_value_heads": config.num_key_value_heads, "head_dim": config.head_dim,
+           "rms_norm_eps": config.rms_norm_eps, "rope_theta": config.rope_theta, "hidden_act": "silu",
+           "tie_word_embeddings": config.tie_word_embeddings, "torch_dtype": config.param_dtype,
+           "attention_bias": config.qkv_bias}
+    if config.rope_scaling:
+        out["rope_scaling"] = dict(config.rope_scaling)
+    return out
+
+
+def save(model: CausalLM, directory, tokenizer_dir=None) -> None:
+    """Write config.json and model.safetensors (and tokenizer files from ``tokenizer_dir``)."""
+    from safetensors.flax import save_file
+    directory = pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = model.config
+    tensors = {hf_name: to_hf(_variable(model, path)[...]) for hf_name, path, _, to_hf in _layout(config)}
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    (directory / "config.json").write_text(json.dumps(hf_config_dict(config), indent=2))
+    if tokenizer_dir is not None:
+        for name in TOKENIZER_FILES:
+            if (pathlib.Path(tokenizer_dir) / name).exists():
+                shutil.copy(pathlib.Path(tokenizer_dir) / name, directory / name)

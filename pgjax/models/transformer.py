@@ -1,0 +1,204 @@
+"""A decoder-only transformer in Flax NNX covering the Llama 3.x, Qwen2 and Qwen3 families.
+
+RMSNorm, rotary position embeddings (with Llama 3's frequency scaling),
+grouped-query attention (Qwen2's q/k/v biases, Qwen3's q/k RMSNorm), SwiGLU MLP,
+tied or untied embeddings. Every weight is an ``nnx.Param`` carrying
+``logical_axes`` (``vocab``, ``embed``, ``heads``, ``kv_heads``, ``head_dim``,
+``mlp``, ``norm``) for a sharding rule table.
+
+Left-padded batches: ``attention_mask`` [B, T] is 1 on real tokens; positions
+are counted from each row's first real token, and padded keys are masked out.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+FAMILIES = ("llama", "qwen2", "qwen3")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of one checkpoint (names follow Hugging Face's config.json)."""
+    family: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: tuple | None = None     # Llama 3: sorted (key, value) pairs of HF's rope_scaling dict
+    tie_word_embeddings: bool = False
+    param_dtype: str = "float32"
+    compute_dtype: str = "float32"
+
+    def __post_init__(self):
+        if self.family not in FAMILIES:
+            raise ValueError(f"unsupported model family {self.family!r}; supported: {FAMILIES}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                             f"num_key_value_heads={self.num_key_value_heads}")
+
+    @property
+    def qkv_bias(self) -> bool:
+        return self.family == "qwen2"
+
+    @property
+    def qk_norm(self) -> bool:
+        return self.family == "qwen3"
+
+
+def _param(rngs, shape, axes, dtype, scale=0.02):
+    return nnx.Param(scale * jax.random.normal(rngs.params(), shape, dtype), logical_axes=axes)
+
+
+class RMSNorm(nnx.Module):
+    """y = x / sqrt(mean(x^2) + eps) * w, normalised in float32."""
+
+    def __init__(self, size: int, eps: float, dtype):
+        self.weight = nnx.Param(jnp.ones((size,), dtype), logical_axes=("norm",))
+        self.eps = eps
+
+    def __call__(self, x):
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 ** 2, axis=-1, keepdims=True) + self.eps)
+        return self.weight[...] * normed.astype(x.dtype)
+
+
+def rope_frequencies(config: ModelConfig) -> jax.Array:
+    """Inverse frequencies theta^(-2i/d), with Llama 3's scaling when ``rope_scaling`` says so."""
+    d = config.head_dim
+    inv = 1.0 / (config.rope_theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+    if not config.rope_scaling:
+        return inv
+    s = dict(config.rope_scaling)
+    kind = s.get("rope_type", s.get("type"))
+    if kind != "llama3":
+        raise ValueError(f"unsupported rope_scaling type {kind!r}; supported: 'llama3'")
+    factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+    old = s["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv
+    scaled = jnp.where(wavelen > old / low, inv / factor, inv)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old / high) & (wavelen <= old / low)
+    return jnp.where(medium, smoothed, scaled)
+
+
+def apply_rope(x, positions, inv_freq):
+    """Rotate-half RoPE on x [B, T, H, D] at integer positions [B, T]."""
+    angles = positions[..., None].astype(jnp.float32) * inv_freq                     # [B, T, D/2]
+    cos = jnp.cos(jnp.concatenate([angles, angles], -1))[:, :, None, :]
+    sin = jnp.sin(jnp.concatenate([angles, angles], -1))[:, :, None, :]
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], -1)
+    return (x.astype(jnp.float32) * cos + rotated.astype(jnp.float32) * sin).astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
+        c, dtype = config, jnp.dtype(config.param_dtype)
+        self.config = c
+        self.q = _param(rngs, (c.hidden_size, c.num_attention_heads, c.head_dim), ("embed", "heads", "head_dim"), dtype)
+        self.k = _param(rngs, (c.hidden_size, c.num_key_value_heads, c.head_dim), ("embed", "kv_heads", "head_dim"), dtype)
+        self.v = _param(rngs, (c.hidden_size, c.num_key_value_heads, c.head_dim), ("embed", "kv_heads", "head_dim"), dtype)
+        self.o = _param(rngs, (c.num_attention_heads, c.head_dim, c.hidden_size), ("heads", "head_dim", "embed"), dtype)
+        if c.qkv_bias:
+            self.q_bias = nnx.Param(jnp.zeros((c.num_attention_heads, c.head_dim), dtype), logical_axes=("heads", "head_dim"))
+            self.k_bias = nnx.Param(jnp.zeros((c.num_key_value_heads, c.head_dim), dtype), logical_axes=("kv_heads", "head_dim"))
+            self.v_bias = nnx.Param(jnp.zeros((c.num_key_value_heads, c.head_dim), dtype), logical_axes=("kv_heads", "head_dim"))
+        if c.qk_norm:
+            self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype)
+            self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype)
+
+    def __call__(self, x, positions, attention_mask, inv_freq):
+        c = self.config
+        dt = x.dtype
+        q = jnp.einsum("btd,dhk->bthk", x, self.q[...].astype(dt))
+        k = jnp.einsum("btd,dhk->bthk", x, self.k[...].astype(dt))
+        v = jnp.einsum("btd,dhk->bthk", x, self.v[...].astype(dt))
+        if c.qkv_bias:
+            q, k, v = q + self.q_bias[...].astype(dt), k + self.k_bias[...].astype(dt), v + self.v_bias[...].astype(dt)
+        if c.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+        groups = c.num_attention_heads // c.num_key_value_heads
+        k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
+        scores = jnp.einsum("bqhk,bshk->bhqs", q, k).astype(jnp.float32) / math.sqrt(c.head_dim)
+        t = x.shape[1]
+        causal = jnp.tril(jnp.ones((t, t), bool))
+        allowed = causal[None, None] & (attention_mask[:, None, None, :] > 0)
+        scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+        out = jnp.einsum("bhqs,bshk->bqhk", probs, v)
+        return jnp.einsum("bqhk,hkd->bqd", out, self.o[...].astype(dt))
+
+
+class MLP(nnx.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
+        c, dtype = config, jnp.dtype(config.param_dtype)
+        self.gate = _param(rngs, (c.hidden_size, c.intermediate_size), ("embed", "mlp"), dtype)
+        self.up = _param(rngs, (c.hidden_size, c.intermediate_size), ("embed", "mlp"), dtype)
+        self.down = _param(rngs, (c.intermediate_size, c.hidden_size), ("mlp", "embed"), dtype)
+
+    def __call__(self, x):
+        dt = x.dtype
+        return (jax.nn.silu(x @ self.gate[...].astype(dt)) * (x @ self.up[...].astype(dt))) @ self.down[...].astype(dt)
+
+
+class Block(nnx.Module):
+    def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
+        dtype = jnp.dtype(config.param_dtype)
+        self.input_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.attention = Attention(config, rngs)
+        self.post_attention_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.mlp = MLP(config, rngs)
+
+    def __call__(self, x, positions, attention_mask, inv_freq):
+        x = x + self.attention(self.input_norm(x), positions, attention_mask, inv_freq)
+        return x + self.mlp(self.post_attention_norm(x))
+
+
+class CausalLM(nnx.Module):
+    """Token ids [B, T] -> final hidden states [B, T, D] or logits [B, T, V]."""
+
+    def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
+        dtype = jnp.dtype(config.param_dtype)
+        self.config = config
+        self.embed = _param(rngs, (config.vocab_size, config.hidden_size), ("vocab", "embed"), dtype)
+        self.layers = nnx.List([Block(config, rngs) for _ in range(config.num_hidden_layers)])
+        self.final_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        if not config.tie_word_embeddings:
+            self.lm_head = _param(rngs, (config.hidden_size, config.vocab_size), ("embed", "vocab"), dtype)
+
+    def unembedding(self) -> jax.Array:
+        """The [D, V] matrix mapping final hidden states to logits (for ``chunked_logprobs_and_entropy``)."""
+        return self.embed[...].T if self.config.tie_word_embeddings else self.lm_head[...]
+
+    def __call__(self, tokens, attention_mask=None, *, return_hidden: bool = False):
+        if attention_mask is None:
+            attention_mask = jnp.ones(tokens.shape, jnp.int32)
+        positions = positions_from_mask(attention_mask)
+        dt = jnp.dtype(self.config.compute_dtype)
+        x = self.embed[...].astype(dt)[tokens]
+        inv_freq = rope_frequencies(self.config)
+        for layer in self.layers:
+            x = layer(x, positions, attention_mask, inv_freq)
+        x = self.final_norm(x)
+        if return_hidden:
+            return x
+        return jnp.einsum("btd,dv->btv", x, self.unembedding().astype(dt))
+
+
+def positions_from_mask(attention_mask) -> jax.Array:
+    """Position of each token counted from its row's first real token (0 on left padding)."""
+    return jnp.maximum(jnp.cumsum(attention_mask, axis=-1) - 1, 0)
