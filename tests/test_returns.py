@@ -230,21 +230,14 @@ def test_discounted_returns_hand_examples():
 
 @pytest.mark.parametrize("gamma", GAMMAS)
 @pytest.mark.parametrize("boot", BOOTSTRAPS)
-def test_discounted_returns_per_token_matches_reference(gamma, boot):
-    d = make_batch(3)
+@pytest.mark.parametrize("kind", ["per_token", "outcome"])
+def test_discounted_returns_match_reference(gamma, boot, kind):
+    d = make_batch(3 if kind == "per_token" else 4)
     bootstrap = d["boot"][boot]
-    out = discounted_returns_j(jnp.asarray(d["tok_r"]), jnp.asarray(d["mask"]), gamma, _j(bootstrap))
+    rewards = d["tok_r"] if kind == "per_token" else d["outcome"]
+    out = discounted_returns_j(jnp.asarray(rewards), jnp.asarray(d["mask"]), gamma, _j(bootstrap))
     assert out.dtype == jnp.float32 and out.shape == d["mask"].shape
-    assert_close(out, ref_discounted_returns(d["tok_r"], d["mask"], gamma, bootstrap))
-
-
-@pytest.mark.parametrize("gamma", GAMMAS)
-@pytest.mark.parametrize("boot", BOOTSTRAPS)
-def test_discounted_returns_outcome_matches_reference(gamma, boot):
-    d = make_batch(4)
-    bootstrap = d["boot"][boot]
-    out = discounted_returns_j(jnp.asarray(d["outcome"]), jnp.asarray(d["mask"]), gamma, _j(bootstrap))
-    token_r = ref_outcome_to_token_rewards(d["outcome"], d["mask"])
+    token_r = rewards if kind == "per_token" else ref_outcome_to_token_rewards(rewards, d["mask"])
     assert_close(out, ref_discounted_returns(token_r, d["mask"], gamma, bootstrap))
 
 

@@ -211,3 +211,20 @@ def test_per_step_rloo_moments_match_brute_force_enumeration():
     np.testing.assert_allclose(result.mean, mean, atol=1e-10)
     np.testing.assert_allclose(result.second_moment_trace, mean @ mean + (second - mean @ mean) / 2, rtol=1e-10)
     assert result.direction_bias < TOL
+
+
+def test_greedy_values_follow_the_argmax_from_every_prefix():
+    """A plain walk down the token tree from each prefix, taking the argmax token each step."""
+    mdp, pol, theta = _setup(reward="process")
+    logits = np.asarray(pol[0](theta))
+    got = np.asarray(mdp_lib.greedy_state_values(mdp, pol[0](theta)))
+    prefix_state = {tuple(mdp.tokens[n, :t]): mdp.states[n, t]
+                    for n in range(mdp.num_trajectories) for t in range(mdp.lengths[n])}
+    trajectory = {tuple(mdp.tokens[n, :mdp.lengths[n]]): n for n in range(mdp.num_trajectories)}
+    for p in range(mdp.num_prompts):
+        for start, s in prefix_state.items():
+            prefix = start
+            while prefix in prefix_state and (not prefix or prefix[-1] != mdp.eos):
+                prefix = prefix + (int(np.argmax(logits[p, prefix_state[prefix]])),)
+            want = mdp.rewards[p, trajectory[prefix], len(start):].sum()
+            np.testing.assert_allclose(got[p, s], want, rtol=1e-12, err_msg=str((p, start)))

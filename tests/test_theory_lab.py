@@ -15,13 +15,6 @@ def setup():
     return mdp, mdp_lib.shared_policy(mdp), lab.default_algorithms()
 
 
-def test_greedy_reward_matches_the_enumerated_greedy_trajectory(setup):
-    mdp, policy, _ = setup
-    theta = jax.random.normal(jax.random.PRNGKey(3), policy[1])
-    logits = policy[0](theta)
-    np.testing.assert_array_equal(np.asarray(lab.greedy_reward(mdp, logits)), mdp_lib.greedy_rewards(mdp, logits))
-
-
 def test_vmapped_grid_equals_a_loop_of_single_runs(setup):
     mdp, policy, algorithms = setup
     lrs, seeds, steps = (0.5, 2.0), 2, 6

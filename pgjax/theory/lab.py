@@ -55,13 +55,6 @@ def default_algorithms() -> tuple[LabAlgorithm, ...]:
     )
 
 
-def greedy_reward(mdp: mdp_lib.TokenMDP, logits) -> jax.Array:
-    """[P] reward of the greedy response: the trajectory whose every token is the argmax."""
-    best = jnp.argmax(logits, axis=-1)                                          # [P, S]
-    is_greedy = jnp.all((best[:, mdp.states] == mdp.tokens) | (mdp.mask[None] == 0), axis=2)   # [P, N]
-    return jnp.sum(is_greedy * jnp.asarray(mdp.outcome_rewards), axis=1)
-
-
 def make_train(mdp: mdp_lib.TokenMDP, policy, entry: LabAlgorithm, *, k: int = 4, steps: int = 50):
     """``train(key, learning_rate, theta0) -> J`` of shape [steps + 1] for one algorithm, jittable and vmappable."""
     logits_fn, _ = policy
@@ -85,7 +78,7 @@ def make_train(mdp: mdp_lib.TokenMDP, policy, entry: LabAlgorithm, *, k: int = 4
             traj_logp = jnp.sum(mdp_lib.trajectory_logprobs(mdp, logits), axis=2)      # [P, N]
             rows = jax.random.categorical(key, traj_logp, axis=-1, shape=(k, p)).T      # [P, K]
             values = jax.lax.stop_gradient(mdp_lib.state_values(mdp, logits))
-            greedy = greedy_reward(mdp, logits)
+            greedy = mdp_lib.greedy_rewards(mdp, logits)
             prompt_of_row = jnp.repeat(jnp.arange(p), k)
             old_logp = mdp_lib.trajectory_logprobs(mdp, logits)[prompt_of_row, rows.reshape(-1)]
 

@@ -181,27 +181,23 @@ def return_second_moments(mdp: TokenMDP, logits: Array) -> Array:
     return jnp.zeros((mdp.num_prompts, mdp.num_states), weight.dtype).at[:, mdp.states].add(weight)
 
 
-def greedy_state_values(mdp: TokenMDP, logits) -> np.ndarray:
-    """[P, S] return of the greedy completion from every prefix (the seed's ReMax b_t = G-hat_t, eq. 13)."""
-    logits = np.asarray(logits)
-    out = np.zeros((mdp.num_prompts, mdp.num_states))
-    prefix_of = {}
-    for n in range(mdp.num_trajectories):
-        for t in range(mdp.lengths[n]):
-            prefix_of[tuple(mdp.tokens[n, :t])] = mdp.states[n, t]
-    trajectory_of = {tuple(mdp.tokens[n, :mdp.lengths[n]]): n for n in range(mdp.num_trajectories)}
-    for p in range(mdp.num_prompts):
-        for start, s in prefix_of.items():
-            prefix = start
-            while prefix in prefix_of:
-                prefix = prefix + (int(np.argmax(logits[p, prefix_of[prefix]])),)
-                if prefix[-1] == mdp.eos:
-                    break
-            n, depth = trajectory_of[prefix], len(start)
-            out[p, s] = mdp.rewards[p, n, depth:].sum()
-    return out
+def greedy_state_values(mdp: TokenMDP, logits) -> Array:
+    """[P, S] return of the greedy completion from every prefix (the seed's ReMax b_t = G-hat_t, eq. 13).
+
+    Trajectory n is the greedy completion of its prefix at t when every token from t on
+    is the argmax of its state's logits (a reverse cumulative AND); its return-to-go
+    G_t is then the prefix's greedy value. Jittable.
+    """
+    best = jnp.argmax(logits, axis=-1)                                               # [P, S]
+    mask = jnp.asarray(mdp.mask)[None] > 0
+    agrees = (best[:, mdp.states] == mdp.tokens) | ~mask                              # [P, N, T]
+    greedy_from = jnp.flip(jnp.cumprod(jnp.flip(agrees, 2), axis=2), 2).astype(bool) & mask
+    rewards = jnp.asarray(mdp.rewards)
+    returns_to_go = jnp.flip(jnp.cumsum(jnp.flip(rewards, 2), axis=2), 2)
+    out = jnp.zeros((mdp.num_prompts, mdp.num_states), returns_to_go.dtype)
+    return out.at[:, mdp.states].add(jnp.where(greedy_from, returns_to_go, 0.0))
 
 
-def greedy_rewards(mdp: TokenMDP, logits) -> np.ndarray:
+def greedy_rewards(mdp: TokenMDP, logits) -> Array:
     """[P] total reward of the greedy trajectory of each prompt (ReMax's baseline from s_0, eq. 13)."""
     return greedy_state_values(mdp, logits)[:, 0]
