@@ -154,3 +154,42 @@ def test_bfloat16_checkpoint_loads_and_runs_in_bfloat16(tmp_path):
     # bf16 compute vs the same bf16 weights computed in float32: logits ~1, measured error ~7e-3
     assert np.abs(want).max() > 0.5
     assert np.abs(got - want)[mask > 0].max() < 0.03
+
+
+def save_tiny_tokenizer(directory):
+    """A character-level tokenizer built offline (tokenizers + transformers), 64 ids, <eos> = 1."""
+    tokenizers = pytest.importorskip("tokenizers")
+    chars = "0123456789+-*= abcdefghijklmnopqrstuvwxyz"
+    vocab = {"<pad>": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate(chars)}}
+    vocab.update({f"<extra{i}>": i for i in range(len(vocab), 64)})
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<pad>"))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Split("", "isolated")
+    tokenizer.decoder = tokenizers.decoders.Fuse()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<eos>",
+                                         pad_token="<pad>").save_pretrained(directory)
+
+
+def test_a_transformers_checkpoint_loads_samples_and_saves_back_losslessly(checkpoint, tmp_path):
+    from safetensors.numpy import load_file
+
+    from pgjax.sample import SamplingConfig, generate
+    _, _, _, directory = checkpoint
+    save_tiny_tokenizer(directory)
+    tokenizer = hf.load_tokenizer(directory)
+    model = hf.load(directory)
+    prompt = np.asarray([tokenizer("12+3=")["input_ids"]])
+    samples = generate(model, prompt, np.ones_like(prompt), jax.random.key(0),
+                       SamplingConfig(max_new_tokens=6, eos_ids=(tokenizer.eos_token_id,), n=2))
+    assert samples.response.shape == (2, 6)
+    assert tokenizer.decode(np.asarray(samples.tokens[0, :5])) == "12+3="
+    hf.save(model, tmp_path, tokenizer_dir=directory)
+    original, written = load_file(str(directory / "model.safetensors")), load_file(str(tmp_path / "model.safetensors"))
+    assert set(original) == set(written)
+    for name, value in original.items():
+        np.testing.assert_array_equal(written[name], value, err_msg=name)
+    assert hf.load_tokenizer(tmp_path)("12+3=")["input_ids"] == list(prompt[0])
+
+
+def test_a_directory_without_tokenizer_files_raises(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no tokenizer files"):
+        hf.load_tokenizer(tmp_path)

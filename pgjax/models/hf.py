@@ -3,7 +3,8 @@
 ``load`` reads config.json with transformers' AutoConfig and the weights from
 ``*.safetensors`` (one file or a sharded index) with safetensors' JAX API (which,
 unlike NumPy, reads bfloat16), no torch. ``save`` writes config.json and model.safetensors that ``transformers``
-loads with ``from_pretrained``, and copies tokenizer files from a source directory.
+loads with ``from_pretrained``, and copies tokenizer files from a source directory;
+``load_tokenizer`` reads the tokenizer with AutoTokenizer from the same directory.
 Nothing is ever downloaded: the directory must exist locally.
 """
 from __future__ import annotations
@@ -18,7 +19,8 @@ from flax import nnx
 from pgjax.models.transformer import FAMILIES, CausalLM, ModelConfig
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-                   "merges.txt", "tokenizer.model", "generation_config.json")
+                   "merges.txt", "tokenizer.model")
+COPIED_FILES = TOKENIZER_FILES + ("generation_config.json",)   # what ``save`` takes from ``tokenizer_dir``
 
 
 def config_from_hf(hf_config, param_dtype="float32", compute_dtype="float32") -> ModelConfig:
@@ -122,6 +124,15 @@ def load(directory, param_dtype="float32", compute_dtype="float32") -> CausalLM:
     return model
 
 
+def load_tokenizer(directory):
+    """The Hugging Face tokenizer stored in the local checkpoint ``directory`` (AutoTokenizer, offline)."""
+    from transformers import AutoTokenizer
+    directory = pathlib.Path(directory)
+    if not any((directory / name).exists() for name in TOKENIZER_FILES):
+        raise FileNotFoundError(f"{directory} has no tokenizer files (one of {TOKENIZER_FILES})")
+    return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+
+
 def hf_config_dict(config: ModelConfig) -> dict:
     """config.json content for ``config``."""
     arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[config.family]
@@ -147,6 +158,6 @@ def save(model: CausalLM, directory, tokenizer_dir=None) -> None:
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
     (directory / "config.json").write_text(json.dumps(hf_config_dict(config), indent=2))
     if tokenizer_dir is not None:
-        for name in TOKENIZER_FILES:
+        for name in COPIED_FILES:
             if (pathlib.Path(tokenizer_dir) / name).exists():
                 shutil.copy(pathlib.Path(tokenizer_dir) / name, directory / name)

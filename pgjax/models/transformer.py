@@ -8,6 +8,8 @@ tied or untied embeddings. Every weight is an ``nnx.Param`` carrying
 
 Left-padded batches: ``attention_mask`` [B, T] is 1 on real tokens; positions
 are counted from each row's first real token, and padded keys are masked out.
+``CausalLM.decode`` runs the same layers against a preallocated KV cache (the
+sampler's prefill and decode steps); the full forward is its cache-free case.
 """
 from __future__ import annotations
 
@@ -118,9 +120,9 @@ class Attention(nnx.Module):
             self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype)
             self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype)
 
-    def __call__(self, x, positions, attention_mask, inv_freq):
-        c = self.config
-        dt = x.dtype
+    def _project(self, x, positions, inv_freq):
+        """Queries [B, T, H, D] and keys, values [B, T, KV, D], with biases, q/k norms and RoPE."""
+        c, dt = self.config, x.dtype
         q = jnp.einsum("btd,dhk->bthk", x, self.q[...].astype(dt))
         k = jnp.einsum("btd,dhk->bthk", x, self.k[...].astype(dt))
         v = jnp.einsum("btd,dhk->bthk", x, self.v[...].astype(dt))
@@ -128,17 +130,41 @@ class Attention(nnx.Module):
             q, k, v = q + self.q_bias[...].astype(dt), k + self.k_bias[...].astype(dt), v + self.v_bias[...].astype(dt)
         if c.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
-        groups = c.num_attention_heads // c.num_key_value_heads
-        k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
-        scores = jnp.einsum("bqhk,bshk->bhqs", q, k).astype(jnp.float32) / math.sqrt(c.head_dim)
-        t = x.shape[1]
-        causal = jnp.tril(jnp.ones((t, t), bool))
-        allowed = causal[None, None] & (attention_mask[:, None, None, :] > 0)
-        scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-        out = jnp.einsum("bhqs,bshk->bqhk", probs, v)
-        return jnp.einsum("bqhk,hkd->bqd", out, self.o[...].astype(dt))
+        return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
+
+    def __call__(self, x, positions, key_mask, inv_freq, cache=None, index=0):
+        """Attend the T new tokens (at slots index..index+T-1) to every allowed key slot.
+
+        Without ``cache`` the keys are the new tokens themselves (index 0, ``key_mask``
+        [B, T]); with ``cache`` = (k, v) [B, S, KV, D] the new keys are written at
+        their slots first and ``key_mask`` [B, S] covers all S slots. Returns the
+        output and the updated (k, v).
+        """
+        q, k, v = self._project(x, positions, inv_freq)
+        if cache is not None:
+            k = jax.lax.dynamic_update_slice_in_dim(cache[0], k.astype(cache[0].dtype), index, axis=1)
+            v = jax.lax.dynamic_update_slice_in_dim(cache[1], v.astype(cache[1].dtype), index, axis=1)
+        query_slots = index + jnp.arange(x.shape[1])
+        out = grouped_query_attention(q, k, v, query_slots, key_mask)
+        return jnp.einsum("bqhk,hkd->bqd", out, self.o[...].astype(x.dtype)), (k, v)
+
+
+def grouped_query_attention(q, k, v, query_slots, key_mask):
+    """softmax(q k^T / sqrt(D)) v with H query heads sharing each of KV key/value heads.
+
+    q [B, T, H, D] sits at slots ``query_slots`` [T]; k, v [B, S, KV, D] at slots 0..S-1.
+    Query slot i sees key slot s iff s <= i and ``key_mask`` [B, S] is set. Scores and
+    softmax are float32.
+    """
+    b, t, h, d = q.shape
+    kv = k.shape[2]
+    grouped = q.reshape(b, t, kv, h // kv, d)
+    scores = jnp.einsum("bqkgd,bskd->bkgqs", grouped, k).astype(jnp.float32) / math.sqrt(d)
+    key_slots = jnp.arange(k.shape[1])
+    allowed = (key_slots[None, :] <= query_slots[:, None])[None, None, None] & (key_mask[:, None, None, None, :] > 0)
+    scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    return jnp.einsum("bkgqs,bskd->bqkgd", probs, v).reshape(b, t, h, d)
 
 
 class MLP(nnx.Module):
@@ -163,9 +189,10 @@ class Block(nnx.Module):
         self.post_attention_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.mlp = MLP(config, rngs)
 
-    def __call__(self, x, positions, attention_mask, inv_freq):
-        x = x + self.attention(self.input_norm(x), positions, attention_mask, inv_freq)
-        return x + self.mlp(self.post_attention_norm(x))
+    def __call__(self, x, positions, key_mask, inv_freq, cache=None, index=0):
+        attended, cache = self.attention(self.input_norm(x), positions, key_mask, inv_freq, cache, index)
+        x = x + attended
+        return x + self.mlp(self.post_attention_norm(x)), cache
 
 
 class CausalLM(nnx.Module):
@@ -185,18 +212,42 @@ class CausalLM(nnx.Module):
         return self.embed[...].T if self.config.tie_word_embeddings else self.lm_head[...]
 
     def __call__(self, tokens, attention_mask=None, *, return_hidden: bool = False):
+        """Logits [B, T, V] (or final hidden states [B, T, D]) of a whole (left-padded) batch."""
         if attention_mask is None:
             attention_mask = jnp.ones(tokens.shape, jnp.int32)
-        positions = positions_from_mask(attention_mask)
+        hidden, _ = self._hidden(tokens, attention_mask, None, 0)
+        return hidden if return_hidden else self.logits(hidden)
+
+    def logits(self, hidden) -> jax.Array:
+        return jnp.einsum("btd,dv->btv", hidden, self.unembedding().astype(hidden.dtype))
+
+    def init_cache(self, batch: int, length: int) -> tuple:
+        """An empty KV cache: per layer (k, v) zeros [batch, length, KV, D] in the compute dtype."""
+        c = self.config
+        shape = (batch, length, c.num_key_value_heads, c.head_dim)
+        zeros = jnp.zeros(shape, jnp.dtype(c.compute_dtype))
+        return tuple((zeros, zeros) for _ in range(c.num_hidden_layers))
+
+    def decode(self, tokens, key_mask, cache, index):
+        """Logits [B, T, V] of ``tokens`` [B, T] placed at cache slots index..index+T-1, and the new cache.
+
+        ``key_mask`` [B, S] marks the real slots of the whole cache (left padding 0);
+        positions are counted from it, so they continue across prefill and decode.
+        Equal to the no-cache forward of the concatenated sequence (a test checks).
+        """
+        hidden, cache = self._hidden(tokens, key_mask, cache, index)
+        return self.logits(hidden), cache
+
+    def _hidden(self, tokens, key_mask, cache, index):
+        positions = jax.lax.dynamic_slice_in_dim(positions_from_mask(key_mask), index, tokens.shape[1], axis=1)
         dt = jnp.dtype(self.config.compute_dtype)
         x = self.embed[...].astype(dt)[tokens]
         inv_freq = rope_frequencies(self.config)
-        for layer in self.layers:
-            x = layer(x, positions, attention_mask, inv_freq)
-        x = self.final_norm(x)
-        if return_hidden:
-            return x
-        return jnp.einsum("btd,dv->btv", x, self.unembedding().astype(dt))
+        new_cache = []
+        for i, layer in enumerate(self.layers):
+            x, layer_cache = layer(x, positions, key_mask, inv_freq, None if cache is None else cache[i], index)
+            new_cache.append(layer_cache)
+        return self.final_norm(x), tuple(new_cache)
 
 
 def positions_from_mask(attention_mask) -> jax.Array:

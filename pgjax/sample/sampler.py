@@ -1,0 +1,183 @@
+"""Jitted autoregressive sampling with a KV cache.
+
+``generate`` runs one compiled program: a prefill of the left-padded prompts
+[B, P], then a ``lax.while_loop`` that emits one token per step for all
+B * n rows (n samples per prompt; row ``p * n + k`` is sample k of prompt p,
+DESIGN.md's group layout) and stops when every row has emitted an EOS token or
+``max_new_tokens`` is spent. The prompt's KV cache is computed once and copied
+to its n samples.
+
+Which distribution the returned log-probs come from (this matters for the
+importance ratio, eq. 12-14):
+
+- ``logprobs``: log q(a_t | s_t) of the distribution the token was actually
+  drawn from: logits / temperature, then top-k, then top-p (nucleus), then
+  renormalised over the kept tokens. This is the exact behaviour policy mu.
+  Under greedy decoding q is a point mass and ``logprobs`` is 0.
+- ``policy_logprobs``: log softmax(logits / temperature)(a_t), the tempered
+  policy with no truncation. This is what a teacher-forced recompute at the same
+  temperature gives (``response_logprobs``), i.e. pi_old of eq. 12 when the
+  trainer scores responses with the tempered policy.
+
+At temperature 1 with top_k = 0 and top_p = 1 both equal the model's own
+log-probs. With truncation, pi(a)/q(a) = Z_kept <= 1 for every sampled token:
+using ``policy_logprobs`` as old log-probs ignores that the sampler never
+proposes the truncated tail.
+"""
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from pgjax.core import token_logprobs
+from pgjax.models.transformer import CausalLM
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    """Static sampling settings (part of the compiled program).
+
+    ``eos_ids``: tokens that end a response (and are part of it); ``pad_id`` fills
+    the response after it. ``n``: samples per prompt. ``top_k`` = 0 and
+    ``top_p`` = 1 switch truncation off; ``greedy`` takes the argmax.
+    """
+    max_new_tokens: int
+    eos_ids: tuple[int, ...]
+    pad_id: int = 0
+    n: int = 1
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    greedy: bool = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "eos_ids", tuple(int(i) for i in np.atleast_1d(self.eos_ids)))
+        checks = [(self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}"),
+                  (len(self.eos_ids) >= 1, "eos_ids must name at least one end-of-sequence token"),
+                  (self.n >= 1, f"n (samples per prompt) must be >= 1, got {self.n}"),
+                  (self.temperature > 0, f"temperature must be > 0 (use greedy=True for argmax), "
+                                         f"got {self.temperature}"),
+                  (self.top_k >= 0, f"top_k must be >= 0 (0 = off), got {self.top_k}"),
+                  (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+
+@flax.struct.dataclass
+class Samples:
+    """Prompts and sampled responses, row ``p * n + k`` = sample k of prompt p.
+
+    tokens, attention_mask: [R, P + N] prompt (left-padded) then response; the mask
+    is 1 on real prompt tokens and on response tokens up to and including EOS.
+    response [R, N]; response_mask [R, N] float; logprobs, policy_logprobs [R, N]
+    (0 where masked; see the module docstring); lengths [R] int; truncated [R]
+    bool: no EOS within ``max_new_tokens``.
+    """
+    tokens: jax.Array
+    attention_mask: jax.Array
+    response: jax.Array
+    response_mask: jax.Array
+    logprobs: jax.Array
+    policy_logprobs: jax.Array
+    lengths: jax.Array
+    truncated: jax.Array
+
+    @property
+    def prompt_length(self) -> int:
+        return self.tokens.shape[1] - self.response.shape[1]
+
+
+def sampling_logprobs(logits, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0):
+    """log q over the vocabulary: log softmax(logits / T), truncated to top-k then top-p, renormalised.
+
+    Top-k keeps tokens whose logit is >= the k-th largest; top-p keeps, in
+    decreasing probability, each token whose preceding mass is < p (the smallest
+    set with mass >= p; ties at the threshold are all kept). Dropped tokens get -inf.
+    """
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
+    if top_k and top_k < logits.shape[-1]:
+        kth = jax.lax.top_k(logp, top_k)[0][..., -1:]
+        logp = jax.nn.log_softmax(jnp.where(logp >= kth, logp, -jnp.inf), axis=-1)
+    if top_p < 1:
+        descending = -jnp.sort(-logp, axis=-1)
+        probs = jnp.exp(descending)
+        kept = jnp.cumsum(probs, axis=-1) - probs < top_p
+        threshold = jnp.min(jnp.where(kept, descending, jnp.inf), axis=-1, keepdims=True)
+        logp = jax.nn.log_softmax(jnp.where(logp >= threshold, logp, -jnp.inf), axis=-1)
+    return logp
+
+
+def generate(model: CausalLM, prompts, prompt_mask, key, config: SamplingConfig) -> Samples:
+    """Sample ``config.n`` responses to each left-padded prompt; reproducible from ``key``."""
+    prompts, prompt_mask = np.asarray(prompts), np.asarray(prompt_mask)
+    _check_prompts(prompts, prompt_mask, model.config.vocab_size, config)
+    graphdef, state = nnx.split(model)
+    return _generate(graphdef, state, jnp.asarray(prompts, jnp.int32), jnp.asarray(prompt_mask, jnp.int32),
+                     key, config)
+
+
+def _check_prompts(prompts, prompt_mask, vocab_size, config):
+    if prompts.ndim != 2 or prompts.shape != prompt_mask.shape:
+        raise ValueError(f"prompts and prompt_mask must both be [B, P]; got {prompts.shape} and {prompt_mask.shape}")
+    if not np.issubdtype(prompts.dtype, np.integer):
+        raise TypeError(f"prompts must be integer token ids, got dtype {prompts.dtype}")
+    if not np.isin(prompt_mask, (0, 1)).all():
+        raise ValueError("prompt_mask must be 0/1")
+    if (prompt_mask[:, -1] == 0).any() or (np.diff(prompt_mask, axis=1) < 0).any():
+        raise ValueError("prompts must be left-padded and non-empty: each row's mask is 0...0 1...1 "
+                         "and ends in a real token")
+    ids = np.concatenate([prompts[prompt_mask > 0], config.eos_ids, [config.pad_id]])
+    if ids.min() < 0 or ids.max() >= vocab_size:
+        raise ValueError(f"token ids (prompts, eos_ids, pad_id) must lie in [0, {vocab_size})")
+
+
+@partial(jax.jit, static_argnames=("graphdef", "config"))
+def _generate(graphdef, state, prompts, prompt_mask, key, config: SamplingConfig) -> Samples:
+    model = nnx.merge(graphdef, state)
+    batch, width = prompts.shape
+    budget, rows = config.max_new_tokens, batch * config.n
+    key_mask = jnp.concatenate([prompt_mask, jnp.ones((batch, budget), jnp.int32)], axis=1)
+    logits, cache = model.decode(prompts, key_mask, model.init_cache(batch, width + budget), 0)
+    copies = partial(jnp.repeat, repeats=config.n, axis=0)
+    cache, key_mask, last = jax.tree.map(copies, (cache, key_mask, logits[:, -1]))
+    eos = jnp.asarray(config.eos_ids)
+
+    def pick(step, last):
+        logq = sampling_logprobs(last, config.temperature, config.top_k, config.top_p)
+        if config.greedy:
+            token = jnp.argmax(last, axis=-1)
+            return token, jnp.zeros(rows, jnp.float32)
+        token = jax.random.categorical(jax.random.fold_in(key, step), logq)
+        return token, jnp.take_along_axis(logq, token[:, None], axis=-1)[:, 0]
+
+    def body(carry):
+        step, cache, last, out, done = carry
+        token, logq = pick(step, last)
+        logp = token_logprobs(last, token, config.temperature)
+        alive = ~done
+        token = jnp.where(alive, token, config.pad_id)
+        columns = (token, alive.astype(jnp.float32), jnp.where(alive, logq, 0.0), jnp.where(alive, logp, 0.0))
+        out = tuple(o.at[:, step].set(c) for o, c in zip(out, columns))
+        done = done | jnp.isin(token, eos)
+        logits, cache = model.decode(token[:, None], key_mask, cache, width + step)
+        return step + 1, cache, logits[:, -1], out, done
+
+    def cond(carry):
+        step, *_, done = carry
+        return (step < budget) & ~jnp.all(done)
+
+    out = (jnp.full((rows, budget), config.pad_id, jnp.int32), *(jnp.zeros((rows, budget), jnp.float32),) * 3)
+    _, _, _, (response, response_mask, logq, logp), done = jax.lax.while_loop(
+        cond, body, (0, cache, last, out, jnp.zeros(rows, bool)))
+    prompts, prompt_mask = copies(prompts), copies(prompt_mask)
+    return Samples(tokens=jnp.concatenate([prompts, response], axis=1),
+                   attention_mask=jnp.concatenate([prompt_mask, response_mask.astype(jnp.int32)], axis=1),
+                   response=response, response_mask=response_mask, logprobs=logq, policy_logprobs=logp,
+                   lengths=response_mask.sum(-1).astype(jnp.int32), truncated=~done)
