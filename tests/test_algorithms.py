@@ -481,3 +481,23 @@ def test_micro_batches_may_split_a_group_and_carry_per_token_advantages():
             micro = jax.tree.map(lambda x: x[sl], batch.replace(advantages=adv))
             total[sl] = _grad(algo.spec, algo.hparams, micro, theta[sl], tokens[sl], norm)
         np.testing.assert_allclose(total, full, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("kl_coef", [0.0, 0.1])
+def test_value_targets_are_unwhitened_lambda_returns_of_the_kl_penalised_rewards(kl_coef):
+    from test_returns import ref_gae
+    batch, _, _ = make_batch(5)
+    algo = core.preset("ppo")                              # whitened advantages, k1 KL in the reward
+    hp = algo.hparams.replace(kl_coef=kl_coef, gamma=0.9)
+    mask = np.asarray(batch.mask, np.float64)
+    token_rewards = np.zeros_like(mask)
+    last = np.maximum(mask.sum(1).astype(int) - 1, 0)
+    token_rewards[np.arange(len(last)), last] = np.asarray(batch.rewards) * (mask.sum(1) > 0)
+    token_rewards -= kl_coef * (np.asarray(batch.old_logp) - np.asarray(batch.ref_logp)) * mask
+    _, want = ref_gae(token_rewards, batch.values, mask, 0.9, 0.95, batch.bootstrap)
+    got = core.value_targets(algo.spec, batch, hp)
+    np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
+    whitened = algo.advantages(batch, hp) + batch.values * batch.mask
+    assert np.abs(np.asarray(whitened) - want).max() > 1e-2    # targets are not the whitened advantages
+    with pytest.raises(ValueError, match="needs batch.values"):
+        core.value_targets(algo.spec, batch.replace(values=None), hp)

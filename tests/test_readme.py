@@ -1,5 +1,5 @@
 """The README stays true: its algorithm table is the presets' own, its Quickstart
-is two commands, and the main job runs."""
+is two commands, the main job is the Dr. GRPO experiment, and the demo runs."""
 import pathlib
 import re
 
@@ -28,7 +28,16 @@ def test_quickstart_is_two_single_line_commands():
     assert "pytest" in commands[1][1]
 
 
-def test_main_job_prints_every_preset_and_the_16_setting_grid(capsys):
+def test_main_job_is_the_dr_grpo_experiment_file():
+    from pgjax.train import experiment
+    commands = dict(re.findall(r"<!-- quickstart:(\w+) -->\n```bash\n(.*?)```", README, re.S))
+    match = re.search(r"python -m pgjax\.run (\S+)$", commands["run"].strip())
+    assert match, commands["run"]
+    exp = experiment.load(pathlib.Path(__file__).parent.parent / match.group(1))
+    assert exp.algorithm == "dr_grpo" and exp.warm_start.steps > 0
+
+
+def test_demo_prints_every_preset_and_the_16_setting_grid(capsys):
     demo.main(["--prompts", "2", "--length", "6"])
     out = capsys.readouterr().out
     for name in PRESETS:

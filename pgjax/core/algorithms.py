@@ -237,10 +237,7 @@ def advantages(spec: Spec, batch: Batch, hp: HParams) -> Array:
     """Per-token advantages ``[B, T]`` (no gradient) of ``spec`` on the *global* batch."""
     check_batch(spec, batch)
     mask = batch.mask
-    kl_penalty = jnp.zeros_like(mask)
-    if _kl_needed(spec, hp, batch, "reward"):
-        kl = obj_lib.kl_estimate(_behaviour_logp(batch), batch.ref_logp, spec.kl_estimator)
-        kl_penalty = jnp.where(mask > 0, hp.kl_coef * kl, 0.0)
+    kl_penalty = _kl_reward_penalty(spec, batch, hp)
     if spec.baseline in ("none", "value"):
         token_rewards = as_token_rewards(batch.rewards, mask) - kl_penalty
         if spec.baseline == "none":
@@ -258,6 +255,25 @@ def advantages(spec: Spec, batch: Batch, hp: HParams) -> Array:
         adv = adv_lib.broadcast_over_tokens(seq_adv, mask)
     adv = (1.0 - hp.whiten) * adv + hp.whiten * adv_lib.whiten(adv, mask)
     return jax.lax.stop_gradient(adv)
+
+
+def _kl_reward_penalty(spec: Spec, batch: Batch, hp: HParams) -> Array:
+    """kl_coef * KL_t subtracted from the per-token rewards when the KL sits in the reward, else 0."""
+    if not _kl_needed(spec, hp, batch, "reward"):
+        return jnp.zeros_like(batch.mask)
+    kl = obj_lib.kl_estimate(_behaviour_logp(batch), batch.ref_logp, spec.kl_estimator)
+    return jnp.where(batch.mask > 0, hp.kl_coef * kl, 0.0)
+
+
+def value_targets(spec: Spec, batch: Batch, hp: HParams) -> Array:
+    """Critic regression targets ``[B, T]``: the lambda-returns G^lambda_t = A_t + V(s_t) of eq. (17),
+    from the same (KL-penalised) token rewards as ``advantages`` but before any whitening."""
+    check_batch(spec, batch)
+    if batch.values is None:
+        raise ValueError(f"{spec.name}: value_targets needs batch.values from a critic")
+    token_rewards = as_token_rewards(batch.rewards, batch.mask) - _kl_reward_penalty(spec, batch, hp)
+    return jax.lax.stop_gradient(gae(token_rewards, batch.values, batch.mask, hp.gamma, hp.lam,
+                                     batch.bootstrap)[1])
 
 
 def _policy_terms(spec: Spec, hp: HParams, logp: Array, old_logp: Array, adv: Array, mask: Array):

@@ -1,0 +1,9 @@
+"""REINFORCE (eq. 10) on 2-digit addition, after a supervised warm start.
+
+    python -m pgjax.run experiments/arithmetic_reinforce.py
+"""
+from pgjax.train.experiment import Experiment
+
+
+def experiment() -> Experiment:
+    return Experiment(name="arithmetic_reinforce", algorithm="reinforce")

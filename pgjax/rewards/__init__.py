@@ -1,0 +1,60 @@
+"""Rewards and tasks with verifiable answers (host-side Python: strings in, NumPy float32 out).
+
+The reward interface: ``fn(prompts, completions, **fields) -> np.ndarray``
+float32 of shape ``[len(completions)]``. ``completions`` are the decoded
+responses with EOS (and padding) already stripped; ``fields`` are per-example
+columns aligned with the batch (``target=[...]``, ``numbers=[...]``,
+``answer=[...]``; ``batch_fields(examples, repeat=K)`` builds them for the
+group layout of DESIGN.md). Each reward takes the fields it needs by name and
+ignores the others, so ``combine`` can pass one set of fields to all terms.
+
+Rule for a reward that cannot be computed: a malformed completion, an
+unparsable answer, a division by zero, or any exception while scoring one
+row gives that row 0.0. Rewards are never NaN or infinite, and scoring never
+raises because of what a model wrote. Mismatched lengths of prompts,
+completions and fields (ValueError) or a missing field (TypeError) are the
+caller's bugs and do raise.
+
+Correctness rewards are 1.0 / 0.0, so a task's accuracy is the fraction of
+rows whose reward is 1.
+
+Tasks (``examples(n, seed)`` -> dicts with ``prompt``, the demonstration
+``answer`` and the reward's fields; deterministic from the seed):
+- ``ArithmeticTask``: ``"37+45="`` -> ``"82"``;
+- ``CountdownTask``: ``"3 5 7>22:"`` -> ``"3*5+7"`` (each number once, + - * /);
+- ``JsonlMathTask``: a user's GSM8K / MATH style JSONL file, ``math_reward``.
+The built-in tasks have character-level tokenizers (``char_tokenizer``);
+save one beside a checkpoint with ``tok.save_pretrained(dir)`` and read it
+back with ``load_tokenizer(dir)``.
+
+Math answers (``math_answers``): ``extract_answer`` (last ``\\boxed{}``, else
+``####``, else the last number) and ``answers_equal`` (numeric, then
+symbolic with sympy). Percent rule: ``50\\%`` equals ``50``, not ``0.5``.
+"""
+from pgjax.rewards.arithmetic import ArithmeticTask, arithmetic_reward, is_arithmetic_answer
+from pgjax.rewards.base import (RewardFn, Task, WeightedSum, as_rewards, batch_fields, check_batch, combine,
+                                format_reward, per_example, reward_name)
+from pgjax.rewards.countdown import CountdownTask, countdown_reward, evaluate_expression, is_countdown_solution
+from pgjax.rewards.data import JsonlMathTask, load_jsonl
+from pgjax.rewards.math_answers import (answers_equal, extract_answer, math_reward, normalize_answer,
+                                        parse_number, reference_answer)
+from pgjax.rewards.tokenizer import EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID, char_tokenizer, load_tokenizer
+
+TASKS = {"arithmetic": ArithmeticTask, "countdown": CountdownTask, "jsonl_math": JsonlMathTask}
+
+
+def make_task(name: str, **config) -> Task:
+    """The task ``TASKS[name](**config)``; ValueError naming the known tasks for an unknown name."""
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; known tasks: {sorted(TASKS)}")
+    return TASKS[name](**config)
+
+
+__all__ = [
+    "TASKS", "ArithmeticTask", "CountdownTask", "EOS_ID", "JsonlMathTask", "PAD_ID", "RewardFn", "SPECIAL_TOKENS",
+    "Task", "UNK_ID", "WeightedSum", "answers_equal", "arithmetic_reward", "as_rewards", "batch_fields",
+    "char_tokenizer", "check_batch", "combine", "countdown_reward", "evaluate_expression", "extract_answer",
+    "format_reward", "is_arithmetic_answer", "is_countdown_solution", "load_jsonl", "load_tokenizer",
+    "make_task", "math_reward", "normalize_answer", "parse_number", "per_example", "reference_answer",
+    "reward_name",
+]

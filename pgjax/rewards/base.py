@@ -1,0 +1,219 @@
+"""The reward interface: per-example rewards, weighted sums, format rewards and the Task protocol.
+
+A reward function is any callable
+
+    fn(prompts: Sequence[str], completions: Sequence[str], **fields: Sequence) -> np.ndarray
+
+returning float32 rewards of shape ``[len(completions)]``. ``fields`` are
+per-example columns aligned with the batch (``target=[...]``,
+``numbers=[...]``, ``answer=[...]``); a reward function takes the columns it
+needs by name and ignores the rest, so one ``**fields`` dict can feed several.
+
+Rules, the same for every reward in this package:
+- a reward that cannot be computed (malformed completion, unparsable answer,
+  division by zero, any exception while scoring one row) is 0.0 for that row;
+  rewards are never NaN or infinite and scoring never raises for a bad
+  completion;
+- a batch whose prompts, completions and field columns differ in length, or a
+  missing field, is a caller's bug and raises (ValueError / TypeError).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class RewardFn(Protocol):
+    """``fn(prompts, completions, **fields) -> float32 [len(completions)]`` (see the module docstring)."""
+
+    def __call__(self, prompts: Sequence[str], completions: Sequence[str], **fields: Sequence) -> np.ndarray: ...
+
+
+class Task(Protocol):
+    """A task: prompts with the fields its reward needs, a demonstration and a verifier.
+
+    ``examples(n, seed)`` returns ``n`` dicts, each with ``prompt`` (str),
+    ``answer`` (the demonstration / reference completion, for a supervised
+    warm start) and the fields ``reward_fn`` reads; the same seed gives the
+    same examples. ``reward_fn`` is the correctness reward (1.0 correct, 0.0
+    otherwise), so accuracy is the fraction of rows whose reward is 1.
+    ``format_pattern`` is a regular expression a well-formed completion fully
+    matches (for ``format_reward``). ``tokenizer()`` is the task's own
+    tokenizer, or None where the model's tokenizer is to be used.
+    """
+
+    name: str
+
+    @property
+    def reward_fn(self) -> RewardFn: ...
+
+    @property
+    def format_pattern(self) -> str: ...
+
+    def examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]: ...
+
+    def tokenizer(self) -> Any: ...
+
+
+def _is_column(value) -> bool:
+    return hasattr(value, "__len__") and hasattr(value, "__getitem__") and not isinstance(value, (str, bytes))
+
+
+def check_batch(prompts: Sequence[str], completions: Sequence[str], fields: Mapping[str, Sequence]) -> int:
+    """The batch size B; raises ValueError unless prompts, completions and every field column have length B."""
+    for name, column in (("prompts", prompts), ("completions", completions), *fields.items()):
+        if not _is_column(column):
+            raise ValueError(f"{name!r} must be a sequence with one entry per completion, "
+                             f"got {type(column).__name__}")
+    n = len(completions)
+    if len(prompts) != n:
+        raise ValueError(f"{len(prompts)} prompts but {n} completions")
+    for name, column in fields.items():
+        if len(column) != n:
+            raise ValueError(f"field {name!r} has {len(column)} entries but there are {n} completions")
+    return n
+
+
+def as_rewards(values, n: int, name: str = "reward") -> np.ndarray:
+    """``values`` as float32 ``[n]``, with NaN / inf replaced by 0.0 (the uncomputable-reward rule).
+
+    A result of the wrong shape is a bug in the reward function and raises ValueError.
+    """
+    out = np.asarray(values, dtype=np.float64)
+    if out.shape != (n,):
+        raise ValueError(f"{name} returned shape {out.shape}, expected ({n},)")
+    return np.where(np.isfinite(out), out, 0.0).astype(np.float32)
+
+
+def per_example(fn: Callable[..., float]) -> RewardFn:
+    """Turn a row rule ``fn(prompt, completion, **row_fields) -> float`` into a batched RewardFn.
+
+    The batched function checks lengths (ValueError), checks that the fields
+    ``fn`` names as keyword-only arguments without defaults are present
+    (TypeError), then scores each row, passing the fields ``fn`` accepts (all
+    of them if it takes ``**kwargs``); a row whose rule raises or returns a
+    non-finite value gets 0.0.
+    """
+    params = list(inspect.signature(fn).parameters.values())
+    positional = {p.name for p in params[:2]}
+    required = [p.name for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
+    takes_all = any(p.kind is p.VAR_KEYWORD for p in params)
+    accepted = {p.name for p in params[2:] if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+
+    @functools.wraps(fn)
+    def reward(prompts: Sequence[str], completions: Sequence[str], **fields: Sequence) -> np.ndarray:
+        n = check_batch(prompts, completions, fields)
+        missing = [k for k in required if k not in fields]
+        if missing:
+            raise TypeError(f"{fn.__name__} needs the field(s) {missing}; got fields {sorted(fields)}")
+        clash = sorted(positional & set(fields))
+        if clash:
+            raise ValueError(f"field name(s) {clash} clash with {fn.__name__}'s positional arguments")
+        used = {k: v for k, v in fields.items() if takes_all or k in accepted}
+        out = np.zeros(n, np.float32)
+        for i in range(n):
+            try:
+                value = float(fn(prompts[i], completions[i], **{k: v[i] for k, v in used.items()}))
+            except Exception:  # the documented rule: an uncomputable reward is 0.0
+                value = 0.0
+            out[i] = value if math.isfinite(value) else 0.0
+        return out
+
+    reward.required_fields = tuple(required)
+    return reward
+
+
+def reward_name(fn) -> str:
+    """A short name for logging: ``__name__``, a partial's function name, or the class name."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightedSum:
+    """``sum_i w_i fn_i(prompts, completions, **fields)``, built by ``combine``.
+
+    ``components(...)`` returns each term's unweighted rewards by name (for
+    logging); calling the object returns the weighted sum. Every term receives
+    all fields and takes the ones it needs.
+    """
+
+    terms: tuple[tuple[str, RewardFn, float], ...]
+
+    def components(self, prompts: Sequence[str], completions: Sequence[str], **fields: Sequence) -> dict[str, np.ndarray]:
+        n = check_batch(prompts, completions, fields)
+        return {name: as_rewards(fn(prompts, completions, **fields), n, name) for name, fn, _ in self.terms}
+
+    def __call__(self, prompts: Sequence[str], completions: Sequence[str], **fields: Sequence) -> np.ndarray:
+        parts = self.components(prompts, completions, **fields)
+        total = sum((w * parts[name].astype(np.float64) for name, _, w in self.terms), np.zeros(len(completions)))
+        return as_rewards(total, len(completions), "combined reward")
+
+    @property
+    def weights(self) -> dict[str, float]:
+        return {name: w for name, _, w in self.terms}
+
+
+def combine(*terms) -> WeightedSum:
+    """Weighted sum of reward functions: ``combine((correct, 1.0), (fmt, 0.1))``.
+
+    Each term is ``fn`` (weight 1) or ``(fn, weight)`` with a finite weight.
+    Terms are named by ``reward_name`` (``_2``, ``_3``... on repeats) in
+    ``components``.
+    """
+    if not terms:
+        raise ValueError("combine needs at least one reward function")
+    named, seen = [], {}
+    for term in terms:
+        fn, weight = (term if isinstance(term, tuple) else (term, 1.0))
+        if not callable(fn):
+            raise TypeError(f"not a reward function: {fn!r}")
+        weight = float(weight)
+        if not math.isfinite(weight):
+            raise ValueError(f"weight of {reward_name(fn)} must be finite, got {weight}")
+        base = reward_name(fn)
+        seen[base] = seen.get(base, 0) + 1
+        named.append((base if seen[base] == 1 else f"{base}_{seen[base]}", fn, weight))
+    return WeightedSum(tuple(named))
+
+
+def format_reward(pattern: str, flags: int = 0) -> RewardFn:
+    """1.0 where the stripped completion fully matches the regular expression ``pattern``, else 0.0.
+
+    E.g. ``format_reward(r"-?\\d+")`` for the arithmetic task.
+    """
+    regex = re.compile(pattern, flags)
+
+    def format_ok(prompt: str, completion: str, **_) -> float:
+        return float(regex.fullmatch(completion.strip()) is not None)
+
+    fn = per_example(format_ok)
+    fn.__name__ = fn.__qualname__ = "format_reward"
+    fn.__doc__ = f"1.0 where the stripped completion fully matches {pattern!r}, else 0.0."
+    return fn
+
+
+def batch_fields(examples: Sequence[Mapping[str, Any]], repeat: int = 1,
+                 exclude: Sequence[str] = ("prompt",)) -> dict[str, list]:
+    """Columns ``{field: [value per row]}`` of a list of examples, to pass as ``**fields``.
+
+    ``repeat=K`` repeats each example K times in a row, matching the group
+    layout of DESIGN.md (row ``p*K + k`` is response k to prompt p).
+    ``prompt`` is left out by default (it is the ``prompts`` argument).
+    """
+    if repeat < 1:
+        raise ValueError(f"repeat must be >= 1, got {repeat}")
+    keys = [k for k in (examples[0] if examples else {}) if k not in exclude]
+    for i, ex in enumerate(examples):
+        missing = [k for k in keys if k not in ex]
+        if missing:
+            raise ValueError(f"example {i} lacks field(s) {missing}")
+    return {k: [ex[k] for ex in examples for _ in range(repeat)] for k in keys}

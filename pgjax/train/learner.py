@@ -1,0 +1,207 @@
+"""The jitted numerical work of RL training: scoring a rollout and the policy / critic updates.
+
+A ``Learner`` holds the static parts (model graph definitions, the algorithm's
+``Spec``, optimizers, update settings); ``TrainState`` holds the arrays. Every
+method that touches arrays is one ``jax.jit``-compiled function.
+
+Update schedule (PPO-style, covering the on-policy algorithms as one epoch of
+one minibatch): for each of ``epochs`` passes, the rollout's prompt groups are
+shuffled and split into ``minibatches``; each minibatch is one optimizer step,
+accumulated over ``micro_batches`` (a ``lax.scan``). The loss of a minibatch is
+the algorithm's aggregate over *that minibatch*, with its denominators taken
+from the whole minibatch (``core.loss_normalizer``), so accumulating
+micro-batches gives exactly the gradient of the undivided minibatch. Advantages
+and value targets are computed once, on the whole rollout, before the update.
+
+Old log-probs: ``old_logp`` is recomputed teacher-forced with the parameters
+that sampled the rollout (the same function the loss differentiates), so the
+ratio is 1 up to float rounding at the first minibatch; the sampler's own
+``policy_logprobs`` equal it to ~1e-6 at temperature 1 (tests/test_sampler.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from pgjax import core
+from pgjax.models.scoring import response_logprobs
+from pgjax.models.transformer import CausalLM
+from pgjax.train.critic import ValueModel
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateConfig:
+    """epochs over each rollout; optimizer steps (minibatches) per epoch; gradient-accumulation
+    micro-batches per step; ``temperature`` of the scored policy (the sampling temperature);
+    ``value_clip`` of the critic loss (0 = off); ``chunk_size`` of the chunked log-probs."""
+    epochs: int = 1
+    minibatches: int = 1
+    micro_batches: int = 1
+    temperature: float = 1.0
+    value_clip: float = 0.2
+    chunk_size: int = 1024
+
+    def check(self, prompts: int) -> None:
+        if min(self.epochs, self.minibatches, self.micro_batches) < 1:
+            raise ValueError(f"epochs, minibatches and micro_batches must be >= 1: {self}")
+        if prompts % (self.minibatches * self.micro_batches):
+            raise ValueError(f"{prompts} prompt groups per step do not split into minibatches={self.minibatches} "
+                             f"x micro_batches={self.micro_batches} of whole groups")
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Everything a resumed run needs besides the data position: parameters, optimizer states,
+    the frozen reference policy (None when no KL term), the step and the PRNG key."""
+    params: nnx.State
+    opt_state: optax.OptState
+    step: jax.Array
+    key: jax.Array
+    ref_params: nnx.State | None = None
+    critic_params: nnx.State | None = None
+    critic_opt_state: optax.OptState | None = None
+
+
+@flax.struct.dataclass
+class Rollout:
+    """One step's responses and everything the update needs; rows ``p * K + k``.
+
+    tokens, attention_mask [B, W + N]; mask [B, N] the response tokens that count;
+    rewards, greedy_rewards [B]; old_logp, ref_logp, values, old_values, targets,
+    advantages [B, N]; bootstrap [B]. Fields an algorithm does not use are None.
+    """
+    tokens: jax.Array
+    attention_mask: jax.Array
+    mask: jax.Array
+    rewards: jax.Array
+    greedy_rewards: jax.Array | None = None
+    old_logp: jax.Array | None = None
+    ref_logp: jax.Array | None = None
+    values: jax.Array | None = None
+    bootstrap: jax.Array | None = None
+    advantages: jax.Array | None = None
+    targets: jax.Array | None = None
+
+
+class Learner:
+    def __init__(self, policy: CausalLM, algorithm: core.Algorithm, group_size: int, update: UpdateConfig,
+                 optimizer: optax.GradientTransformation, critic_optimizer: optax.GradientTransformation | None,
+                 use_reference: bool):
+        self.graphdef = nnx.graphdef(policy)
+        self.spec, self.group_size, self.update_config = algorithm.spec, group_size, update
+        self.optimizer, self.critic_optimizer = optimizer, critic_optimizer
+        self.uses_critic = algorithm.spec.baseline == "value"
+        self.use_reference = use_reference
+        if self.uses_critic and critic_optimizer is None:
+            raise ValueError(f"{algorithm.spec.name} needs a critic optimizer")
+        self.critic_graphdef = nnx.graphdef(ValueModel.from_policy(policy)) if self.uses_critic else None
+
+    def init_state(self, policy: CausalLM, key) -> TrainState:
+        """Fresh optimizer states; the reference policy and the critic start from ``policy``."""
+        params = nnx.state(policy)
+        critic = nnx.state(ValueModel.from_policy(policy)) if self.uses_critic else None
+        return TrainState(params=params, opt_state=self.optimizer.init(params), step=jnp.zeros((), jnp.int32),
+                          key=key, ref_params=jax.tree.map(jnp.copy, params) if self.use_reference else None,
+                          critic_params=critic,
+                          critic_opt_state=self.critic_optimizer.init(critic) if self.uses_critic else None)
+
+    def policy(self, params) -> CausalLM:
+        return nnx.merge(self.graphdef, params)
+
+    def _logprobs(self, params, part: Rollout):
+        """log pi and entropy of the response tokens [B, N] under ``params`` (teacher-forced)."""
+        return response_logprobs(self.policy(params), part.tokens, part.attention_mask, _prompt_length(part),
+                                 self.update_config.temperature, self.update_config.chunk_size)
+
+    def _values(self, critic_params, part: Rollout):
+        critic = nnx.merge(self.critic_graphdef, critic_params)
+        return critic.response_values(part.tokens, part.attention_mask, _prompt_length(part))
+
+    @partial(jax.jit, static_argnums=(0,))
+    def prepare(self, state: TrainState, rollout: Rollout, hp: core.HParams) -> Rollout:
+        """Old and reference log-probs, critic values, advantages and value targets of a rollout."""
+        old_logp, _ = self._logprobs(state.params, rollout)
+        ref_logp = self._logprobs(state.ref_params, rollout)[0] if self.use_reference else None
+        values = bootstrap = None
+        if self.uses_critic:
+            values, bootstrap = self._values(state.critic_params, rollout)
+        batch = self._batch(rollout.replace(old_logp=old_logp, ref_logp=ref_logp, values=values,
+                                            bootstrap=bootstrap), old_logp)
+        advantages = core.advantages(self.spec, batch, hp)
+        targets = core.value_targets(self.spec, batch, hp) if self.uses_critic else None
+        return rollout.replace(old_logp=old_logp, ref_logp=ref_logp, values=values, bootstrap=bootstrap,
+                               advantages=advantages, targets=targets)
+
+    def _batch(self, rollout: Rollout, logp, entropy=None) -> core.Batch:
+        return core.Batch(mask=rollout.mask, rewards=rollout.rewards, logp=logp, old_logp=rollout.old_logp,
+                          ref_logp=rollout.ref_logp, values=rollout.values, bootstrap=rollout.bootstrap,
+                          greedy_rewards=rollout.greedy_rewards, entropy=entropy, advantages=rollout.advantages,
+                          group_size=self.group_size)
+
+    def update(self, state: TrainState, rollout: Rollout, hp: core.HParams) -> tuple[TrainState, dict]:
+        """All epochs and minibatches of one rollout; returns the new state and summed metrics."""
+        cfg = self.update_config
+        prompts = rollout.rewards.shape[0] // self.group_size
+        cfg.check(prompts)
+        key, shuffle_key = jax.random.split(state.key)
+        metrics = None
+        for epoch in range(cfg.epochs):
+            order = jax.random.permutation(jax.random.fold_in(shuffle_key, epoch), prompts)
+            for groups in jnp.split(order, cfg.minibatches):
+                rows = (groups[:, None] * self.group_size + jnp.arange(self.group_size)).reshape(-1)
+                state, step_metrics = self._optimizer_step(state, jax.tree.map(lambda x: x[rows], rollout), hp)
+                metrics = step_metrics if metrics is None else core.combine_metrics(metrics, step_metrics)
+        return state.replace(step=state.step + 1, key=key), metrics
+
+    @partial(jax.jit, static_argnums=(0,), donate_argnums=(1,))
+    def _optimizer_step(self, state: TrainState, minibatch: Rollout, hp: core.HParams):
+        """One optimizer step of the policy (and the critic) on a minibatch of whole groups."""
+        norm = core.loss_normalizer(minibatch.mask, self.group_size)
+        micro = jax.tree.map(lambda x: x.reshape(self.update_config.micro_batches, -1, *x.shape[1:]), minibatch)
+
+        def policy_loss(params, part):
+            logp, entropy = self._logprobs(params, part)
+            return core.loss(self.spec, self._batch(part, logp, entropy), hp, norm)
+
+        grads, metrics = _accumulate(jax.grad(policy_loss, has_aux=True), state.params, micro)
+        metrics["grad_norm_max"] = optax.tree.norm(grads)
+        metrics["optimizer_steps"] = jnp.ones(())
+        updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+        state = state.replace(params=optax.apply_updates(state.params, updates), opt_state=opt_state)
+        if self.uses_critic:
+            state, metrics["value_loss"] = self._critic_step(state, micro, norm)
+        return state, metrics
+
+    def _critic_step(self, state: TrainState, micro: Rollout, norm: core.Normalizer):
+        """One critic optimizer step on the token-mean (clipped) value loss of the minibatch."""
+        def critic_loss(params, part):
+            values, _ = self._values(params, part)
+            per_token = core.value_loss(values, part.values, part.targets, self.update_config.value_clip)
+            loss = jnp.sum(per_token * part.mask) / jnp.maximum(norm.num_tokens, 1.0)
+            return loss, {"value_loss": loss}
+
+        grads, metrics = _accumulate(jax.grad(critic_loss, has_aux=True), state.critic_params, micro)
+        updates, opt_state = self.critic_optimizer.update(grads, state.critic_opt_state, state.critic_params)
+        return (state.replace(critic_params=optax.apply_updates(state.critic_params, updates),
+                              critic_opt_state=opt_state), metrics["value_loss"])
+
+
+def _prompt_length(part: Rollout) -> int:
+    return part.tokens.shape[1] - part.mask.shape[1]
+
+
+def _accumulate(grad_fn, params, micro):
+    """Sum of ``grad_fn(params, part)`` gradients and metrics over the leading micro-batch axis."""
+    def step(carry, part):
+        grads, metrics = grad_fn(params, part)
+        return (jax.tree.map(jnp.add, carry[0], grads), core.combine_metrics(carry[1], metrics)), None
+
+    first = grad_fn(params, jax.tree.map(lambda x: x[0], micro))
+    (grads, metrics), _ = jax.lax.scan(step, first, jax.tree.map(lambda x: x[1:], micro))
+    return grads, metrics

@@ -1,0 +1,124 @@
+"""Rollouts: tokenise prompts, sample K responses each, decode and score them.
+
+Host-side glue around the jitted sampler: strings go in (prompts and the
+task's fields), a ``Rollout`` of fixed-shape arrays comes out, plus the decoded
+completions and per-row statistics for logging. Shapes never change between
+steps (prompts are left-padded to ``max_prompt_tokens``), so nothing recompiles.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+
+from pgjax.models.transformer import CausalLM
+from pgjax.rewards import batch_fields
+from pgjax.sample import SamplingConfig, generate
+from pgjax.train.learner import Rollout
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    """K = ``samples_per_prompt``; sampling settings; the practitioners' options:
+
+    filter_equal_groups: drop (mask out) groups whose K rewards are all equal (DAPO's
+      dynamic sampling, without resampling): they carry no group-relative signal.
+    mask_truncated: responses that hit ``max_new_tokens`` without EOS do not count.
+    overlong_buffer, overlong_penalty: DAPO's soft overlong punishment: a response
+      longer than ``max_new_tokens - overlong_buffer`` loses up to ``overlong_penalty``,
+      linearly over the buffer (0 = off).
+    """
+    samples_per_prompt: int = 8
+    max_prompt_tokens: int = 16
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    filter_equal_groups: bool = False
+    mask_truncated: bool = False
+    overlong_buffer: int = 0
+    overlong_penalty: float = 1.0
+
+    def sampling(self, eos_id: int, pad_id: int, greedy: bool = False) -> SamplingConfig:
+        return SamplingConfig(max_new_tokens=self.max_new_tokens, eos_ids=(eos_id,), pad_id=pad_id,
+                              n=1 if greedy else self.samples_per_prompt, temperature=self.temperature,
+                              top_k=self.top_k, top_p=self.top_p, greedy=greedy)
+
+
+def encode_prompts(tokenizer, prompts: list[str], width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids and mask [P, width], left-padded with the tokenizer's pad id; too long raises."""
+    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    longest = max(map(len, ids))
+    if longest > width or min(map(len, ids)) == 0:
+        raise ValueError(f"prompts must have 1..{width} tokens (max_prompt_tokens); got up to {longest}")
+    tokens = np.full((len(ids), width), tokenizer.pad_token_id, np.int32)
+    mask = np.zeros((len(ids), width), np.int32)
+    for row, seq in enumerate(ids):
+        tokens[row, width - len(seq):], mask[row, width - len(seq):] = seq, 1
+    return tokens, mask
+
+
+def decode_responses(tokenizer, response, lengths) -> list[str]:
+    """Each response's text up to its length, without the EOS token."""
+    response, lengths = np.asarray(response), np.asarray(lengths)
+    eos = tokenizer.eos_token_id
+    texts = []
+    for row, n in zip(response, lengths, strict=True):
+        ids = row[:n]
+        texts.append(tokenizer.decode(ids[:-1] if n and ids[-1] == eos else ids))
+    return texts
+
+
+def overlong_penalty(lengths, max_new_tokens: int, buffer: int, penalty: float) -> np.ndarray:
+    """DAPO's soft overlong punishment: 0 up to L - buffer tokens, then -penalty * (excess / buffer)."""
+    if buffer <= 0:
+        return np.zeros(len(lengths), np.float32)
+    excess = np.clip(np.asarray(lengths) - (max_new_tokens - buffer), 0, buffer)
+    return (-penalty * excess / buffer).astype(np.float32)
+
+
+def repeat_examples(examples: list[dict], k: int) -> tuple[list[str], dict]:
+    """Prompts and the reward fields of ``examples``, each repeated K times (row p * K + k)."""
+    return [e["prompt"] for e in examples for _ in range(k)], batch_fields(examples, repeat=k)
+
+
+def collect(policy: CausalLM, tokenizer, examples: list[dict], reward_fn, correct_fn, key,
+            config: RolloutConfig, greedy_baseline: bool = False) -> tuple[Rollout, dict]:
+    """Sample, decode and score K responses per example; the Rollout and per-row statistics.
+
+    ``reward_fn`` gives the training reward, ``correct_fn`` the task's verifier
+    (1 = correct), both ``fn(prompts, completions, **fields)``. With
+    ``greedy_baseline`` (ReMax) one greedy response per prompt is scored too.
+    """
+    k = config.samples_per_prompt
+    prompt_tokens, prompt_mask = encode_prompts(tokenizer, [e["prompt"] for e in examples],
+                                                config.max_prompt_tokens)
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    samples = generate(policy, prompt_tokens, prompt_mask, key, config.sampling(eos, pad))
+    completions = decode_responses(tokenizer, samples.response, samples.lengths)
+    prompts, fields = repeat_examples(examples, k)
+    lengths, truncated = np.asarray(samples.lengths), np.asarray(samples.truncated)
+    correct = np.asarray(correct_fn(prompts, completions, **fields), np.float32)
+    rewards = np.asarray(reward_fn(prompts, completions, **fields), np.float32)
+    rewards = rewards + overlong_penalty(lengths, config.max_new_tokens, config.overlong_buffer,
+                                         config.overlong_penalty)
+    keep = np.ones(len(rewards), bool)
+    if config.mask_truncated:
+        keep &= ~truncated
+    if config.filter_equal_groups:
+        groups = rewards.reshape(-1, k)
+        keep &= np.repeat(groups.max(1) > groups.min(1), k)
+    greedy_rewards = None
+    if greedy_baseline:
+        greedy = generate(policy, prompt_tokens, prompt_mask, key, config.sampling(eos, pad, greedy=True))
+        greedy_text = decode_responses(tokenizer, greedy.response, greedy.lengths)
+        base_prompts, base_fields = repeat_examples(examples, 1)
+        greedy_rewards = jnp.asarray(np.repeat(np.asarray(reward_fn(base_prompts, greedy_text, **base_fields),
+                                                          np.float32), k))
+    rollout = Rollout(tokens=samples.tokens, attention_mask=samples.attention_mask,
+                      mask=samples.response_mask * jnp.asarray(keep, jnp.float32)[:, None], rewards=jnp.asarray(rewards),
+                      greedy_rewards=greedy_rewards)
+    stats = {"reward": rewards, "correct": correct, "length": lengths, "truncated": truncated, "kept": keep,
+             "completions": completions, "prompts": prompts}
+    return rollout, stats

@@ -1,0 +1,46 @@
+"""Supervised warm start: cross-entropy on demonstrations, for tasks a random policy never solves.
+
+  L(theta) = - sum_{b,t} m_bt log pi_theta(a_bt | s_bt) / sum_{b,t} m_bt
+
+over the demonstration tokens (the answer and its EOS) of each batch, the
+prompt given. One jitted AdamW step per batch.
+"""
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from pgjax.models.scoring import response_logprobs
+from pgjax.train.rollout import encode_prompts
+
+
+def demonstrations(tokenizer, examples: list[dict], prompt_width: int, response_width: int):
+    """tokens, attention_mask [B, W + N] and the response mask [B, N] of prompt + answer + EOS."""
+    prompt_tokens, prompt_mask = encode_prompts(tokenizer, [e["prompt"] for e in examples], prompt_width)
+    response = np.full((len(examples), response_width), tokenizer.pad_token_id, np.int32)
+    mask = np.zeros((len(examples), response_width), np.int32)
+    for row, example in enumerate(examples):
+        ids = tokenizer(example["answer"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        if len(ids) > response_width:
+            raise ValueError(f"demonstration {example['answer']!r} needs {len(ids)} tokens with EOS; "
+                             f"max_new_tokens is {response_width}")
+        response[row, :len(ids)], mask[row, :len(ids)] = ids, 1
+    return (np.concatenate([prompt_tokens, response], 1), np.concatenate([prompt_mask, mask], 1),
+            mask.astype(np.float32))
+
+
+@partial(jax.jit, static_argnames=("graphdef", "optimizer"), donate_argnames=("params", "opt_state"))
+def sft_step(graphdef, optimizer, params, opt_state, tokens, attention_mask, mask):
+    """One AdamW step on the mean negative log-likelihood of the masked response tokens."""
+    def loss_fn(p):
+        logp, _ = response_logprobs(nnx.merge(graphdef, p), tokens, attention_mask, tokens.shape[1] - mask.shape[1])
+        return -jnp.sum(logp * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss

@@ -1,0 +1,291 @@
+"""Training end to end: every algorithm learns a toy reward through the runner, resume is exact,
+gradient accumulation is exact, the rollout options do what they say, and bad input fails early."""
+import dataclasses
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from pgjax import core, run
+from pgjax.models import hf
+from pgjax.models.transformer import CausalLM, ModelConfig
+from pgjax.rewards import char_tokenizer, per_example
+from pgjax.sample import SamplingConfig, generate
+from pgjax.train import experiment as experiment_lib
+from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
+from pgjax.train.learner import Learner, Rollout, UpdateConfig
+from pgjax.train.optim import OptimConfig, make_optimizer
+from pgjax.train.rollout import RolloutConfig, collect, encode_prompts, overlong_penalty
+
+SEVEN = ["reinforce", "reinforce_baseline", "remax", "rloo", "ppo", "grpo", "dr_grpo"]
+TINY_MODEL = ModelSection(hidden_size=32, intermediate_size=64, layers=1, heads=2, kv_heads=1, head_dim=16)
+
+
+@per_example
+def starts_with_x(prompt, completion, **_):
+    return float(completion.startswith("x"))
+
+
+@dataclasses.dataclass(frozen=True)
+class EmitX:
+    """Reward 1 for a response whose first token is ``x``."""
+    name: str = "emit_x"
+    format_pattern: str = "[abx]*"
+    reward_fn = staticmethod(starts_with_x)
+
+    def tokenizer(self):
+        return char_tokenizer("abx")
+
+    def examples(self, n, seed=0):
+        return [{"prompt": "ab", "answer": "x"} for _ in range(n)]
+
+
+def p_first_x(policy, tokenizer) -> float:
+    tokens, mask = encode_prompts(tokenizer, ["ab"], 4)
+    logits = policy(jnp.asarray(tokens), jnp.asarray(mask))[0, -1]
+    return float(jax.nn.softmax(logits)[tokenizer.convert_tokens_to_ids("x")])
+
+
+def tiny_experiment(tmp_path, **changes) -> Experiment:
+    base = Experiment(name="t", steps=4, prompts_per_step=4, model=TINY_MODEL, eval_every=2, eval_prompts=8,
+                      checkpoint_every=2, run_dir=str(tmp_path / "run"), optim=OptimConfig(lr=1e-2),
+                      critic_optim=OptimConfig(lr=1e-2), warm_start=WarmStartSection(steps=0),
+                      rollout=RolloutConfig(samples_per_prompt=4, max_prompt_tokens=4, max_new_tokens=3))
+    return dataclasses.replace(base, **changes)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", SEVEN)
+def test_every_algorithm_raises_the_probability_of_the_rewarded_token(algorithm, tmp_path, monkeypatch):
+    monkeypatch.setattr(run, "build_task", lambda exp: EmitX())
+    exp = tiny_experiment(tmp_path, algorithm=algorithm, steps=6,
+                          update=UpdateConfig(epochs=2, minibatches=2) if algorithm == "ppo" else UpdateConfig())
+    tokenizer = EmitX().tokenizer()
+    before = p_first_x(run.build_policy(exp, tokenizer), tokenizer)
+    directory = run.train(exp, progress=False)
+    after = p_first_x(hf.load(directory / "final"), tokenizer)
+    assert after > before + 0.1, (before, after)
+    records = [json.loads(line) for line in (directory / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "reward" in r]
+    assert [r["step"] for r in steps] == list(range(1, 7))
+    for r in steps:
+        assert np.isfinite(r["policy_loss"]) and np.isfinite(r["grad_norm"]) and r["time_step"] > 0
+    assert ("value_loss" in steps[0]) == (algorithm in ("ppo", "reinforce_baseline"))
+    assert (steps[0]["kl_ref"] is not None) == (algorithm == "grpo")
+    assert steps[-1]["reward"] > steps[0]["reward"]
+    assert (directory / "curves.png").stat().st_size > 1000
+
+
+def comparable(path) -> list[dict]:
+    """The metric lines without wall-clock timings."""
+    records = [json.loads(line) for line in pathlib.Path(path).read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in run.TIMING_KEYS} for r in records]
+
+
+RESUME_EXPERIMENT = """
+from pgjax.train.experiment import Experiment, ModelSection, WarmStartSection
+from pgjax.train.rollout import RolloutConfig
+
+def experiment():
+    return Experiment(name="resume", algorithm="grpo", steps=12, prompts_per_step=4, eval_every=1,
+                      eval_prompts=64, checkpoint_every=3,
+                      model=ModelSection(hidden_size=32, intermediate_size=64, layers=1, heads=2, kv_heads=1,
+                                         head_dim=16),
+                      warm_start=WarmStartSection(steps=3, batch_size=8),
+                      rollout=RolloutConfig(samples_per_prompt=4, max_prompt_tokens=8, max_new_tokens=6))
+"""
+
+
+def start_run(file, directory, *extra):
+    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).parent.parent)}
+    return subprocess.Popen([sys.executable, "-m", "pgjax.run", str(file), "--no-progress",
+                             "--set", f"run_dir={directory}", *extra], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.mark.slow
+def test_a_run_killed_with_sigkill_resumes_to_the_same_metrics_and_parameters(tmp_path):
+    file = tmp_path / "resume.py"
+    file.write_text(RESUME_EXPERIMENT)
+    whole = start_run(file, tmp_path / "whole")
+    killed = start_run(file, tmp_path / "killed")
+    metrics = tmp_path / "killed" / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and killed.poll() is None:
+        if metrics.exists() and any(json.loads(x)["step"] >= 4 for x in metrics.read_text().splitlines()[:-1]):
+            killed.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.005)
+    killed.wait()
+    assert killed.returncode == -signal.SIGKILL, killed.stdout.read()
+    assert not (tmp_path / "killed" / "final").exists()
+    resumed = start_run(file, tmp_path / "killed", "--resume")
+    assert resumed.wait() == 0, resumed.stdout.read()
+    assert whole.wait() == 0, whole.stdout.read()
+    assert comparable(metrics) == comparable(tmp_path / "whole" / "metrics.jsonl")
+    a = hf.load(tmp_path / "whole" / "final")
+    b = hf.load(tmp_path / "killed" / "final")
+    jax.tree.map(np.testing.assert_array_equal, nnx.state(a), nnx.state(b))
+
+
+def tiny_learner(algorithm, update, group_size=4, optimizer=None):
+    config = ModelConfig(family="qwen2", vocab_size=12, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=8)
+    policy = CausalLM(config, nnx.Rngs(0))
+    algo = core.preset(algorithm)
+    optimizer = optimizer or make_optimizer(OptimConfig(lr=1e-2))
+    learner = Learner(policy, algo, group_size, update, optimizer, optimizer, use_reference=False)
+    return policy, algo, learner
+
+
+def sampled_rollout(policy, group_size=4, prompts=4):
+    tokens = np.tile(np.arange(2, 6), (prompts, 1))
+    samples = generate(policy, tokens, np.ones_like(tokens), jax.random.key(0),
+                       SamplingConfig(max_new_tokens=5, eos_ids=(1,), n=group_size))
+    rewards = jnp.asarray((np.asarray(samples.response) == 7).sum(1), jnp.float32)
+    return Rollout(tokens=samples.tokens, attention_mask=samples.attention_mask, mask=samples.response_mask,
+                   rewards=rewards)
+
+
+@pytest.mark.parametrize("algorithm", ["dr_grpo", "ppo"])
+def test_gradient_accumulation_gives_the_same_update_as_one_batch(algorithm):
+    params = []
+    for micro in (1, 2, 4):
+        # plain SGD with lr 1: the parameter change is the accumulated gradient itself
+        policy, algo, learner = tiny_learner(algorithm, UpdateConfig(micro_batches=micro), optimizer=optax.sgd(1.0))
+        state = learner.init_state(policy, jax.random.PRNGKey(0))
+        rollout = learner.prepare(state, sampled_rollout(policy), algo.hparams)
+        state, metrics = learner.update(state, rollout, algo.hparams)
+        params.append((state.params, state.critic_params, float(metrics["policy_loss"])))
+    for p, c, loss in params[1:]:
+        jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), p, params[0][0])
+        if c is not None:
+            jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), c, params[0][1])
+        assert loss == pytest.approx(params[0][2], abs=1e-6)
+
+
+def test_minibatches_split_whole_groups_and_each_is_one_optimizer_step():
+    policy, algo, learner = tiny_learner("ppo", UpdateConfig(epochs=3, minibatches=2))
+    state = learner.init_state(policy, jax.random.PRNGKey(0))
+    rollout = learner.prepare(state, sampled_rollout(policy), algo.hparams)
+    state, metrics = learner.update(state, rollout, algo.hparams)
+    assert float(metrics["optimizer_steps"]) == 6 and int(state.step) == 1
+    assert float(metrics["sequences"]) == 3 * 16                  # every row seen once per epoch
+    with pytest.raises(ValueError, match="do not split into minibatches=3"):
+        UpdateConfig(minibatches=3).check(4)
+
+
+def test_prepare_matches_the_core_functions_on_the_same_batch():
+    policy, algo, learner = tiny_learner("ppo", UpdateConfig())
+    state = learner.init_state(policy, jax.random.PRNGKey(0))
+    rollout = learner.prepare(state, sampled_rollout(policy), algo.hparams)
+    batch = core.Batch(mask=rollout.mask, rewards=rollout.rewards, logp=rollout.old_logp, values=rollout.values,
+                       bootstrap=rollout.bootstrap, group_size=4)
+    np.testing.assert_allclose(np.asarray(rollout.advantages), np.asarray(algo.advantages(batch)), atol=1e-6)
+    np.testing.assert_allclose(np.asarray(rollout.targets),
+                               np.asarray(core.value_targets(algo.spec, batch, algo.hparams)), atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(rollout.values), 0.0)    # zero-initialised value head
+
+
+def test_rollout_options_filter_groups_mask_truncation_and_penalise_overlong():
+    tokenizer = EmitX().tokenizer()
+    config = ModelConfig(family="llama", vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8)
+    policy = CausalLM(config, nnx.Rngs(3))
+    examples = EmitX().examples(6)
+    options = RolloutConfig(samples_per_prompt=4, max_prompt_tokens=4, max_new_tokens=4, filter_equal_groups=True,
+                            mask_truncated=True)
+    rollout, stats = collect(policy, tokenizer, examples, starts_with_x, starts_with_x, jax.random.key(1), options)
+    groups = stats["reward"].reshape(6, 4)
+    mixed = np.repeat(groups.max(1) > groups.min(1), 4)
+    assert mixed.any() and not mixed.all()
+    np.testing.assert_array_equal(stats["kept"], mixed & ~stats["truncated"])
+    np.testing.assert_array_equal(np.asarray(rollout.mask).sum(1) > 0, stats["kept"] & (stats["length"] > 0))
+    np.testing.assert_allclose(overlong_penalty(np.array([3, 4, 5, 6, 8]), 8, 4, 0.5),
+                               [0.0, 0.0, -0.125, -0.25, -0.5])
+    np.testing.assert_array_equal(overlong_penalty(np.array([8]), 8, 0, 1.0), [0.0])
+
+
+def test_remax_scores_a_greedy_response_per_prompt():
+    tokenizer = EmitX().tokenizer()
+    config = ModelConfig(family="qwen3", vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8)
+    policy = CausalLM(config, nnx.Rngs(0))
+    rollout, _ = collect(policy, tokenizer, EmitX().examples(2), starts_with_x, starts_with_x, jax.random.key(0),
+                         RolloutConfig(samples_per_prompt=3, max_prompt_tokens=4, max_new_tokens=3),
+                         greedy_baseline=True)
+    tokens, mask = encode_prompts(tokenizer, ["ab"], 4)
+    first = int(jnp.argmax(policy(jnp.asarray(tokens), jnp.asarray(mask))[0, -1]))
+    want = float(first == tokenizer.convert_tokens_to_ids("x"))
+    np.testing.assert_array_equal(np.asarray(rollout.greedy_rewards), want)
+
+
+def test_set_overrides_typed_fields_and_unknown_keys_list_the_valid_ones():
+    exp = experiment_lib.override(Experiment(), ["rollout.temperature=0.7", "steps=3", "hparams.kl_coef=0.01",
+                                                 "rollout.mask_truncated=true", "task.name=countdown"])
+    assert exp.rollout.temperature == 0.7 and exp.steps == 3 and exp.rollout.mask_truncated is True
+    assert exp.algorithm_preset().hparams.kl_coef == 0.01 and exp.task.name == "countdown"
+    with pytest.raises(KeyError, match="unknown config key 'rollout.temprature'.*rollout.temperature"):
+        experiment_lib.override(Experiment(), ["rollout.temprature=0.7"])
+    with pytest.raises(ValueError, match="steps must be int"):
+        experiment_lib.override(Experiment(), ["steps=many"])
+    with pytest.raises(ValueError, match="key=value"):
+        experiment_lib.override(Experiment(), ["steps"])
+    with pytest.raises(ValueError, match="hyperparameter kl_coef"):
+        experiment_lib.override(Experiment(), ["hparams.kl_coef=-1"]).algorithm_preset()
+
+
+def test_experiment_files_load_and_name_their_algorithm():
+    for algorithm in SEVEN:
+        exp = experiment_lib.load(pathlib.Path(__file__).parent.parent / "experiments" / f"arithmetic_{algorithm}.py")
+        assert exp.algorithm == algorithm and exp.algorithm_preset().spec.name == algorithm
+
+
+def test_bad_experiments_fail_before_anything_is_written(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no experiment file"):
+        experiment_lib.load(tmp_path / "missing.py")
+    (tmp_path / "empty.py").write_text("x = 1\n")
+    with pytest.raises(AttributeError, match="must define experiment"):
+        experiment_lib.load(tmp_path / "empty.py")
+    cases = [
+        (dict(task=TaskSection(name="jsonl_math", dataset=str(tmp_path / "none.jsonl"))), FileNotFoundError,
+         "none.jsonl"),
+        (dict(task=TaskSection(name="sudoku")), ValueError, "unknown task 'sudoku'"),
+        (dict(model=ModelSection(path=str(tmp_path))), FileNotFoundError, "no config.json"),
+        (dict(algorithm="trpo"), ValueError, "trpo"),
+        (dict(prompts_per_step=3, update=UpdateConfig(minibatches=2)), ValueError, "do not split"),
+    ]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"question": "1+1?"}) + "\n")
+    cases.append((dict(task=TaskSection(name="jsonl_math", dataset=str(bad))), ValueError, "lacks field"))
+    for changes, error, match in cases:
+        with pytest.raises(error, match=match):
+            run.train(tiny_experiment(tmp_path, **changes), progress=False)
+        assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_new_run_never_overwrites_a_saved_one(tmp_path, monkeypatch):
+    monkeypatch.setattr(run, "build_task", lambda exp: EmitX())
+    exp = tiny_experiment(tmp_path, steps=2)
+    directory = run.train(exp, progress=False)
+    saved = {p: p.read_bytes() for p in directory.rglob("*") if p.is_file()}
+    with pytest.raises(FileExistsError, match="already holds checkpoints"):
+        run.train(exp, progress=False)
+    assert {p: p.read_bytes() for p in directory.rglob("*") if p.is_file()} == saved
+    with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
+        run.train(dataclasses.replace(exp, run_dir=str(tmp_path / "other")), resume=True, progress=False)
+    monkeypatch.chdir(tmp_path)
+    unnamed = dataclasses.replace(exp, run_dir="")
+    assert run.train(unnamed, progress=False) == pathlib.Path("runs/t")
+    assert run.train(unnamed, progress=False) == pathlib.Path("runs/t-2")
