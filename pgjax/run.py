@@ -37,7 +37,7 @@ from pgjax.train.checkpoint import Checkpoints
 from pgjax.train.experiment import Experiment
 from pgjax.train.learner import Learner
 from pgjax.train.optim import make_optimizer
-from pgjax.train.rollout import collect, decode_responses, encode_prompts, repeat_examples
+from pgjax.train.rollout import collect, decode_responses, encode_prompts, pad_id, repeat_examples
 from pgjax.train.sft import demonstrations, sft_step
 
 TIMING_KEYS = ("time_sample", "time_prepare", "time_update", "time_step", "tokens_per_second")
@@ -150,7 +150,7 @@ def evaluate(exp: Experiment, task, tokenizer, policy: CausalLM) -> float:
     examples = task.examples(exp.eval_prompts, seed=_seed(exp.seed, "eval", 0))
     tokens, mask = encode_prompts(tokenizer, [e["prompt"] for e in examples], exp.rollout.max_prompt_tokens)
     config = SamplingConfig(max_new_tokens=exp.rollout.max_new_tokens, eos_ids=(tokenizer.eos_token_id,),
-                            pad_id=tokenizer.pad_token_id, greedy=True)
+                            pad_id=pad_id(tokenizer), greedy=True)
     samples = generate(policy, tokens, mask, jax.random.PRNGKey(0), config)
     prompts, fields = repeat_examples(examples, 1)
     completions = decode_responses(tokenizer, samples.response, samples.lengths)

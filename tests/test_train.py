@@ -289,3 +289,46 @@ def test_a_new_run_never_overwrites_a_saved_one(tmp_path, monkeypatch):
     unnamed = dataclasses.replace(exp, run_dir="")
     assert run.train(unnamed, progress=False) == pathlib.Path("runs/t")
     assert run.train(unnamed, progress=False) == pathlib.Path("runs/t-2")
+
+
+@pytest.mark.slow
+def test_the_checkpoint_experiment_trains_a_local_hf_checkpoint_on_a_jsonl_dataset(tmp_path):
+    pytest.importorskip("torch", reason="builds the checkpoint with transformers + torch")
+    import transformers
+    from test_models import save_tiny_tokenizer, tiny_hf_config
+    checkpoint = tmp_path / "checkpoint"
+    transformers.AutoModelForCausalLM.from_config(tiny_hf_config("qwen2", True)).save_pretrained(checkpoint)
+    save_tiny_tokenizer(checkpoint)
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{a}+{a + 1}=", "answer": f"so #### {2 * a + 1}"}) + "\n"
+                            for a in range(8)))
+    exp = experiment_lib.load(pathlib.Path(__file__).parent.parent / "experiments" / "math_checkpoint.py")
+    exp = experiment_lib.override(exp, [
+        f"model.path={checkpoint}", f"task.dataset={data}", "model.param_dtype=float32",
+        "model.compute_dtype=float32", "steps=2", "prompts_per_step=4", "rollout.samples_per_prompt=2",
+        "rollout.max_prompt_tokens=8", "rollout.max_new_tokens=4", "update.micro_batches=2", "eval_prompts=4",
+        "update.chunk_size=16", f"run_dir={tmp_path / 'run'}"])
+    directory = run.train(exp, progress=False)
+    records = [json.loads(line) for line in (directory / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2] and np.isfinite(records[-1]["policy_loss"])
+    back = transformers.AutoModelForCausalLM.from_pretrained(directory / "final")
+    assert back.config.model_type == "qwen2"
+    assert hf.load_tokenizer(directory / "final")("1+2=")["input_ids"] == hf.load_tokenizer(checkpoint)("1+2=")[
+        "input_ids"]
+
+
+@pytest.mark.slow
+def test_the_comparison_trains_each_algorithm_and_writes_a_table_and_a_plot(tmp_path):
+    from pgjax import compare
+    tiny = ["steps=2", "prompts_per_step=4", "rollout.samples_per_prompt=4", "warm_start.steps=2",
+            "warm_start.batch_size=8", "eval_every=1", "eval_prompts=8", "model.hidden_size=32",
+            "model.intermediate_size=64", "model.layers=1", "model.head_dim=8", "update.minibatches=1"]
+    experiments = pathlib.Path(__file__).parent.parent / "experiments"
+    chosen = ("reinforce", "ppo", "dr_grpo")       # every experiment file loads: see the test above
+    results = compare.compare(tiny, target=0.0, out=tmp_path, experiments=experiments, algorithms=chosen)
+    assert list(results) == list(chosen)
+    assert all(r["steps_to_target"] == 0 and len(r["curve"]) == 3 for r in results.values())
+    rows = (tmp_path / "comparison.md").read_text().splitlines()
+    assert len(rows) == 2 + 3 and rows[2].startswith("| reinforce |")
+    assert (tmp_path / "comparison.png").stat().st_size > 1000
+    assert len({r["start"] for r in results.values()}) == 1          # the same warm start for all

@@ -46,13 +46,18 @@ class RolloutConfig:
                               top_k=self.top_k, top_p=self.top_p, greedy=greedy)
 
 
+def pad_id(tokenizer) -> int:
+    """The tokenizer's pad id, or its EOS id for tokenizers without one (Llama 3); padding is masked anyway."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
 def encode_prompts(tokenizer, prompts: list[str], width: int) -> tuple[np.ndarray, np.ndarray]:
     """Token ids and mask [P, width], left-padded with the tokenizer's pad id; too long raises."""
     ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     longest = max(map(len, ids))
     if longest > width or min(map(len, ids)) == 0:
         raise ValueError(f"prompts must have 1..{width} tokens (max_prompt_tokens); got up to {longest}")
-    tokens = np.full((len(ids), width), tokenizer.pad_token_id, np.int32)
+    tokens = np.full((len(ids), width), pad_id(tokenizer), np.int32)
     mask = np.zeros((len(ids), width), np.int32)
     for row, seq in enumerate(ids):
         tokens[row, width - len(seq):], mask[row, width - len(seq):] = seq, 1
@@ -94,7 +99,7 @@ def collect(policy: CausalLM, tokenizer, examples: list[dict], reward_fn, correc
     k = config.samples_per_prompt
     prompt_tokens, prompt_mask = encode_prompts(tokenizer, [e["prompt"] for e in examples],
                                                 config.max_prompt_tokens)
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    eos, pad = tokenizer.eos_token_id, pad_id(tokenizer)
     samples = generate(policy, prompt_tokens, prompt_mask, key, config.sampling(eos, pad))
     completions = decode_responses(tokenizer, samples.response, samples.lengths)
     prompts, fields = repeat_examples(examples, k)

@@ -16,13 +16,13 @@ import optax
 from flax import nnx
 
 from pgjax.models.scoring import response_logprobs
-from pgjax.train.rollout import encode_prompts
+from pgjax.train.rollout import encode_prompts, pad_id
 
 
 def demonstrations(tokenizer, examples: list[dict], prompt_width: int, response_width: int):
     """tokens, attention_mask [B, W + N] and the response mask [B, N] of prompt + answer + EOS."""
     prompt_tokens, prompt_mask = encode_prompts(tokenizer, [e["prompt"] for e in examples], prompt_width)
-    response = np.full((len(examples), response_width), tokenizer.pad_token_id, np.int32)
+    response = np.full((len(examples), response_width), pad_id(tokenizer), np.int32)
     mask = np.zeros((len(examples), response_width), np.int32)
     for row, example in enumerate(examples):
         ids = tokenizer(example["answer"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]

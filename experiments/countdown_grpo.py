@@ -1,0 +1,18 @@
+"""GRPO (eq. 18) on Countdown: reach the target with the given numbers (each once) and + - * /.
+
+A longer supervised warm start than arithmetic (the expressions are harder to
+guess), then GRPO with its KL to the warm-started policy.
+
+    python -m pgjax.run experiments/countdown_grpo.py
+"""
+from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
+from pgjax.train.rollout import RolloutConfig
+
+
+def experiment() -> Experiment:
+    return Experiment(
+        name="countdown_grpo", algorithm="grpo", steps=200, prompts_per_step=32,
+        task=TaskSection(name="countdown", numbers=3),
+        model=ModelSection(hidden_size=128, intermediate_size=384, layers=3, heads=4, kv_heads=2, head_dim=32),
+        rollout=RolloutConfig(samples_per_prompt=8, max_prompt_tokens=12, max_new_tokens=14),
+        warm_start=WarmStartSection(steps=400, batch_size=64))
