@@ -1,4 +1,4 @@
-"""DESIGN.md's layering: pgjax.core imports nothing else from pgjax and does no I/O."""
+"""DESIGN.md's layering: imports only point down, and pgjax.core imports nothing else from pgjax and does no I/O."""
 import ast
 import pathlib
 
@@ -31,3 +31,21 @@ def test_core_imports_only_core_and_does_no_io():
                     f"{path.name} imports {name}"
             else:
                 assert name not in IO_CALLS, f"{path.name} calls {name}()"
+
+
+LAYERS = {"core": 0, "theory": 1, "models": 1, "sample": 2, "rewards": 2, "train": 3, "run": 4, "compare": 4,
+          "demo": 4}
+
+
+def test_imports_only_point_down_the_layers():
+    package = CORE.parent
+    files = sorted(package.rglob("*.py"))
+    for path in files:
+        layer = path.relative_to(package).parts[0].removesuffix(".py")
+        if layer == "__init__":
+            continue
+        assert layer in LAYERS, f"{path}: add its layer to LAYERS (and DESIGN.md)"
+        for kind, name in _imports_and_calls(path):
+            parts = name.split(".")
+            if kind == "import" and parts[0] == "pgjax" and len(parts) > 1:
+                assert LAYERS[parts[1]] <= LAYERS[layer], f"{path.relative_to(package)} imports {name}"

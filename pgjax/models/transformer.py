@@ -94,11 +94,16 @@ def rope_frequencies(config: ModelConfig) -> jax.Array:
     return jnp.where(medium, smoothed, scaled)
 
 
-def apply_rope(x, positions, inv_freq):
-    """Rotate-half RoPE on x [B, T, H, D] at integer positions [B, T]."""
+def rope_tables(positions, inv_freq):
+    """cos and sin of the rotation angles position * theta_i, [B, T, 1, D] each (once per forward)."""
     angles = positions[..., None].astype(jnp.float32) * inv_freq                     # [B, T, D/2]
-    cos = jnp.cos(jnp.concatenate([angles, angles], -1))[:, :, None, :]
-    sin = jnp.sin(jnp.concatenate([angles, angles], -1))[:, :, None, :]
+    angles = jnp.concatenate([angles, angles], -1)[:, :, None, :]
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x, rope):
+    """Rotate-half RoPE on x [B, T, H, D] with the (cos, sin) tables of ``rope_tables``."""
+    cos, sin = rope
     half = x.shape[-1] // 2
     rotated = jnp.concatenate([-x[..., half:], x[..., :half]], -1)
     return (x.astype(jnp.float32) * cos + rotated.astype(jnp.float32) * sin).astype(x.dtype)
@@ -120,7 +125,7 @@ class Attention(nnx.Module):
             self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype)
             self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype)
 
-    def _project(self, x, positions, inv_freq):
+    def _project(self, x, rope):
         """Queries [B, T, H, D] and keys, values [B, T, KV, D], with biases, q/k norms and RoPE."""
         c, dt = self.config, x.dtype
         q = jnp.einsum("btd,dhk->bthk", x, self.q[...].astype(dt))
@@ -130,41 +135,48 @@ class Attention(nnx.Module):
             q, k, v = q + self.q_bias[...].astype(dt), k + self.k_bias[...].astype(dt), v + self.v_bias[...].astype(dt)
         if c.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
+        return apply_rope(q, rope), apply_rope(k, rope), v
 
-    def __call__(self, x, positions, key_mask, inv_freq, cache=None, index=0):
+    def __call__(self, x, rope, bias, cache=None, index=0):
         """Attend the T new tokens (at slots index..index+T-1) to every allowed key slot.
 
-        Without ``cache`` the keys are the new tokens themselves (index 0, ``key_mask``
-        [B, T]); with ``cache`` = (k, v) [B, S, KV, D] the new keys are written at
-        their slots first and ``key_mask`` [B, S] covers all S slots. Returns the
-        output and the updated (k, v).
+        Without ``cache`` the keys are the new tokens themselves (index 0, S = T);
+        with ``cache`` = (k, v) [B, KV, S, D] the new keys are written at their slots
+        first. ``bias`` [B, 1, 1, T, S] is ``attention_bias``. Returns the output and
+        the updated (k, v).
         """
-        q, k, v = self._project(x, positions, inv_freq)
+        q, k, v = self._project(x, rope)
+        k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)              # [B, KV, T, D]
         if cache is not None:
-            k = jax.lax.dynamic_update_slice_in_dim(cache[0], k.astype(cache[0].dtype), index, axis=1)
-            v = jax.lax.dynamic_update_slice_in_dim(cache[1], v.astype(cache[1].dtype), index, axis=1)
-        query_slots = index + jnp.arange(x.shape[1])
-        out = grouped_query_attention(q, k, v, query_slots, key_mask)
+            k = jax.lax.dynamic_update_slice_in_dim(cache[0], k.astype(cache[0].dtype), index, axis=2)
+            v = jax.lax.dynamic_update_slice_in_dim(cache[1], v.astype(cache[1].dtype), index, axis=2)
+        out = grouped_query_attention(q, k, v, bias)
         return jnp.einsum("bqhk,hkd->bqd", out, self.o[...].astype(x.dtype)), (k, v)
 
 
-def grouped_query_attention(q, k, v, query_slots, key_mask):
-    """softmax(q k^T / sqrt(D)) v with H query heads sharing each of KV key/value heads.
+def attention_bias(key_mask, index, length: int) -> jax.Array:
+    """0 where query slot i = index + t may see key slot s (s <= i and ``key_mask`` [B, S] set),
+    the float32 minimum elsewhere: [B, 1, 1, length, S], built once per forward."""
+    query_slots = index + jnp.arange(length)
+    key_slots = jnp.arange(key_mask.shape[1])
+    allowed = (key_slots[None, :] <= query_slots[:, None])[None] & (key_mask[:, None, :] > 0)
+    return jnp.where(allowed, 0.0, jnp.finfo(jnp.float32).min)[:, None, None]
 
-    q [B, T, H, D] sits at slots ``query_slots`` [T]; k, v [B, S, KV, D] at slots 0..S-1.
-    Query slot i sees key slot s iff s <= i and ``key_mask`` [B, S] is set. Scores and
-    softmax are float32.
+
+def grouped_query_attention(q, k, v, bias):
+    """softmax(q k^T / sqrt(D) + bias) v with H query heads sharing each of KV key/value heads.
+
+    q [B, T, H, D]; k, v [B, KV, S, D] (heads before slots, so the KV cache is read as
+    a plain batched matmul, never transposed); ``bias`` from ``attention_bias``.
+    Scores and softmax are float32.
     """
     b, t, h, d = q.shape
-    kv = k.shape[2]
-    grouped = q.reshape(b, t, kv, h // kv, d)
-    scores = jnp.einsum("bqkgd,bskd->bkgqs", grouped, k).astype(jnp.float32) / math.sqrt(d)
-    key_slots = jnp.arange(k.shape[1])
-    allowed = (key_slots[None, :] <= query_slots[:, None])[None, None, None] & (key_mask[:, None, None, None, :] > 0)
-    scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
+    kv = k.shape[1]
+    grouped = q.reshape(b, t, kv, h // kv, d).transpose(0, 2, 3, 1, 4)               # [B, KV, G, T, D]
+    scores = jnp.einsum("bkgqd,bksd->bkgqs", grouped, k).astype(jnp.float32) / math.sqrt(d) + bias
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    return jnp.einsum("bkgqs,bskd->bqkgd", probs, v).reshape(b, t, h, d)
+    out = jnp.einsum("bkgqs,bksd->bkgqd", probs, v)
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
 
 
 class MLP(nnx.Module):
@@ -189,8 +201,8 @@ class Block(nnx.Module):
         self.post_attention_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.mlp = MLP(config, rngs)
 
-    def __call__(self, x, positions, key_mask, inv_freq, cache=None, index=0):
-        attended, cache = self.attention(self.input_norm(x), positions, key_mask, inv_freq, cache, index)
+    def __call__(self, x, rope, bias, cache=None, index=0):
+        attended, cache = self.attention(self.input_norm(x), rope, bias, cache, index)
         x = x + attended
         return x + self.mlp(self.post_attention_norm(x)), cache
 
@@ -222,9 +234,9 @@ class CausalLM(nnx.Module):
         return jnp.einsum("btd,dv->btv", hidden, self.unembedding().astype(hidden.dtype))
 
     def init_cache(self, batch: int, length: int) -> tuple:
-        """An empty KV cache: per layer (k, v) zeros [batch, length, KV, D] in the compute dtype."""
+        """An empty KV cache: per layer (k, v) zeros [batch, KV, length, D] in the compute dtype."""
         c = self.config
-        shape = (batch, length, c.num_key_value_heads, c.head_dim)
+        shape = (batch, c.num_key_value_heads, length, c.head_dim)
         zeros = jnp.zeros(shape, jnp.dtype(c.compute_dtype))
         return tuple((zeros, zeros) for _ in range(c.num_hidden_layers))
 
@@ -242,10 +254,11 @@ class CausalLM(nnx.Module):
         positions = jax.lax.dynamic_slice_in_dim(positions_from_mask(key_mask), index, tokens.shape[1], axis=1)
         dt = jnp.dtype(self.config.compute_dtype)
         x = self.embed[...].astype(dt)[tokens]
-        inv_freq = rope_frequencies(self.config)
+        rope = rope_tables(positions, rope_frequencies(self.config))
+        bias = attention_bias(key_mask, index, tokens.shape[1])
         new_cache = []
         for i, layer in enumerate(self.layers):
-            x, layer_cache = layer(x, positions, key_mask, inv_freq, None if cache is None else cache[i], index)
+            x, layer_cache = layer(x, rope, bias, None if cache is None else cache[i], index)
             new_cache.append(layer_cache)
         return self.final_norm(x), tuple(new_cache)
 

@@ -114,6 +114,15 @@ def sampling_logprobs(logits, temperature: float = 1.0, top_k: int = 0, top_p: f
     return logp
 
 
+def inverse_cdf_sample(key, logq) -> jax.Array:
+    """One draw per row from q = exp(logq) [R, V]: the first token whose cumulative mass reaches u q_total,
+    u ~ U(0, 1]. One uniform per row (``jax.random.categorical`` draws V Gumbels per row, ~4x slower on
+    CPU at V = 2048); tokens with q = 0 are never drawn."""
+    cdf = jnp.cumsum(jnp.exp(logq), axis=-1)
+    u = (1.0 - jax.random.uniform(key, (logq.shape[0], 1))) * cdf[:, -1:]
+    return jnp.minimum(jnp.sum(cdf < u, axis=-1), logq.shape[-1] - 1)
+
+
 def generate(model: CausalLM, prompts, prompt_mask, key, config: SamplingConfig) -> Samples:
     """Sample ``config.n`` responses to each left-padded prompt; reproducible from ``key``."""
     prompts, prompt_mask = np.asarray(prompts), np.asarray(prompt_mask)
@@ -149,18 +158,20 @@ def _generate(graphdef, state, prompts, prompt_mask, key, config: SamplingConfig
     cache, key_mask, last = jax.tree.map(copies, (cache, key_mask, logits[:, -1]))
     eos = jnp.asarray(config.eos_ids)
 
+    truncates = config.top_k > 0 or config.top_p < 1
+
     def pick(step, last):
+        """The next token, log q(token) and log softmax(logits / T)(token)."""
         logq = sampling_logprobs(last, config.temperature, config.top_k, config.top_p)
-        if config.greedy:
-            token = jnp.argmax(last, axis=-1)
-            return token, jnp.zeros(rows, jnp.float32)
-        token = jax.random.categorical(jax.random.fold_in(key, step), logq)
-        return token, jnp.take_along_axis(logq, token[:, None], axis=-1)[:, 0]
+        token = (jnp.argmax(last, axis=-1) if config.greedy
+                 else inverse_cdf_sample(jax.random.fold_in(key, step), logq))
+        taken = jnp.take_along_axis(logq, token[:, None], axis=-1)[:, 0]
+        logp = token_logprobs(last, token, config.temperature) if truncates else taken
+        return token, jnp.zeros_like(taken) if config.greedy else taken, logp
 
     def body(carry):
         step, cache, last, out, done = carry
-        token, logq = pick(step, last)
-        logp = token_logprobs(last, token, config.temperature)
+        token, logq, logp = pick(step, last)
         alive = ~done
         token = jnp.where(alive, token, config.pad_id)
         columns = (token, alive.astype(jnp.float32), jnp.where(alive, logq, 0.0), jnp.where(alive, logp, 0.0))

@@ -100,7 +100,8 @@ class Learner:
         self.use_reference = use_reference
         if self.uses_critic and critic_optimizer is None:
             raise ValueError(f"{algorithm.spec.name} needs a critic optimizer")
-        self.critic_graphdef = nnx.graphdef(ValueModel.from_policy(policy)) if self.uses_critic else None
+        self.critic_graphdef = (nnx.graphdef(nnx.eval_shape(lambda: ValueModel.from_policy(policy)))
+                                if self.uses_critic else None)
 
     def init_state(self, policy: CausalLM, key) -> TrainState:
         """Fresh optimizer states; the reference policy and the critic start from ``policy``."""
