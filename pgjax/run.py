@@ -31,7 +31,7 @@ from pgjax import core
 from pgjax.models import hf
 from pgjax.models.transformer import CausalLM, ModelConfig
 from pgjax.rewards import combine, format_reward, make_task
-from pgjax.sample import SamplingConfig, generate
+from pgjax.sample import generate
 from pgjax.train import experiment as experiment_lib
 from pgjax.train.checkpoint import Checkpoints
 from pgjax.train.experiment import Experiment
@@ -145,15 +145,20 @@ def warm_start(exp: Experiment, task, tokenizer, policy: CausalLM) -> CausalLM:
     return nnx.merge(graphdef, params)
 
 
+def stop_tokens(exp: Experiment, tokenizer) -> tuple[int, ...]:
+    """Tokens that end a response: the tokenizer's EOS, and the checkpoint's generation_config ones."""
+    return hf.eos_token_ids(exp.model.path, tokenizer) if exp.model.path else (tokenizer.eos_token_id,)
+
+
 def evaluate(exp: Experiment, task, tokenizer, policy: CausalLM) -> float:
     """Greedy accuracy on ``eval_prompts`` held-out examples (a fixed seed apart from training)."""
     examples = task.examples(exp.eval_prompts, seed=_seed(exp.seed, "eval", 0))
     tokens, mask = encode_prompts(tokenizer, [e["prompt"] for e in examples], exp.rollout.max_prompt_tokens)
-    config = SamplingConfig(max_new_tokens=exp.rollout.max_new_tokens, eos_ids=(tokenizer.eos_token_id,),
-                            pad_id=pad_id(tokenizer), greedy=True)
+    eos_ids = stop_tokens(exp, tokenizer)
+    config = exp.rollout.sampling(eos_ids, pad_id(tokenizer), greedy=True)
     samples = generate(policy, tokens, mask, jax.random.PRNGKey(0), config)
     prompts, fields = repeat_examples(examples, 1)
-    completions = decode_responses(tokenizer, samples.response, samples.lengths)
+    completions = decode_responses(tokenizer, samples.response, samples.lengths, eos_ids)
     return float(np.mean(task.reward_fn(prompts, completions, **fields) == 1.0))
 
 
@@ -219,7 +224,7 @@ def train(exp: Experiment, resume: bool = False, progress: bool = True) -> pathl
         examples = task.examples(exp.prompts_per_step, seed=_seed(exp.seed, "train", step))
         rollout, stats = collect(learner.policy(state.params), tokenizer, examples, reward_fn, task.reward_fn,
                                  jax.random.fold_in(state.key, 1), exp.rollout,
-                                 greedy_baseline=algo.spec.baseline == "greedy")
+                                 greedy_baseline=algo.spec.baseline == "greedy", eos_ids=stop_tokens(exp, tokenizer))
         t1 = time.perf_counter()
         rollout = jax.block_until_ready(learner.prepare(state, rollout, hp))
         t2 = time.perf_counter()

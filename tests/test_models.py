@@ -193,3 +193,13 @@ def test_a_transformers_checkpoint_loads_samples_and_saves_back_losslessly(check
 def test_a_directory_without_tokenizer_files_raises(tmp_path):
     with pytest.raises(FileNotFoundError, match="no tokenizer files"):
         hf.load_tokenizer(tmp_path)
+
+
+def test_eos_token_ids_join_the_tokenizer_and_generation_config(tmp_path):
+    class Tok:
+        eos_token_id = 1
+    assert hf.eos_token_ids(tmp_path, Tok()) == (1,)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 1]}))
+    assert hf.eos_token_ids(tmp_path, Tok()) == (1, 7)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 9}))
+    assert hf.eos_token_ids(tmp_path, Tok()) == (1, 9)

@@ -332,3 +332,11 @@ def test_the_comparison_trains_each_algorithm_and_writes_a_table_and_a_plot(tmp_
     assert len(rows) == 2 + 3 and rows[2].startswith("| reinforce |")
     assert (tmp_path / "comparison.png").stat().st_size > 1000
     assert len({r["start"] for r in results.values()}) == 1          # the same warm start for all
+
+
+def test_decoding_strips_whichever_stop_token_ended_a_response():
+    from pgjax.train.rollout import decode_responses
+    tokenizer = EmitX().tokenizer()
+    a, b, x = (tokenizer.convert_tokens_to_ids(c) for c in "abx")
+    response = np.array([[a, b, 1, 0], [x, a, 0, 0], [a, b, x, a]])
+    assert decode_responses(tokenizer, response, np.array([3, 2, 4]), (1, a)) == ["ab", "x", "abx"]

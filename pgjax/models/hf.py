@@ -133,6 +133,17 @@ def load_tokenizer(directory):
     return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
 
 
+def eos_token_ids(directory, tokenizer) -> tuple[int, ...]:
+    """The tokenizer's EOS id and every ``eos_token_id`` of the checkpoint's generation_config.json
+    (instruct models end turns with more than one token, e.g. Qwen's <|im_end|> and <|endoftext|>)."""
+    ids = [tokenizer.eos_token_id]
+    path = pathlib.Path(directory) / "generation_config.json"
+    if path.exists():
+        listed = json.loads(path.read_text()).get("eos_token_id")
+        ids += listed if isinstance(listed, list) else [listed]
+    return tuple(dict.fromkeys(i for i in ids if i is not None))
+
+
 def hf_config_dict(config: ModelConfig) -> dict:
     """config.json content for ``config``."""
     arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[config.family]

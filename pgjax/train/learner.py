@@ -104,8 +104,9 @@ class Learner:
                                 if self.uses_critic else None)
 
     def init_state(self, policy: CausalLM, key) -> TrainState:
-        """Fresh optimizer states; the reference policy and the critic start from ``policy``."""
-        params = nnx.state(policy)
+        """Fresh optimizer states; the reference policy and the critic start from ``policy``. The
+        parameters are copies: updates donate the state's buffers, never ``policy``'s."""
+        params = jax.tree.map(jnp.copy, nnx.state(policy))
         critic = nnx.state(ValueModel.from_policy(policy)) if self.uses_critic else None
         return TrainState(params=params, opt_state=self.optimizer.init(params), step=jnp.zeros((), jnp.int32),
                           key=key, ref_params=jax.tree.map(jnp.copy, params) if self.use_reference else None,

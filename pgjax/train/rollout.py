@@ -40,8 +40,8 @@ class RolloutConfig:
     overlong_buffer: int = 0
     overlong_penalty: float = 1.0
 
-    def sampling(self, eos_id: int, pad_id: int, greedy: bool = False) -> SamplingConfig:
-        return SamplingConfig(max_new_tokens=self.max_new_tokens, eos_ids=(eos_id,), pad_id=pad_id,
+    def sampling(self, eos_ids: tuple[int, ...], pad_id: int, greedy: bool = False) -> SamplingConfig:
+        return SamplingConfig(max_new_tokens=self.max_new_tokens, eos_ids=eos_ids, pad_id=pad_id,
                               n=1 if greedy else self.samples_per_prompt, temperature=self.temperature,
                               top_k=self.top_k, top_p=self.top_p, greedy=greedy)
 
@@ -64,14 +64,13 @@ def encode_prompts(tokenizer, prompts: list[str], width: int) -> tuple[np.ndarra
     return tokens, mask
 
 
-def decode_responses(tokenizer, response, lengths) -> list[str]:
-    """Each response's text up to its length, without the EOS token."""
+def decode_responses(tokenizer, response, lengths, eos_ids) -> list[str]:
+    """Each response's text up to its length, without its final EOS token (any of ``eos_ids``)."""
     response, lengths = np.asarray(response), np.asarray(lengths)
-    eos = tokenizer.eos_token_id
     texts = []
     for row, n in zip(response, lengths, strict=True):
         ids = row[:n]
-        texts.append(tokenizer.decode(ids[:-1] if n and ids[-1] == eos else ids))
+        texts.append(tokenizer.decode(ids[:-1] if n and ids[-1] in eos_ids else ids))
     return texts
 
 
@@ -89,19 +88,21 @@ def repeat_examples(examples: list[dict], k: int) -> tuple[list[str], dict]:
 
 
 def collect(policy: CausalLM, tokenizer, examples: list[dict], reward_fn, correct_fn, key,
-            config: RolloutConfig, greedy_baseline: bool = False) -> tuple[Rollout, dict]:
+            config: RolloutConfig, greedy_baseline: bool = False, eos_ids=None) -> tuple[Rollout, dict]:
     """Sample, decode and score K responses per example; the Rollout and per-row statistics.
 
     ``reward_fn`` gives the training reward, ``correct_fn`` the task's verifier
     (1 = correct), both ``fn(prompts, completions, **fields)``. With
     ``greedy_baseline`` (ReMax) one greedy response per prompt is scored too.
+    ``eos_ids`` end a response (default: the tokenizer's EOS).
     """
+    eos_ids = tuple(eos_ids or (tokenizer.eos_token_id,))
     k = config.samples_per_prompt
     prompt_tokens, prompt_mask = encode_prompts(tokenizer, [e["prompt"] for e in examples],
                                                 config.max_prompt_tokens)
-    eos, pad = tokenizer.eos_token_id, pad_id(tokenizer)
-    samples = generate(policy, prompt_tokens, prompt_mask, key, config.sampling(eos, pad))
-    completions = decode_responses(tokenizer, samples.response, samples.lengths)
+    pad = pad_id(tokenizer)
+    samples = generate(policy, prompt_tokens, prompt_mask, key, config.sampling(eos_ids, pad))
+    completions = decode_responses(tokenizer, samples.response, samples.lengths, eos_ids)
     prompts, fields = repeat_examples(examples, k)
     lengths, truncated = np.asarray(samples.lengths), np.asarray(samples.truncated)
     correct = np.asarray(correct_fn(prompts, completions, **fields), np.float32)
@@ -116,8 +117,8 @@ def collect(policy: CausalLM, tokenizer, examples: list[dict], reward_fn, correc
         keep &= np.repeat(groups.max(1) > groups.min(1), k)
     greedy_rewards = None
     if greedy_baseline:
-        greedy = generate(policy, prompt_tokens, prompt_mask, key, config.sampling(eos, pad, greedy=True))
-        greedy_text = decode_responses(tokenizer, greedy.response, greedy.lengths)
+        greedy = generate(policy, prompt_tokens, prompt_mask, key, config.sampling(eos_ids, pad, greedy=True))
+        greedy_text = decode_responses(tokenizer, greedy.response, greedy.lengths, eos_ids)
         base_prompts, base_fields = repeat_examples(examples, 1)
         greedy_rewards = jnp.asarray(np.repeat(np.asarray(reward_fn(base_prompts, greedy_text, **base_fields),
                                                           np.float32), k))
