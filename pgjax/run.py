@@ -150,11 +150,10 @@ def stop_tokens(exp: Experiment, tokenizer) -> tuple[int, ...]:
     return hf.eos_token_ids(exp.model.path, tokenizer) if exp.model.path else (tokenizer.eos_token_id,)
 
 
-def evaluate(exp: Experiment, task, tokenizer, policy: CausalLM) -> float:
+def evaluate(exp: Experiment, task, tokenizer, policy: CausalLM, eos_ids) -> float:
     """Greedy accuracy on ``eval_prompts`` held-out examples (a fixed seed apart from training)."""
     examples = task.examples(exp.eval_prompts, seed=_seed(exp.seed, "eval", 0))
     tokens, mask = encode_prompts(tokenizer, [e["prompt"] for e in examples], exp.rollout.max_prompt_tokens)
-    eos_ids = stop_tokens(exp, tokenizer)
     config = exp.rollout.sampling(eos_ids, pad_id(tokenizer), greedy=True)
     samples = generate(policy, tokens, mask, jax.random.PRNGKey(0), config)
     prompts, fields = repeat_examples(examples, 1)
@@ -204,6 +203,7 @@ def train(exp: Experiment, resume: bool = False, progress: bool = True) -> pathl
     learner = Learner(policy, algo, exp.rollout.samples_per_prompt, exp.update, make_optimizer(exp.optim),
                       critic_optimizer, use_reference)
     reward_fn = reward_function(exp, task)
+    eos_ids = stop_tokens(exp, tokenizer)
     run = Run(exp, resume)
     tokenizer.save_pretrained(run.directory / "tokenizer")
     if run.resume_step is None:
@@ -211,7 +211,7 @@ def train(exp: Experiment, resume: bool = False, progress: bool = True) -> pathl
             policy = warm_start(exp, task, tokenizer, policy)
         state = learner.init_state(policy, jax.random.PRNGKey(exp.seed))
         start = 0
-        run.log({"step": 0, "eval_accuracy": evaluate(exp, task, tokenizer, policy)})
+        run.log({"step": 0, "eval_accuracy": evaluate(exp, task, tokenizer, policy, eos_ids)})
         run.checkpoints.save(0, state, {"step": 0, "data_position": 0})
     else:
         state, record = run.checkpoints.restore(learner.init_state(policy, jax.random.PRNGKey(exp.seed)))
@@ -224,7 +224,7 @@ def train(exp: Experiment, resume: bool = False, progress: bool = True) -> pathl
         examples = task.examples(exp.prompts_per_step, seed=_seed(exp.seed, "train", step))
         rollout, stats = collect(learner.policy(state.params), tokenizer, examples, reward_fn, task.reward_fn,
                                  jax.random.fold_in(state.key, 1), exp.rollout,
-                                 greedy_baseline=algo.spec.baseline == "greedy", eos_ids=stop_tokens(exp, tokenizer))
+                                 greedy_baseline=algo.spec.baseline == "greedy", eos_ids=eos_ids)
         t1 = time.perf_counter()
         rollout = jax.block_until_ready(learner.prepare(state, rollout, hp))
         t2 = time.perf_counter()
@@ -234,7 +234,7 @@ def train(exp: Experiment, resume: bool = False, progress: bool = True) -> pathl
         times = {"time_sample": t1 - t0, "time_prepare": t2 - t1, "time_update": t3 - t2, "time_step": t3 - t0}
         record = {"step": step + 1, **step_metrics(stats, metrics, times)}
         if (step + 1) % exp.eval_every == 0 or step + 1 == exp.steps:
-            record["eval_accuracy"] = evaluate(exp, task, tokenizer, learner.policy(state.params))
+            record["eval_accuracy"] = evaluate(exp, task, tokenizer, learner.policy(state.params), eos_ids)
         run.log(record)
         bar.update(step + 1, record)
         if (step + 1) % exp.checkpoint_every == 0 or step + 1 == exp.steps:

@@ -133,12 +133,10 @@ class Learner:
         values = bootstrap = None
         if self.uses_critic:
             values, bootstrap = self._values(state.critic_params, rollout)
-        batch = self._batch(rollout.replace(old_logp=old_logp, ref_logp=ref_logp, values=values,
-                                            bootstrap=bootstrap), old_logp)
-        advantages = core.advantages(self.spec, batch, hp)
+        rollout = rollout.replace(old_logp=old_logp, ref_logp=ref_logp, values=values, bootstrap=bootstrap)
+        batch = self._batch(rollout, old_logp)
         targets = core.value_targets(self.spec, batch, hp) if self.uses_critic else None
-        return rollout.replace(old_logp=old_logp, ref_logp=ref_logp, values=values, bootstrap=bootstrap,
-                               advantages=advantages, targets=targets)
+        return rollout.replace(advantages=core.advantages(self.spec, batch, hp), targets=targets)
 
     def _batch(self, rollout: Rollout, logp, entropy=None) -> core.Batch:
         return core.Batch(mask=rollout.mask, rewards=rollout.rewards, logp=logp, old_logp=rollout.old_logp,
