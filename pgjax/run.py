@@ -9,6 +9,11 @@ lives in its run directory (``runs/<name>`` unless ``run_dir`` is set):
   checkpoints/    orbax checkpoints every ``checkpoint_every`` steps and at the end
   tokenizer/      the task's tokenizer;  final/  the policy as a Hugging Face checkpoint
 
+On several processes (``jax.distributed``, see ``parallel.multihost``) every
+process runs this same loop on the global mesh and feeds its own rows of each
+batch; process 0 alone writes the metrics, plot, tokenizer and final model, and
+all processes write their shards of each orbax checkpoint.
+
 A new run refuses a directory that already holds checkpoints (nothing saved is
 overwritten); ``--resume`` continues from the newest complete checkpoint,
 dropping metric lines written after it, and reproduces an uninterrupted run
@@ -26,10 +31,13 @@ import time
 import jax
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 
 from pgjax import core
 from pgjax.models import hf
 from pgjax.models.transformer import CausalLM, ModelConfig
+from pgjax.parallel import multihost
+from pgjax.parallel.mesh import check_batch, make_mesh, shard
 from pgjax.rewards import combine, format_reward, make_task
 from pgjax.sample import generate
 from pgjax.train import experiment as experiment_lib
@@ -47,6 +55,8 @@ def build_task(exp: Experiment):
     t = exp.task
     if t.name == "arithmetic":
         return make_task(t.name, digits=t.digits, ops=t.ops)
+    if t.name == "scratchpad_arithmetic":
+        return make_task(t.name, digits=t.digits, ops=t.ops, max_scratch=t.max_scratch)
     if t.name == "countdown":
         return make_task(t.name, count=t.numbers)
     return make_task(t.name, path=t.dataset, prompt_field=t.prompt_field, answer_field=t.answer_field)
@@ -111,7 +121,8 @@ class Run:
                                   f"or --set run_dir=... for a new run (nothing was overwritten)")
         self.metrics_path = self.directory / "metrics.jsonl"
         self.directory.mkdir(parents=True, exist_ok=True)
-        if not resume:
+        self.primary = multihost.is_primary()
+        if not resume and self.primary:
             (self.directory / "experiment.json").write_text(json.dumps(dataclasses.asdict(exp), indent=2,
                                                                        default=str))
 
@@ -122,25 +133,33 @@ class Run:
 
     def truncate_metrics(self, last_step: int) -> None:
         """Keep the lines of steps <= ``last_step`` (those a checkpoint covers)."""
+        if not self.primary:
+            return
         kept = [r for r in self.records() if r["step"] <= last_step]
         self.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
 
     def log(self, record: dict) -> None:
+        if not self.primary:
+            return
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(record) + "\n")
 
 
-def warm_start(exp: Experiment, task, tokenizer, policy: CausalLM) -> CausalLM:
-    """``warm_start.steps`` supervised steps on fresh demonstrations (seeded per step)."""
+def warm_start(exp: Experiment, task, tokenizer, policy: CausalLM, mesh: Mesh) -> CausalLM:
+    """``warm_start.steps`` supervised steps on fresh demonstrations (seeded per step), sharded on
+    ``mesh`` like the RL update; each process encodes its rows of each batch."""
     ws = exp.warm_start
     optimizer = make_optimizer(ws.optim)
     graphdef, params = nnx.split(policy)
+    params = shard(params, mesh)
     opt_state = optimizer.init(params)
     for step in range(ws.steps):
         examples = task.examples(ws.batch_size, seed=_seed(exp.seed, "warm_start", step))
-        batch = demonstrations(tokenizer, examples, exp.rollout.max_prompt_tokens, exp.rollout.max_new_tokens)
-        params, opt_state, loss = sft_step(graphdef, optimizer, params, opt_state, *batch)
-        if step % 50 == 0 or step == ws.steps - 1:
+        mine = examples[multihost.process_rows(len(examples), mesh)]
+        batch = demonstrations(tokenizer, mine, exp.rollout.max_prompt_tokens, exp.rollout.max_new_tokens)
+        params, opt_state, loss = sft_step(graphdef, optimizer, params, opt_state,
+                                           *multihost.to_global(batch, mesh))
+        if (step % 50 == 0 or step == ws.steps - 1) and multihost.is_primary():
             print(f"warm start {step + 1}/{ws.steps}: loss {float(loss):.3f}", file=sys.stderr)
     return nnx.merge(graphdef, params)
 
@@ -150,15 +169,18 @@ def stop_tokens(exp: Experiment, tokenizer) -> tuple[int, ...]:
     return hf.eos_token_ids(exp.model.path, tokenizer) if exp.model.path else (tokenizer.eos_token_id,)
 
 
-def evaluate(exp: Experiment, task, tokenizer, policy: CausalLM, eos_ids) -> float:
-    """Greedy accuracy on ``eval_prompts`` held-out examples (a fixed seed apart from training)."""
+def evaluate(exp: Experiment, task, tokenizer, policy: CausalLM, eos_ids, mesh: Mesh) -> float:
+    """Greedy accuracy on ``eval_prompts`` held-out examples (a fixed seed apart from training);
+    each process scores its rows."""
     examples = task.examples(exp.eval_prompts, seed=_seed(exp.seed, "eval", 0))
+    examples = examples[multihost.process_rows(len(examples), mesh)]
     tokens, mask = encode_prompts(tokenizer, [e["prompt"] for e in examples], exp.rollout.max_prompt_tokens)
     config = exp.rollout.sampling(eos_ids, pad_id(tokenizer), greedy=True)
-    samples = generate(policy, tokens, mask, jax.random.PRNGKey(0), config)
+    samples = multihost.to_host(generate(policy, tokens, mask, jax.random.PRNGKey(0), config, mesh), mesh)
     prompts, fields = repeat_examples(examples, 1)
     completions = decode_responses(tokenizer, samples.response, samples.lengths, eos_ids)
-    return float(np.mean(task.reward_fn(prompts, completions, **fields) == 1.0))
+    correct = np.asarray(task.reward_fn(prompts, completions, **fields) == 1.0, np.float32)
+    return float(np.mean(multihost.gather_rows(correct, exp.eval_prompts, mesh)))
 
 
 def _seed(seed: int, stream: str, index: int) -> int:
@@ -189,11 +211,20 @@ def step_metrics(stats: dict, metrics: dict, times: dict) -> dict:
     return out
 
 
+STAT_KEYS = ("reward", "correct", "length", "truncated", "kept")
+
+
 def train(exp: Experiment, resume: bool = False, progress: bool = True) -> pathlib.Path:
     """Run ``exp``; returns the run directory."""
+    multihost.initialize(exp.distributed)     # before any other JAX call
+    mesh = make_mesh(exp.mesh)
     algo = exp.algorithm_preset()             # everything that can reject the input comes first
     hp = algo.hparams
-    exp.update.check(exp.prompts_per_step)
+    exp.update.check(exp.prompts_per_step, exp.rollout.samples_per_prompt, mesh)
+    check_batch(exp.prompts_per_step, mesh, "prompts_per_step")
+    check_batch(exp.eval_prompts, mesh, "eval_prompts")
+    if exp.warm_start.steps:
+        check_batch(exp.warm_start.batch_size, mesh, "warm_start.batch_size")
     task = build_task(exp)
     task.examples(1, seed=0)                  # a missing or malformed dataset fails here
     tokenizer = task_tokenizer(exp, task)
@@ -201,30 +232,35 @@ def train(exp: Experiment, resume: bool = False, progress: bool = True) -> pathl
     use_reference = bool(np.asarray(hp.kl_coef) > 0) and algo.spec.kl_placement != "none"
     critic_optimizer = make_optimizer(exp.critic_optim) if algo.spec.baseline == "value" else None
     learner = Learner(policy, algo, exp.rollout.samples_per_prompt, exp.update, make_optimizer(exp.optim),
-                      critic_optimizer, use_reference)
+                      critic_optimizer, use_reference, mesh)
     reward_fn = reward_function(exp, task)
     eos_ids = stop_tokens(exp, tokenizer)
     run = Run(exp, resume)
-    tokenizer.save_pretrained(run.directory / "tokenizer")
+    if run.primary:
+        tokenizer.save_pretrained(run.directory / "tokenizer")
     if run.resume_step is None:
         if exp.warm_start.steps:
-            policy = warm_start(exp, task, tokenizer, policy)
+            policy = warm_start(exp, task, tokenizer, policy, mesh)
         state = learner.init_state(policy, jax.random.PRNGKey(exp.seed))
         start = 0
-        run.log({"step": 0, "eval_accuracy": evaluate(exp, task, tokenizer, policy, eos_ids)})
+        run.log({"step": 0, "eval_accuracy": evaluate(exp, task, tokenizer, learner.policy(state.params), eos_ids,
+                                                      mesh)})
         run.checkpoints.save(0, state, {"step": 0, "data_position": 0})
     else:
         state, record = run.checkpoints.restore(learner.init_state(policy, jax.random.PRNGKey(exp.seed)))
         start = record["step"]
         run.truncate_metrics(start)
         print(f"resumed {run.directory} at step {start}", file=sys.stderr)
-    bar = Progress(exp.steps, start, enabled=progress)
+    bar = Progress(exp.steps, start, enabled=progress and run.primary)
+    rows = exp.prompts_per_step * exp.rollout.samples_per_prompt
     for step in range(start, exp.steps):
         t0 = time.perf_counter()
         examples = task.examples(exp.prompts_per_step, seed=_seed(exp.seed, "train", step))
+        examples = examples[multihost.process_rows(len(examples), mesh)]
         rollout, stats = collect(learner.policy(state.params), tokenizer, examples, reward_fn, task.reward_fn,
                                  jax.random.fold_in(state.key, 1), exp.rollout,
-                                 greedy_baseline=algo.spec.baseline == "greedy", eos_ids=eos_ids)
+                                 greedy_baseline=algo.spec.baseline == "greedy", eos_ids=eos_ids, mesh=mesh)
+        stats = multihost.gather_rows({k: stats[k] for k in STAT_KEYS}, rows, mesh)
         t1 = time.perf_counter()
         rollout = jax.block_until_ready(learner.prepare(state, rollout, hp))
         t2 = time.perf_counter()
@@ -234,15 +270,17 @@ def train(exp: Experiment, resume: bool = False, progress: bool = True) -> pathl
         times = {"time_sample": t1 - t0, "time_prepare": t2 - t1, "time_update": t3 - t2, "time_step": t3 - t0}
         record = {"step": step + 1, **step_metrics(stats, metrics, times)}
         if (step + 1) % exp.eval_every == 0 or step + 1 == exp.steps:
-            record["eval_accuracy"] = evaluate(exp, task, tokenizer, learner.policy(state.params), eos_ids)
+            record["eval_accuracy"] = evaluate(exp, task, tokenizer, learner.policy(state.params), eos_ids, mesh)
         run.log(record)
         bar.update(step + 1, record)
         if (step + 1) % exp.checkpoint_every == 0 or step + 1 == exp.steps:
             run.checkpoints.save(step + 1, state, {"step": step + 1,
                                                    "data_position": (step + 1) * exp.prompts_per_step})
     bar.close()
-    hf.save(learner.policy(state.params), run.directory / "final", tokenizer_dir=run.directory / "tokenizer")
-    plot(run.records(), run.directory / "curves.png", exp.name)
+    params = multihost.gather(state.params)   # every process takes part; process 0 writes
+    if run.primary:
+        hf.save(learner.policy(params), run.directory / "final", tokenizer_dir=run.directory / "tokenizer")
+        plot(run.records(), run.directory / "curves.png", exp.name)
     run.checkpoints.close()
     return run.directory
 
@@ -304,6 +342,8 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     exp = experiment_lib.override(experiment_lib.load(args.experiment), args.set)
     directory = train(exp, resume=args.resume, progress=not args.no_progress)
+    if not multihost.is_primary():
+        return
     records = [r for r in (json.loads(x) for x in (directory / "metrics.jsonl").read_text().splitlines())
                if r.get("eval_accuracy") is not None]
     print(f"greedy eval accuracy: start {records[0]['eval_accuracy']:.3f} -> end {records[-1]['eval_accuracy']:.3f}"

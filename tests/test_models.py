@@ -113,6 +113,18 @@ def test_every_weight_has_logical_axes_of_its_rank():
         assert set(axes) <= {"vocab", "embed", "heads", "kv_heads", "head_dim", "mlp", "norm"}
 
 
+def test_a_model_holding_host_arrays_saves_the_same_tensors(tmp_path):
+    """The runner saves parameters gathered to NumPy; transposed views must be written in logical order."""
+    config = ModelConfig(family="qwen2", vocab_size=16, hidden_size=8, intermediate_size=12, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=4, tie_word_embeddings=False)
+    model = CausalLM(config, nnx.Rngs(0))
+    graphdef, state = nnx.split(model)
+    hf.save(model, tmp_path / "device")
+    hf.save(nnx.merge(graphdef, jax.tree.map(np.asarray, state)), tmp_path / "host")
+    jax.tree.map(np.testing.assert_array_equal, nnx.state(hf.load(tmp_path / "device")),
+                 nnx.state(hf.load(tmp_path / "host")))
+
+
 def test_bad_checkpoints_raise_clear_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="no config.json"):
         hf.load(tmp_path)

@@ -1,10 +1,12 @@
 """pgjax.rewards: verifiers on hand-written answers, generators that agree with them, tokenizers, datasets."""
 import json
+import re
 
 import numpy as np
 import pytest
 
 from pgjax import rewards as R
+from pgjax.rewards.arithmetic import ALPHABET, SCRATCHPAD_ALPHABET
 from pgjax.rewards.math_answers import answers_equal, extract_answer
 
 # --- the reward interface ------------------------------------------------------------------------
@@ -125,6 +127,98 @@ def test_arithmetic_task_rejects_bad_config():
         R.ArithmeticTask(ops="/")
 
 
+# --- scratchpad arithmetic ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("completion,target,ok", [
+    ("82", 82, False),                                    # no ':' -> incorrect
+    (":82", 82, True),                                    # empty working
+    ("....:82", 82, True),
+    ("1+2:82", 82, True),                                 # the working is free text
+    ("..:83", 82, False),
+    ("..:82:", 82, False),                                # the answer is after the LAST ':'
+    ("..:82:82", 82, True),
+    ("a:b:c:82", 82, True),
+    ("..: 82 ", 82, True),                                # the answer is stripped, as in is_arithmetic_answer
+    ("  ..:82\n", 82, True),
+    ("..:082", 82, True),                                 # leading zeros, as in is_arithmetic_answer
+    ("..:-33", -33, True),                                # negative targets
+    (":-33", -33, True),
+    ("..:33", -33, False),
+    ("..:--33", -33, False),
+    ("..:+82", 82, False),
+    ("..:82.0", 82, False),
+    ("..:8 2", 82, False),
+    ("82:", 82, False),
+    (":", 82, False),
+    ("", 82, False),
+    ("..:" + "9" * 5000, 82, False),                       # a very long malformed number: 0, not an exception
+    ("9" * 5000 + ":82", 82, True),                       # a very long working area is fine
+    ("..:" + "0" * 100 + "82", 82, False),                # over is_arithmetic_answer's length limit
+])
+def test_scratchpad_verifier_on_hand_written_answers(completion, target, ok):
+    assert R.is_scratchpad_answer(completion, target) is ok
+    out = R.scratchpad_reward(["37+45="], [completion], target=[target])
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out, [float(ok)])
+
+
+@pytest.mark.parametrize("digits,ops,max_scratch", [(1, "+", 0), (2, "+", 8), (3, "+-*", 3), (2, "-", 20)])
+def test_scratchpad_examples_agree_with_verifier_and_are_deterministic(digits, ops, max_scratch):
+    task = R.ScratchpadArithmeticTask(digits=digits, ops=ops, max_scratch=max_scratch)
+    plain = R.ArithmeticTask(digits=digits, ops=ops)
+    for seed in range(3):
+        examples = task.examples(500, seed=seed)
+        prompts = [ex["prompt"] for ex in examples]
+        answers = [ex["answer"] for ex in examples]
+        np.testing.assert_array_equal(task.reward_fn(prompts, answers, **R.batch_fields(examples)), 1.0)
+        assert task.examples(500, seed=seed) == examples
+        # the same problems as ArithmeticTask for the same seed
+        reference = plain.examples(500, seed=seed)
+        assert prompts == [ex["prompt"] for ex in reference]
+        assert [ex["target"] for ex in examples] == [ex["target"] for ex in reference]
+        lengths = set()
+        for ex, ref in zip(examples, reference):
+            working, answer = ex["answer"].split(":")
+            assert set(working) <= {"."} and answer == ref["answer"]
+            assert ex["answer"] == "." * len(working) + ":" + str(ex["target"])
+            lengths.add(len(working))
+        assert lengths == set(range(max_scratch + 1))    # uniform on 0..max_scratch: all lengths appear
+        assert all(re.fullmatch(task.format_pattern, a) for a in answers)
+    assert task.examples(50, seed=0) != task.examples(50, seed=1)
+
+
+def test_scratchpad_task_config_and_errors():
+    task = R.ScratchpadArithmeticTask()
+    assert (task.name, task.digits, task.ops, task.max_scratch) == ("scratchpad_arithmetic", 2, "+", 8)
+    assert task.alphabet == SCRATCHPAD_ALPHABET == ALPHABET + ".:" and ALPHABET == "0123456789+-*="
+    assert R.ArithmeticTask().alphabet == "0123456789+-*="       # the plain task's vocabulary is unchanged
+    assert R.make_task("scratchpad_arithmetic", digits=3, ops="+-", max_scratch=2) == \
+        R.ScratchpadArithmeticTask(digits=3, ops="+-", max_scratch=2)
+    assert R.TASKS["scratchpad_arithmetic"] is R.ScratchpadArithmeticTask
+    for bad in (-1, 1.5, "8", None, True):
+        with pytest.raises(ValueError, match="max_scratch"):
+            R.ScratchpadArithmeticTask(max_scratch=bad)
+    with pytest.raises(ValueError, match="digits"):
+        R.ScratchpadArithmeticTask(digits=0)
+    with pytest.raises(ValueError, match="ops"):
+        R.ScratchpadArithmeticTask(ops="/")
+    fmt = R.format_reward(task.format_pattern)
+    np.testing.assert_array_equal(fmt(["p"] * 7, ["..:82", ":-3", " ..:82\n", "82", "..:", "a:b:1", "..:8x"]),
+                                  [1, 1, 1, 0, 0, 1, 0])  # the format accepts whatever the reward accepts
+
+
+def test_scratchpad_task_builds_through_the_runner():
+    from pgjax import run
+    from pgjax.train.experiment import Experiment, TaskSection
+
+    task = run.build_task(Experiment(task=TaskSection(name="scratchpad_arithmetic")))
+    assert task == R.ScratchpadArithmeticTask(digits=2, ops="+", max_scratch=8)
+    exp = Experiment(task=TaskSection(name="scratchpad_arithmetic", digits=3, ops="+-", max_scratch=4))
+    assert run.build_task(exp) == R.ScratchpadArithmeticTask(digits=3, ops="+-", max_scratch=4)
+    assert run.build_task(Experiment()) == R.ArithmeticTask()   # the default task is unchanged
+
+
 # --- countdown ----------------------------------------------------------------------------------
 
 
@@ -189,7 +283,8 @@ def test_countdown_examples_agree_with_verifier_and_are_deterministic(count):
 # --- tokenizers ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("task", [R.ArithmeticTask(3, "+-*"), R.CountdownTask(4)], ids=lambda t: t.name)
+@pytest.mark.parametrize("task", [R.ArithmeticTask(3, "+-*"), R.CountdownTask(4),
+                                  R.ScratchpadArithmeticTask(3, "+-*", 12)], ids=lambda t: t.name)
 def test_char_tokenizer_roundtrip_and_save_load(task, tmp_path):
     from transformers import AutoTokenizer
 
@@ -353,11 +448,12 @@ def test_make_task():
 
 def test_rewards_never_nan_on_random_text():
     rng = np.random.default_rng(0)
-    alphabet = list("0123456789+-*/()^=.,{}\\ abcx$#%") + ["\\frac", "\\sqrt", "\\boxed{", "####"]
+    alphabet = list("0123456789+-*/()^=.,:{}\\ abcx$#%") + ["\\frac", "\\sqrt", "\\boxed{", "####"]
     texts = ["".join(rng.choice(alphabet, size=rng.integers(0, 20))) for _ in range(300)]
     n = len(texts)
     batches = [
         R.arithmetic_reward([""] * n, texts, target=[5] * n),
+        R.scratchpad_reward([""] * n, texts, target=[5] * n),
         R.countdown_reward([""] * n, texts, numbers=[[1, 2, 3]] * n, target=[6] * n),
         R.math_reward([""] * n, texts, answer=texts[::-1]),
         R.format_reward(r"\d+")([""] * n, texts),

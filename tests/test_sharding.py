@@ -7,6 +7,7 @@ before JAX starts); this file is also that subprocess's script.
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -21,8 +22,8 @@ def check_meshes():
 
     from pgjax import core
     from pgjax.models.transformer import CausalLM, ModelConfig
+    from pgjax.parallel import mesh as mesh_lib
     from pgjax.sample import SamplingConfig, generate
-    from pgjax.train import mesh as mesh_lib
     from pgjax.train.learner import Learner, Rollout, UpdateConfig
 
     assert len(jax.devices()) == 8
@@ -31,33 +32,47 @@ def check_meshes():
     policy = CausalLM(config, nnx.Rngs(0))
     algo = core.preset("ppo")
     # plain SGD: the parameter change is the gradient itself (Adam would amplify rounding in tiny gradients)
-    learner = Learner(policy, algo, 4, UpdateConfig(minibatches=2, micro_batches=2), optax.sgd(1.0),
-                      optax.sgd(1.0), use_reference=False)
+    make_learner = lambda mesh=None: Learner(policy, algo, 4, UpdateConfig(minibatches=2, micro_batches=2),
+                                             optax.sgd(1.0), optax.sgd(1.0), use_reference=False, mesh=mesh)
     prompts = np.random.default_rng(0).integers(2, 64, (8, 5))
     sampling = SamplingConfig(max_new_tokens=6, eos_ids=(1,), n=4)
     samples = generate(policy, prompts, np.ones_like(prompts), jax.random.key(0), sampling)
     rollout = Rollout(tokens=samples.tokens, attention_mask=samples.attention_mask, mask=samples.response_mask,
                       rewards=(samples.response == 7).sum(1).astype(np.float32))
 
-    def one_step(state, rollout):
+    def one_step(learner, rollout):
+        state = learner.init_state(policy, jax.random.PRNGKey(0))
+        gate = {s.data.shape for s in state.params["layers"][0]["mlp"]["gate"][...].addressable_shards}
         rollout = learner.prepare(state, rollout, algo.hparams)
+        grads = learner.policy_gradient(state, rollout, algo.hparams)
         state, metrics = learner.update(state, rollout, algo.hparams)
-        return jax.device_get((state.params, state.critic_params, metrics["policy_loss"]))
+        return gate, jax.device_get((grads, state.params, state.critic_params, metrics["policy_loss"]))
 
-    want = one_step(learner.init_state(policy, jax.random.PRNGKey(0)), rollout)
+    _, want = one_step(make_learner(), rollout)
     for sizes in MESHES:
         mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig(*sizes))
-        state = mesh_lib.shard(learner.init_state(policy, jax.random.PRNGKey(0)), mesh)
-        gate = state.params["layers"][0]["mlp"]["gate"][...]
+        gate, got = one_step(make_learner(mesh), rollout)
         fsdp, tensor = sizes[1], sizes[2]
-        assert gate.addressable_shards[0].data.shape == (32 // fsdp, 64 // tensor), (sizes, gate.sharding)
-        got = one_step(state, mesh_lib.shard_batch(rollout, mesh))
+        # each device holds 1/(fsdp * tensor) of the weight
+        assert gate == {(32 // fsdp, 64 // tensor)}, (sizes, gate)
         close = lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
         jax.tree.map(close, got, want)
         sharded_policy = nnx.merge(nnx.graphdef(policy), mesh_lib.shard(nnx.state(policy), mesh))
-        tokens = generate(sharded_policy, prompts, np.ones_like(prompts), jax.random.key(0), sampling).tokens
-        np.testing.assert_array_equal(np.asarray(tokens), np.asarray(samples.tokens))
+        sharded = generate(sharded_policy, prompts, np.ones_like(prompts), jax.random.key(0), sampling, mesh=mesh)
+        assert sharded.tokens.sharding.is_equivalent_to(mesh_lib.batch_sharding(mesh), 2), sharded.tokens.sharding
+        np.testing.assert_array_equal(np.asarray(sharded.tokens), np.asarray(samples.tokens))
         print("mesh", sizes, "ok", flush=True)
+
+    from pgjax import run
+    from pgjax.train.experiment import Experiment
+    with tempfile.TemporaryDirectory() as tmp:   # the runner refuses before it writes anything
+        exp = Experiment(prompts_per_step=6, mesh=mesh_lib.MeshConfig(data=2, fsdp=2, tensor=2), run_dir=tmp + "/r")
+        try:
+            run.train(exp, progress=False)
+            raise AssertionError("a batch of 6 prompts on a 4-way batch split must raise")
+        except ValueError as error:
+            assert "do not split over data x fsdp = 4" in str(error), error
+        assert not os.path.exists(tmp + "/r")
 
 
 @pytest.mark.slow
@@ -69,7 +84,7 @@ def test_sharded_update_and_sampling_equal_the_single_device_run():
 
 
 def test_mesh_sizes_resolve_minus_one_and_reject_misfits():
-    from pgjax.train.mesh import MeshConfig
+    from pgjax.parallel.mesh import MeshConfig
     assert MeshConfig(data=-1, fsdp=2, tensor=2).sizes(8) == (2, 2, 2)
     assert MeshConfig().sizes(1) == (1, 1, 1)
     for bad, match in ((MeshConfig(data=3), "needs 3 devices"), (MeshConfig(data=-1, fsdp=-1), "at most one -1"),
@@ -82,12 +97,53 @@ def test_partition_specs_follow_the_rule_table_and_fall_back_to_replication():
     import jax
     from jax.sharding import PartitionSpec
 
-    from pgjax.train.mesh import make_mesh, partition_spec
+    from pgjax.parallel.mesh import make_mesh, partition_spec
     mesh = make_mesh(devices=jax.devices()[:1])
     assert partition_spec(("embed", "mlp"), (8, 16), mesh) == PartitionSpec("fsdp", "tensor")
     assert partition_spec(("norm",), (8,), mesh) == PartitionSpec(None)
     with pytest.raises(KeyError, match="no sharding rule for logical axis 'experts'"):
         partition_spec(("experts",), (4,), mesh)
+
+
+def test_a_cluster_is_detected_from_the_usual_environment_variables():
+    from pgjax.parallel.multihost import cluster_detected
+    assert not cluster_detected({})
+    assert not cluster_detected({"SLURM_NTASKS": "1", "OMPI_COMM_WORLD_SIZE": "1", "TPU_WORKER_HOSTNAMES": "w0"})
+    for env in ({"JAX_COORDINATOR_ADDRESS": "node0:1234"}, {"SLURM_NTASKS": "4"}, {"OMPI_COMM_WORLD_SIZE": "2"},
+                {"TPU_WORKER_HOSTNAMES": "w0,w1"}):
+        assert cluster_detected(env), env
+
+
+def test_one_process_without_a_cluster_does_not_start_jax_distributed():
+    from pgjax.parallel.multihost import DistributedConfig, initialize
+    assert not initialize(DistributedConfig(), environ={})
+    assert not initialize(DistributedConfig(initialize="off"), environ={"SLURM_NTASKS": "4"})
+    with pytest.raises(ValueError, match="auto, on or off"):
+        initialize(DistributedConfig(initialize="yes"), environ={})
+
+
+def test_one_process_feeds_and_reads_back_every_row():
+    import jax
+    import numpy as np
+
+    from pgjax.parallel.mesh import make_mesh
+    from pgjax.parallel.multihost import gather_rows, process_rows, to_global, to_host
+    mesh = make_mesh(devices=jax.devices()[:1])
+    assert process_rows(6, mesh) == slice(0, 6)
+    rows = np.arange(12).reshape(6, 2)
+    assert to_global(rows, mesh).shape == (6, 2)
+    np.testing.assert_array_equal(to_host(to_global(rows, mesh), mesh), rows)
+    np.testing.assert_array_equal(gather_rows(rows, 6, mesh), rows)
+
+
+def test_a_batch_that_does_not_split_over_the_batch_axes_raises_naming_it():
+    import types
+
+    from pgjax.parallel.mesh import check_batch
+    mesh = types.SimpleNamespace(shape={"data": 2, "fsdp": 2, "tensor": 2})
+    check_batch(8, mesh, "prompts_per_step")
+    with pytest.raises(ValueError, match="prompts_per_step: 6 rows do not split over data x fsdp = 4"):
+        check_batch(6, mesh, "prompts_per_step")
 
 
 if __name__ == "__main__":

@@ -165,7 +165,8 @@ def save(model: CausalLM, directory, tokenizer_dir=None) -> None:
     directory = pathlib.Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     config = model.config
-    tensors = {hf_name: to_hf(_variable(model, path)[...]) for hf_name, path, _, to_hf in _layout(config)}
+    # jnp: a transposed NumPy view (a model holding host arrays) would be written in its memory order
+    tensors = {hf_name: jnp.asarray(to_hf(_variable(model, path)[...])) for hf_name, path, _, to_hf in _layout(config)}
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
     (directory / "config.json").write_text(json.dumps(hf_config_dict(config), indent=2))
     if tokenizer_dir is not None:

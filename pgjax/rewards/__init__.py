@@ -21,6 +21,8 @@ rows whose reward is 1.
 Tasks (``examples(n, seed)`` -> dicts with ``prompt``, the demonstration
 ``answer`` and the reward's fields; deterministic from the seed):
 - ``ArithmeticTask``: ``"37+45="`` -> ``"82"``;
+- ``ScratchpadArithmeticTask``: ``"37+45="`` -> ``"...:82"`` (free-length working, then the answer after
+  the last ``':'``);
 - ``CountdownTask``: ``"3 5 7>22:"`` -> ``"3*5+7"`` (each number once, + - * /);
 - ``JsonlMathTask``: a user's GSM8K / MATH style JSONL file, ``math_reward``.
 The built-in tasks have character-level tokenizers (``char_tokenizer``);
@@ -31,16 +33,40 @@ Math answers (``math_answers``): ``extract_answer`` (last ``\\boxed{}``, else
 ``####``, else the last number) and ``answers_equal`` (numeric, then
 symbolic with sympy). Percent rule: ``50\\%`` equals ``50``, not ``0.5``.
 """
-from pgjax.rewards.arithmetic import ArithmeticTask, arithmetic_reward, is_arithmetic_answer
-from pgjax.rewards.base import (RewardFn, Task, WeightedSum, as_rewards, batch_fields, check_batch, combine,
-                                format_reward, per_example, reward_name)
+from pgjax.rewards.arithmetic import (
+    ArithmeticTask,
+    ScratchpadArithmeticTask,
+    arithmetic_reward,
+    is_arithmetic_answer,
+    is_scratchpad_answer,
+    scratchpad_reward,
+)
+from pgjax.rewards.base import (
+    RewardFn,
+    Task,
+    WeightedSum,
+    as_rewards,
+    batch_fields,
+    check_batch,
+    combine,
+    format_reward,
+    per_example,
+    reward_name,
+)
 from pgjax.rewards.countdown import CountdownTask, countdown_reward, evaluate_expression, is_countdown_solution
 from pgjax.rewards.data import JsonlMathTask, load_jsonl
-from pgjax.rewards.math_answers import (answers_equal, extract_answer, math_reward, normalize_answer,
-                                        parse_number, reference_answer)
+from pgjax.rewards.math_answers import (
+    answers_equal,
+    extract_answer,
+    math_reward,
+    normalize_answer,
+    parse_number,
+    reference_answer,
+)
 from pgjax.rewards.tokenizer import EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID, char_tokenizer, load_tokenizer
 
-TASKS = {"arithmetic": ArithmeticTask, "countdown": CountdownTask, "jsonl_math": JsonlMathTask}
+TASKS = {"arithmetic": ArithmeticTask, "countdown": CountdownTask, "jsonl_math": JsonlMathTask,
+         "scratchpad_arithmetic": ScratchpadArithmeticTask}
 
 
 def make_task(name: str, **config) -> Task:
@@ -52,9 +78,9 @@ def make_task(name: str, **config) -> Task:
 
 __all__ = [
     "TASKS", "ArithmeticTask", "CountdownTask", "EOS_ID", "JsonlMathTask", "PAD_ID", "RewardFn", "SPECIAL_TOKENS",
-    "Task", "UNK_ID", "WeightedSum", "answers_equal", "arithmetic_reward", "as_rewards", "batch_fields",
-    "char_tokenizer", "check_batch", "combine", "countdown_reward", "evaluate_expression", "extract_answer",
-    "format_reward", "is_arithmetic_answer", "is_countdown_solution", "load_jsonl", "load_tokenizer",
-    "make_task", "math_reward", "normalize_answer", "parse_number", "per_example", "reference_answer",
-    "reward_name",
+    "ScratchpadArithmeticTask", "Task", "UNK_ID", "WeightedSum", "answers_equal", "arithmetic_reward",
+    "as_rewards", "batch_fields", "char_tokenizer", "check_batch", "combine", "countdown_reward",
+    "evaluate_expression", "extract_answer", "format_reward", "is_arithmetic_answer", "is_countdown_solution",
+    "is_scratchpad_answer", "load_jsonl", "load_tokenizer", "make_task", "math_reward", "normalize_answer",
+    "parse_number", "per_example", "reference_answer", "reward_name", "scratchpad_reward",
 ]

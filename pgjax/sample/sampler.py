@@ -34,9 +34,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 
 from pgjax.core import token_logprobs
 from pgjax.models.transformer import CausalLM
+from pgjax.parallel.mesh import check_batch, constrain
+from pgjax.parallel.multihost import to_global
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,13 +126,24 @@ def inverse_cdf_sample(key, logq) -> jax.Array:
     return jnp.minimum(jnp.sum(cdf < u, axis=-1), logq.shape[-1] - 1)
 
 
-def generate(model: CausalLM, prompts, prompt_mask, key, config: SamplingConfig) -> Samples:
-    """Sample ``config.n`` responses to each left-padded prompt; reproducible from ``key``."""
+def generate(model: CausalLM, prompts, prompt_mask, key, config: SamplingConfig, mesh: Mesh | None = None
+             ) -> Samples:
+    """Sample ``config.n`` responses to each left-padded prompt; reproducible from ``key``.
+
+    With a ``mesh`` (the model's parameters placed on it, e.g. by ``parallel.mesh.shard``),
+    ``prompts`` are this process's rows (``multihost.process_rows``; all of them with one
+    process), the batch and the KV cache are split over ``data`` x ``fsdp`` (the cache's KV
+    heads over ``tensor``), and the returned arrays are global (``multihost.to_host`` reads
+    this process's rows back). The tokens do not depend on the mesh.
+    """
     prompts, prompt_mask = np.asarray(prompts), np.asarray(prompt_mask)
     _check_prompts(prompts, prompt_mask, model.config.vocab_size, config)
+    prompts, prompt_mask = prompts.astype(np.int32), prompt_mask.astype(np.int32)
+    if mesh is not None:
+        prompts, prompt_mask = to_global((prompts, prompt_mask), mesh)
+        check_batch(prompts.shape[0], mesh, "prompts")
     graphdef, state = nnx.split(model)
-    return _generate(graphdef, state, jnp.asarray(prompts, jnp.int32), jnp.asarray(prompt_mask, jnp.int32),
-                     key, config)
+    return _generate(graphdef, state, prompts, prompt_mask, key, config, mesh)
 
 
 def _check_prompts(prompts, prompt_mask, vocab_size, config):
@@ -147,15 +161,24 @@ def _check_prompts(prompts, prompt_mask, vocab_size, config):
         raise ValueError(f"token ids (prompts, eos_ids, pad_id) must lie in [0, {vocab_size})")
 
 
-@partial(jax.jit, static_argnames=("graphdef", "config"))
-def _generate(graphdef, state, prompts, prompt_mask, key, config: SamplingConfig) -> Samples:
+def _split_batch(tree, mesh):
+    """Every array of ``tree`` split along its batch axis (KV caches also along their KV heads)."""
+    def one(x):
+        axes = ("batch", "kv_heads", None, "head_dim") if x.ndim == 4 else ("batch",) + (None,) * (x.ndim - 1)
+        return constrain(x, axes, mesh)
+    return jax.tree.map(one, tree)
+
+
+@partial(jax.jit, static_argnames=("graphdef", "config", "mesh"))
+def _generate(graphdef, state, prompts, prompt_mask, key, config: SamplingConfig, mesh) -> Samples:
     model = nnx.merge(graphdef, state)
     batch, width = prompts.shape
     budget, rows = config.max_new_tokens, batch * config.n
     key_mask = jnp.concatenate([prompt_mask, jnp.ones((batch, budget), jnp.int32)], axis=1)
-    logits, cache = model.decode(prompts, key_mask, model.init_cache(batch, width + budget), 0)
+    cache = _split_batch(model.init_cache(batch, width + budget), mesh)
+    logits, cache = model.decode(prompts, key_mask, cache, 0)
     copies = partial(jnp.repeat, repeats=config.n, axis=0)
-    cache, key_mask, last = jax.tree.map(copies, (cache, key_mask, logits[:, -1]))
+    cache, key_mask, last = _split_batch(jax.tree.map(copies, (cache, key_mask, logits[:, -1])), mesh)
     eos = jnp.asarray(config.eos_ids)
 
     truncates = config.top_k > 0 or config.top_p < 1
@@ -178,17 +201,18 @@ def _generate(graphdef, state, prompts, prompt_mask, key, config: SamplingConfig
         out = tuple(o.at[:, step].set(c) for o, c in zip(out, columns))
         done = done | jnp.isin(token, eos)
         logits, cache = model.decode(token[:, None], key_mask, cache, width + step)
-        return step + 1, cache, logits[:, -1], out, done
+        return step + 1, _split_batch(cache, mesh), logits[:, -1], out, done
 
     def cond(carry):
         step, *_, done = carry
         return (step < budget) & ~jnp.all(done)
 
-    out = (jnp.full((rows, budget), config.pad_id, jnp.int32), *(jnp.zeros((rows, budget), jnp.float32),) * 3)
+    out = _split_batch((jnp.full((rows, budget), config.pad_id, jnp.int32),
+                        *(jnp.zeros((rows, budget), jnp.float32),) * 3), mesh)
     _, _, _, (response, response_mask, logq, logp), done = jax.lax.while_loop(
         cond, body, (0, cache, last, out, jnp.zeros(rows, bool)))
     prompts, prompt_mask = copies(prompts), copies(prompt_mask)
-    return Samples(tokens=jnp.concatenate([prompts, response], axis=1),
+    return _split_batch(Samples(tokens=jnp.concatenate([prompts, response], axis=1),
                    attention_mask=jnp.concatenate([prompt_mask, response_mask.astype(jnp.int32)], axis=1),
                    response=response, response_mask=response_mask, logprobs=logq, policy_logprobs=logp,
-                   lengths=response_mask.sum(-1).astype(jnp.int32), truncated=~done)
+                   lengths=response_mask.sum(-1).astype(jnp.int32), truncated=~done), mesh)

@@ -15,6 +15,8 @@ import types
 import typing
 
 from pgjax import core
+from pgjax.parallel.mesh import MeshConfig
+from pgjax.parallel.multihost import DistributedConfig
 from pgjax.train.learner import UpdateConfig
 from pgjax.train.optim import OptimConfig
 from pgjax.train.rollout import RolloutConfig
@@ -38,11 +40,14 @@ class ModelSection:
 
 @dataclasses.dataclass(frozen=True)
 class TaskSection:
-    """``name``: ``arithmetic`` (``digits``, ``ops``), ``countdown`` (``numbers``) or ``jsonl_math`` (a user's
-    JSONL file at ``dataset`` with the math verifier); ``format_weight`` adds the task's format reward."""
+    """``name``: ``arithmetic`` (``digits``, ``ops``), ``scratchpad_arithmetic`` (``digits``, ``ops``,
+    ``max_scratch``: the demonstrations' longest working area), ``countdown`` (``numbers``) or ``jsonl_math``
+    (a user's JSONL file at ``dataset`` with the math verifier); ``format_weight`` adds the task's format
+    reward."""
     name: str = "arithmetic"
     digits: int = 2
     ops: str = "+"
+    max_scratch: int = 8
     numbers: int = 3
     dataset: str = ""
     prompt_field: str = "question"
@@ -61,7 +66,9 @@ class WarmStartSection:
 @dataclasses.dataclass(frozen=True)
 class Experiment:
     """One run. The defaults are the README's main job: Dr. GRPO on 2-digit addition with a tiny
-    Qwen3-style model and a short supervised warm start, sized for 2 CPU cores."""
+    Qwen3-style model and a short supervised warm start, sized for 2 CPU cores. ``mesh``: how the
+    devices of all processes are split (default: data parallel over all of them); ``distributed``:
+    how the processes of a multi-host run meet (default: from the environment)."""
     name: str = "experiment"
     seed: int = 0
     algorithm: str = "dr_grpo"
@@ -79,6 +86,8 @@ class Experiment:
     eval_prompts: int = 256
     checkpoint_every: int = 50
     run_dir: str = ""
+    mesh: MeshConfig = MeshConfig()
+    distributed: DistributedConfig = DistributedConfig()
 
     def algorithm_preset(self) -> core.Algorithm:
         """The preset named ``algorithm`` with ``hparams`` applied (unknown names raise)."""

@@ -13,6 +13,13 @@ from the whole minibatch (``core.loss_normalizer``), so accumulating
 micro-batches gives exactly the gradient of the undivided minibatch. Advantages
 and value targets are computed once, on the whole rollout, before the update.
 
+Sharding: a ``Learner`` works on a device mesh (``parallel.mesh``; default the
+trivial one-device mesh, the same code path). The state's parameters and
+optimizer moments are placed by the logical-axis ``RULES`` (FSDP and/or tensor
+parallel), rollouts are split over ``data`` x ``fsdp``, and ``prepare`` and the
+optimizer step are jitted with these as explicit input and output shardings,
+the state donated. Arrays passed in with another placement are moved.
+
 Old log-probs: ``old_logp`` is recomputed teacher-forced with the parameters
 that sampled the rollout (the same function the loss differentiates), so the
 ratio is 1 up to float rounding at the first minibatch; the sampler's own
@@ -21,17 +28,18 @@ ratio is 1 up to float rounding at the first minibatch; the sampler's own
 from __future__ import annotations
 
 import dataclasses
-from functools import partial
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pgjax import core
 from pgjax.models.scoring import response_logprobs
 from pgjax.models.transformer import CausalLM
+from pgjax.parallel import mesh as mesh_lib
 from pgjax.train.critic import ValueModel
 
 
@@ -47,12 +55,18 @@ class UpdateConfig:
     value_clip: float = 0.2
     chunk_size: int = 1024
 
-    def check(self, prompts: int) -> None:
+    def check(self, prompts: int, group_size: int = 1, mesh: Mesh | None = None) -> None:
+        """Whole prompt groups per micro-batch; with a ``mesh``, micro-batches of rows that split
+        over its ``data`` x ``fsdp`` devices."""
         if min(self.epochs, self.minibatches, self.micro_batches) < 1:
             raise ValueError(f"epochs, minibatches and micro_batches must be >= 1: {self}")
         if prompts % (self.minibatches * self.micro_batches):
             raise ValueError(f"{prompts} prompt groups per step do not split into minibatches={self.minibatches} "
                              f"x micro_batches={self.micro_batches} of whole groups")
+        if mesh is not None:
+            rows = prompts * group_size // (self.minibatches * self.micro_batches)
+            mesh_lib.check_batch(rows, mesh, f"a micro-batch ({prompts} prompts x {group_size} samples / "
+                                             f"{self.minibatches} minibatches / {self.micro_batches} micro-batches)")
 
 
 @flax.struct.dataclass
@@ -90,9 +104,12 @@ class Rollout:
 
 
 class Learner:
+    """``init_state``; jitted ``prepare`` (score a rollout), ``update`` (all its optimizer steps) and
+    ``policy_gradient`` (the loss gradient over a whole rollout, for analysis and tests)."""
+
     def __init__(self, policy: CausalLM, algorithm: core.Algorithm, group_size: int, update: UpdateConfig,
                  optimizer: optax.GradientTransformation, critic_optimizer: optax.GradientTransformation | None,
-                 use_reference: bool):
+                 use_reference: bool, mesh: Mesh | None = None):
         self.graphdef = nnx.graphdef(policy)
         self.spec, self.group_size, self.update_config = algorithm.spec, group_size, update
         self.optimizer, self.critic_optimizer = optimizer, critic_optimizer
@@ -102,10 +119,24 @@ class Learner:
             raise ValueError(f"{algorithm.spec.name} needs a critic optimizer")
         self.critic_graphdef = (nnx.graphdef(nnx.eval_shape(lambda: ValueModel.from_policy(policy)))
                                 if self.uses_critic else None)
+        self.mesh = mesh_lib.single_device_mesh() if mesh is None else mesh
+        abstract = jax.eval_shape(lambda: self._fresh_state(policy, jax.random.PRNGKey(0)))
+        self.state_sharding = mesh_lib.shardings(abstract, self.mesh)
+        batch, same = mesh_lib.batch_sharding(self.mesh), mesh_lib.replicated(self.mesh)
+        self.prepare = jax.jit(self._prepare, in_shardings=(self.state_sharding, batch, same),
+                               out_shardings=batch)
+        self.policy_gradient = jax.jit(lambda state, rollout, hp: self._gradient(state.params, rollout, hp)[0],
+                                       in_shardings=(self.state_sharding, batch, same),
+                                       out_shardings=self.state_sharding.params)
+        self._optimizer_step = jax.jit(self._step, in_shardings=(self.state_sharding, batch, same, same),
+                                       out_shardings=(self.state_sharding, same), donate_argnums=0)
 
     def init_state(self, policy: CausalLM, key) -> TrainState:
-        """Fresh optimizer states; the reference policy and the critic start from ``policy``. The
-        parameters are copies: updates donate the state's buffers, never ``policy``'s."""
+        """Fresh optimizer states; the reference policy and the critic start from ``policy``; placed
+        on the mesh. The parameters are copies: updates donate the state's buffers, never ``policy``'s."""
+        return jax.device_put(self._fresh_state(policy, key), self.state_sharding)
+
+    def _fresh_state(self, policy: CausalLM, key) -> TrainState:
         params = jax.tree.map(jnp.copy, nnx.state(policy))
         critic = nnx.state(ValueModel.from_policy(policy)) if self.uses_critic else None
         return TrainState(params=params, opt_state=self.optimizer.init(params), step=jnp.zeros((), jnp.int32),
@@ -125,9 +156,9 @@ class Learner:
         critic = nnx.merge(self.critic_graphdef, critic_params)
         return critic.response_values(part.tokens, part.attention_mask, _prompt_length(part))
 
-    @partial(jax.jit, static_argnums=(0,))
-    def prepare(self, state: TrainState, rollout: Rollout, hp: core.HParams) -> Rollout:
-        """Old and reference log-probs, critic values, advantages and value targets of a rollout."""
+    def _prepare(self, state: TrainState, rollout: Rollout, hp: core.HParams) -> Rollout:
+        """(``prepare``, jitted) Old and reference log-probs, critic values, advantages and value
+        targets of a rollout."""
         old_logp, _ = self._logprobs(state.params, rollout)
         ref_logp = self._logprobs(state.ref_params, rollout)[0] if self.use_reference else None
         values = bootstrap = None
@@ -148,35 +179,47 @@ class Learner:
         """All epochs and minibatches of one rollout; returns the new state and summed metrics."""
         cfg = self.update_config
         prompts = rollout.rewards.shape[0] // self.group_size
-        cfg.check(prompts)
+        cfg.check(prompts, self.group_size, self.mesh)
         key, shuffle_key = jax.random.split(state.key)
         metrics = None
         for epoch in range(cfg.epochs):
             order = jax.random.permutation(jax.random.fold_in(shuffle_key, epoch), prompts)
             for groups in jnp.split(order, cfg.minibatches):
                 rows = (groups[:, None] * self.group_size + jnp.arange(self.group_size)).reshape(-1)
-                state, step_metrics = self._optimizer_step(state, jax.tree.map(lambda x: x[rows], rollout), hp)
+                state, step_metrics = self._optimizer_step(state, rollout, rows, hp)
                 metrics = step_metrics if metrics is None else core.combine_metrics(metrics, step_metrics)
         return state.replace(step=state.step + 1, key=key), metrics
 
-    @partial(jax.jit, static_argnums=(0,), donate_argnums=(1,))
-    def _optimizer_step(self, state: TrainState, minibatch: Rollout, hp: core.HParams):
-        """One optimizer step of the policy (and the critic) on a minibatch of whole groups."""
-        norm = core.loss_normalizer(minibatch.mask, self.group_size)
-        micro = jax.tree.map(lambda x: x.reshape(self.update_config.micro_batches, -1, *x.shape[1:]), minibatch)
-
-        def policy_loss(params, part):
-            logp, entropy = self._logprobs(params, part)
-            return core.loss(self.spec, self._batch(part, logp, entropy), hp, norm)
-
-        grads, metrics = _accumulate(jax.grad(policy_loss, has_aux=True), state.params, micro)
+    def _step(self, state: TrainState, rollout: Rollout, rows, hp: core.HParams):
+        """(``_optimizer_step``, jitted, state donated) One optimizer step of the policy (and the
+        critic) on the minibatch ``rows`` of the rollout (whole groups)."""
+        minibatch = jax.tree.map(lambda x: x[rows], rollout)
+        grads, metrics = self._gradient(state.params, minibatch, hp)
         metrics["grad_norm_max"] = optax.tree.norm(grads)
         metrics["optimizer_steps"] = jnp.ones(())
         updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
         state = state.replace(params=optax.apply_updates(state.params, updates), opt_state=opt_state)
         if self.uses_critic:
-            state, metrics["value_loss"] = self._critic_step(state, micro, norm)
+            state, metrics["value_loss"] = self._critic_step(state, self._micro_batches(minibatch),
+                                                             core.loss_normalizer(minibatch.mask, self.group_size))
         return state, metrics
+
+    def _gradient(self, params, minibatch: Rollout, hp: core.HParams):
+        """(``policy_gradient``, jitted) Gradient of the algorithm's loss over the whole minibatch
+        (its own ``loss_normalizer``), accumulated over micro-batches; and the loss metrics."""
+        norm = core.loss_normalizer(minibatch.mask, self.group_size)
+
+        def policy_loss(params, part):
+            logp, entropy = self._logprobs(params, part)
+            return core.loss(self.spec, self._batch(part, logp, entropy), hp, norm)
+
+        return _accumulate(jax.grad(policy_loss, has_aux=True), params, self._micro_batches(minibatch))
+
+    def _micro_batches(self, minibatch: Rollout) -> Rollout:
+        """[micro_batches, rows / micro_batches, ...]: each micro-batch split over the mesh's batch axes."""
+        sharding = NamedSharding(self.mesh, PartitionSpec(None, mesh_lib.BATCH_AXES))
+        return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(
+            x.reshape(self.update_config.micro_batches, -1, *x.shape[1:]), sharding), minibatch)
 
     def _critic_step(self, state: TrainState, micro: Rollout, norm: core.Normalizer):
         """One critic optimizer step on the token-mean (clipped) value loss of the minibatch."""
@@ -197,11 +240,21 @@ def _prompt_length(part: Rollout) -> int:
 
 
 def _accumulate(grad_fn, params, micro):
-    """Sum of ``grad_fn(params, part)`` gradients and metrics over the leading micro-batch axis."""
+    """Sum of ``grad_fn(params, part)`` gradients and metrics over the leading micro-batch axis.
+
+    One ``lax.scan`` over every micro-batch from the identity of each sum (0) and of each
+    ``*_min`` / ``*_max`` metric (+inf / -inf), so only one micro-batch's activations are live."""
+    shapes = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], micro))
+    grads = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes[0])
+    metrics = {key: jnp.full(s.shape, _identity(key), s.dtype) for key, s in shapes[1].items()}
+
     def step(carry, part):
         grads, metrics = grad_fn(params, part)
         return (jax.tree.map(jnp.add, carry[0], grads), core.combine_metrics(carry[1], metrics)), None
 
-    first = grad_fn(params, jax.tree.map(lambda x: x[0], micro))
-    (grads, metrics), _ = jax.lax.scan(step, first, jax.tree.map(lambda x: x[1:], micro))
-    return grads, metrics
+    return jax.lax.scan(step, (grads, metrics), micro)[0]
+
+
+def _identity(key: str) -> float:
+    """The neutral element of how ``core.combine_metrics`` merges the metric ``key``."""
+    return jnp.inf if key.endswith("_min") else -jnp.inf if key.endswith("_max") else 0.0

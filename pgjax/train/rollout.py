@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from pgjax.models.transformer import CausalLM
+from pgjax.parallel.mesh import single_device_mesh
+from pgjax.parallel.multihost import to_global, to_host
 from pgjax.rewards import batch_fields
 from pgjax.sample import SamplingConfig, generate
 from pgjax.train.learner import Rollout
@@ -88,23 +90,30 @@ def repeat_examples(examples: list[dict], k: int) -> tuple[list[str], dict]:
 
 
 def collect(policy: CausalLM, tokenizer, examples: list[dict], reward_fn, correct_fn, key,
-            config: RolloutConfig, greedy_baseline: bool = False, eos_ids=None) -> tuple[Rollout, dict]:
+            config: RolloutConfig, greedy_baseline: bool = False, eos_ids=None, mesh: Mesh | None = None
+            ) -> tuple[Rollout, dict]:
     """Sample, decode and score K responses per example; the Rollout and per-row statistics.
 
     ``reward_fn`` gives the training reward, ``correct_fn`` the task's verifier
     (1 = correct), both ``fn(prompts, completions, **fields)``. With
     ``greedy_baseline`` (ReMax) one greedy response per prompt is scored too.
     ``eos_ids`` end a response (default: the tokenizer's EOS).
+
+    On a ``mesh`` (default: one device) ``examples`` are this process's share of the
+    step's prompts (``multihost.process_rows``): the Rollout is global (split over
+    ``data`` x ``fsdp``), the statistics are this process's rows.
     """
     eos_ids = tuple(eos_ids or (tokenizer.eos_token_id,))
+    mesh = single_device_mesh() if mesh is None else mesh
     k = config.samples_per_prompt
     prompt_tokens, prompt_mask = encode_prompts(tokenizer, [e["prompt"] for e in examples],
                                                 config.max_prompt_tokens)
     pad = pad_id(tokenizer)
-    samples = generate(policy, prompt_tokens, prompt_mask, key, config.sampling(eos_ids, pad))
-    completions = decode_responses(tokenizer, samples.response, samples.lengths, eos_ids)
+    samples = generate(policy, prompt_tokens, prompt_mask, key, config.sampling(eos_ids, pad), mesh)
+    local = to_host(samples, mesh)
+    completions = decode_responses(tokenizer, local.response, local.lengths, eos_ids)
     prompts, fields = repeat_examples(examples, k)
-    lengths, truncated = np.asarray(samples.lengths), np.asarray(samples.truncated)
+    lengths, truncated = local.lengths, local.truncated
     correct = np.asarray(correct_fn(prompts, completions, **fields), np.float32)
     rewards = np.asarray(reward_fn(prompts, completions, **fields), np.float32)
     rewards = rewards + overlong_penalty(lengths, config.max_new_tokens, config.overlong_buffer,
@@ -117,14 +126,14 @@ def collect(policy: CausalLM, tokenizer, examples: list[dict], reward_fn, correc
         keep &= np.repeat(groups.max(1) > groups.min(1), k)
     greedy_rewards = None
     if greedy_baseline:
-        greedy = generate(policy, prompt_tokens, prompt_mask, key, config.sampling(eos_ids, pad, greedy=True))
+        greedy = to_host(generate(policy, prompt_tokens, prompt_mask, key,
+                                  config.sampling(eos_ids, pad, greedy=True), mesh), mesh)
         greedy_text = decode_responses(tokenizer, greedy.response, greedy.lengths, eos_ids)
         base_prompts, base_fields = repeat_examples(examples, 1)
-        greedy_rewards = jnp.asarray(np.repeat(np.asarray(reward_fn(base_prompts, greedy_text, **base_fields),
-                                                          np.float32), k))
+        greedy_rewards = np.repeat(np.asarray(reward_fn(base_prompts, greedy_text, **base_fields), np.float32), k)
+    mask = local.response_mask * keep[:, None]
     rollout = Rollout(tokens=samples.tokens, attention_mask=samples.attention_mask,
-                      mask=samples.response_mask * jnp.asarray(keep, jnp.float32)[:, None], rewards=jnp.asarray(rewards),
-                      greedy_rewards=greedy_rewards)
+                      **to_global({"mask": mask, "rewards": rewards, "greedy_rewards": greedy_rewards}, mesh))
     stats = {"reward": rewards, "correct": correct, "length": lengths, "truncated": truncated, "kept": keep,
              "completions": completions, "prompts": prompts}
     return rollout, stats

@@ -1,0 +1,1 @@
+"""Device meshes, the logical-axis sharding rules and multi-process (``jax.distributed``) plumbing."""
