@@ -7,6 +7,11 @@ baseline, ReMax, RLOO, PPO, GRPO and Dr. GRPO (each with the ``--set``
 overrides), then writes ``comparison.md`` (final and best greedy eval accuracy,
 the first step whose eval accuracy reaches ``--target``, wall time) and
 ``comparison.png`` (eval accuracy against step) into ``--out``.
+
+The helpers below it (``study``, ``run_seeds``, ``warm_checkpoint``,
+``moving_average``, ``tail_mean``, ``plot_band``) run and summarise several
+variants of one experiment over several seeds, for the experiments under
+``experiments/``.
 """
 from __future__ import annotations
 
@@ -15,6 +20,9 @@ import dataclasses
 import json
 import pathlib
 import time
+import warnings
+
+import numpy as np
 
 from pgjax import run
 from pgjax.train import experiment as experiment_lib
@@ -74,6 +82,98 @@ def compare(overrides: list[str], target: float, out, experiments="experiments",
     plot(results, out / "comparison.png")
     print(text)
     return results
+
+
+def warm_checkpoint(base: experiment_lib.Experiment, seed: int, runs) -> pathlib.Path:
+    """The seed's warm-started policy as a Hugging Face checkpoint (a ``steps=0`` run of ``base``
+    under ``runs/warm/seed<k>``), reused if present."""
+    directory = pathlib.Path(runs) / "warm" / f"seed{seed}"
+    if not (directory / "final" / "config.json").exists():
+        run.train(dataclasses.replace(base, seed=seed, steps=0, run_dir=str(directory)), progress=False)
+    return directory / "final"
+
+
+def run_seeds(base: experiment_lib.Experiment, variants: dict, seeds: int, runs, observe=None) -> dict:
+    """Train every variant (a dict of ``hparams`` overrides) for seeds 0..``seeds``-1 under
+    ``runs/<variant>/seed<k>``, each seed's variants from the same warm-started checkpoint; returns
+    ``{variant: {seed: metric records}}``. ``observe`` as in ``run.train``."""
+    started = time.perf_counter()
+    out = {variant: {} for variant in variants}
+    for seed in range(seeds):
+        warm = warm_checkpoint(base, seed, runs)
+        for variant, hparams in variants.items():
+            exp = dataclasses.replace(base, name=f"{base.name}_{variant}", seed=seed,
+                                      hparams={**base.hparams, **hparams},
+                                      model=dataclasses.replace(base.model, path=str(warm)),
+                                      warm_start=dataclasses.replace(base.warm_start, steps=0),
+                                      run_dir=str(pathlib.Path(runs) / variant / f"seed{seed}"))
+            directory = run.train(exp, progress=False, observe=observe)
+            out[variant][seed] = [json.loads(x) for x in (directory / "metrics.jsonl").read_text().splitlines()]
+            print(f"{variant} seed {seed}: done at {time.perf_counter() - started:.0f} s")
+    return out
+
+
+def moving_average(values, window: int = 10) -> np.ndarray:
+    """Mean of each value and the ``window - 1`` before it (NaN-aware; NaN where all are NaN)."""
+    values = np.asarray(values, float)
+    out = np.full_like(values, np.nan)
+    for i in range(len(values)):
+        chunk = values[max(0, i - window + 1):i + 1]
+        if np.isfinite(chunk).any():
+            out[i] = np.nanmean(chunk)
+    return out
+
+
+def tail_mean(values, tail: int) -> float:
+    """Mean of the last ``tail`` values that are not None / NaN (NaN if none)."""
+    kept = [v for v in list(values)[-tail:] if v is not None and np.isfinite(v)]
+    return float(np.mean(kept)) if kept else float("nan")
+
+
+def plot_band(ax, steps, per_seed, label: str, window: int = 10) -> None:
+    """Mean over seeds (rows of ``per_seed``, None = missing) and the min-max band, both smoothed."""
+    values = np.array([[np.nan if v is None else v for v in row] for row in per_seed], float)
+    with warnings.catch_warnings():       # a step where no seed has a value stays NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mean, low, high = (moving_average(f(values, axis=0), window) for f in (np.nanmean, np.nanmin, np.nanmax))
+    line, = ax.plot(steps, mean, label=label)
+    ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.15)
+
+
+def study(argv, doc: str, name: str, steps: int, base_experiment, variants: dict, curves, summarise, table,
+          plot, observe=None) -> dict:
+    """The command line and outputs of a multi-seed study of ``variants`` (``hparams`` overrides).
+
+    Options: ``--seeds``, ``--steps``, ``--tail`` (steps averaged for start / end values),
+    ``--runs`` (run directories), ``--out`` (results), ``--smoke`` (2 steps, 1 seed, tail 1),
+    ``--set key=value`` (overrides of the shared experiment, as in ``pgjax.run``).
+    ``base_experiment(steps, smoke)`` gives the shared settings; ``curves(records)`` one run's
+    curves; ``summarise(runs, tail)``, ``table(summary, tail)`` and ``plot(runs, path)`` the
+    results, written to ``<out>/summary.json``, ``<out>/<name>.md`` and ``<out>/<name>.png``."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=f"experiments/results/{name}", help="summary, table and plot")
+    parser.add_argument("--runs", default=f"runs/{name}", help="the runs' directories")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--tail", type=int, default=20, help="steps averaged for the start and end values")
+    parser.add_argument("--smoke", action="store_true", help="a tiny model, 2 steps, 1 seed (the tests' check)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a field of the shared experiment (dotted key)")
+    args = parser.parse_args(argv)
+    steps, seeds, tail = (2, 1, 1) if args.smoke else (args.steps, args.seeds, args.tail)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    base = experiment_lib.override(base_experiment(steps, args.smoke), args.set)
+    records = run_seeds(base, variants, seeds, args.runs, observe)
+    runs = {variant: {seed: curves(r) for seed, r in by_seed.items()} for variant, by_seed in records.items()}
+    summary = summarise(runs, tail)
+    settings = {"steps": steps, "seeds": seeds, "tail": tail, "smoke": args.smoke, "overrides": args.set}
+    (out / "summary.json").write_text(json.dumps({"settings": settings, "summary": summary, "curves": runs}))
+    text = table(summary, tail)
+    (out / f"{name}.md").write_text(text + "\n")
+    plot(runs, out / f"{name}.png")
+    print(text)
+    return summary
 
 
 def main(argv=None) -> None:

@@ -53,10 +53,10 @@ TIMING_KEYS = ("time_sample", "time_prepare", "time_update", "time_step", "token
 
 def build_task(exp: Experiment):
     t = exp.task
-    if t.name == "arithmetic":
+    if t.name in ("arithmetic", "arithmetic_mix"):
         return make_task(t.name, digits=t.digits, ops=t.ops)
     if t.name == "scratchpad_arithmetic":
-        return make_task(t.name, digits=t.digits, ops=t.ops, max_scratch=t.max_scratch)
+        return make_task(t.name, digits=t.digits, ops=t.ops, max_scratch=t.max_scratch, working=t.working)
     if t.name == "countdown":
         return make_task(t.name, count=t.numbers)
     return make_task(t.name, path=t.dataset, prompt_field=t.prompt_field, answer_field=t.answer_field)
@@ -214,8 +214,14 @@ def step_metrics(stats: dict, metrics: dict, times: dict) -> dict:
 STAT_KEYS = ("reward", "correct", "length", "truncated", "kept")
 
 
-def train(exp: Experiment, resume: bool = False, progress: bool = True) -> pathlib.Path:
-    """Run ``exp``; returns the run directory."""
+def train(exp: Experiment, resume: bool = False, progress: bool = True, observe=None) -> pathlib.Path:
+    """Run ``exp``; returns the run directory.
+
+    ``observe(learner, state, rollout, examples, stats, hp) -> dict``, if given, is called once per
+    step after the rollout is prepared and before the update (``examples``: the step's prompts,
+    every process's; ``stats``: all rows' reward / correct / length / truncated / kept); the floats
+    it returns join the step's metrics record (an experiment's own measurements; its time counts
+    in ``time_prepare``)."""
     multihost.initialize(exp.distributed)     # before any other JAX call
     mesh = make_mesh(exp.mesh)
     algo = exp.algorithm_preset()             # everything that can reject the input comes first
@@ -256,19 +262,20 @@ def train(exp: Experiment, resume: bool = False, progress: bool = True) -> pathl
     for step in range(start, exp.steps):
         t0 = time.perf_counter()
         examples = task.examples(exp.prompts_per_step, seed=_seed(exp.seed, "train", step))
-        examples = examples[multihost.process_rows(len(examples), mesh)]
-        rollout, stats = collect(learner.policy(state.params), tokenizer, examples, reward_fn, task.reward_fn,
+        mine = examples[multihost.process_rows(len(examples), mesh)]
+        rollout, stats = collect(learner.policy(state.params), tokenizer, mine, reward_fn, task.reward_fn,
                                  jax.random.fold_in(state.key, 1), exp.rollout,
                                  greedy_baseline=algo.spec.baseline == "greedy", eos_ids=eos_ids, mesh=mesh)
         stats = multihost.gather_rows({k: stats[k] for k in STAT_KEYS}, rows, mesh)
         t1 = time.perf_counter()
         rollout = jax.block_until_ready(learner.prepare(state, rollout, hp))
+        observed = observe(learner, state, rollout, examples, stats, hp) if observe else {}
         t2 = time.perf_counter()
         state, metrics = learner.update(state, rollout, hp)
         metrics = jax.device_get(metrics)
         t3 = time.perf_counter()
         times = {"time_sample": t1 - t0, "time_prepare": t2 - t1, "time_update": t3 - t2, "time_step": t3 - t0}
-        record = {"step": step + 1, **step_metrics(stats, metrics, times)}
+        record = {"step": step + 1, **step_metrics(stats, metrics, times), **observed}
         if (step + 1) % exp.eval_every == 0 or step + 1 == exp.steps:
             record["eval_accuracy"] = evaluate(exp, task, tokenizer, learner.policy(state.params), eos_ids, mesh)
         run.log(record)

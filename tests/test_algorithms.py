@@ -501,3 +501,34 @@ def test_value_targets_are_unwhitened_lambda_returns_of_the_kl_penalised_rewards
     assert np.abs(np.asarray(whitened) - want).max() > 1e-2    # targets are not the whitened advantages
     with pytest.raises(ValueError, match="needs batch.values"):
         core.value_targets(algo.spec, batch.replace(values=None), hp)
+
+
+def test_token_weights_per_difficulty_bucket_match_a_hand_computed_example():
+    """Three groups of K=4: easy [1,1,1,0], medium [1,1,0,0], hard [1,0,0,0]; lengths [2,2,2,4].
+
+    Advantages r - mean: easy [.25,.25,.25,-.75], medium [.5,.5,-.5,-.5], hard [.75,-.25,-.25,-.25];
+    sample std (ddof 1): easy .5, medium 1/sqrt(3), hard .5. Dr. GRPO (prompt_mean, N = P = 3):
+    c_bt = A_b / 3, so sum |c| = sum_b |A_b| |o_b| / 3 = 1.5, 5/3, 7/6. With / std and / |o|:
+    sum_t |c_bt| = |A_b| / std / 3 (the length cancels) = 1, 2 / sqrt(3), 1: the std
+    up-weights the easy and hard groups relative to the medium one (0.75 -> 0.866)."""
+    rewards = jnp.asarray([1, 1, 1, 0, 1, 1, 0, 0, 1, 0, 0, 0], jnp.float32)
+    lengths = np.tile([2, 2, 2, 4], 3)
+    mask = jnp.asarray(np.arange(4)[None, :] < lengths[:, None], jnp.float32)
+    logp = jnp.asarray(np.random.default_rng(0).normal(size=(12, 4)), jnp.float32) - 2.0
+    batch = Batch(mask=mask, rewards=rewards, logp=logp, old_logp=logp, ref_logp=logp, group_size=4)
+    buckets = lambda c: np.abs(np.asarray(c)).sum(1).reshape(3, 4).sum(1)
+    dr = core.preset("dr_grpo")
+    np.testing.assert_allclose(buckets(core.token_weights(dr.spec, batch, dr.hparams)), [1.5, 5 / 3, 7 / 6],
+                               rtol=1e-5)
+    both = dr.hparams.replace(divide_by_std=1.0, divide_by_length=1.0)
+    weights = jax.jit(core.token_weights, static_argnums=0)(dr.spec, batch, both)
+    np.testing.assert_allclose(buckets(weights), [1.0, 2 / np.sqrt(3), 1.0], rtol=1e-5)
+    # per token: A_b / std / |o_b| / 3 on the response, 0 on padding
+    adv = np.asarray([.25, .25, .25, -.75, .5, .5, -.5, -.5, .75, -.25, -.25, -.25])
+    std = np.repeat([.5, 1 / np.sqrt(3), .5], 4)
+    np.testing.assert_allclose(np.asarray(weights), (adv / std / lengths / 3)[:, None] * np.asarray(mask),
+                               rtol=1e-5, atol=1e-7)
+    # GRPO's preset (seq_mean: N = B = 12, k3 KL in the loss, zero gradient at ref = logp)
+    grpo = core.preset("grpo")
+    np.testing.assert_allclose(np.asarray(core.token_weights(grpo.spec, batch, grpo.hparams)),
+                               np.asarray(weights) / 4, rtol=1e-5, atol=1e-7)

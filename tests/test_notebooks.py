@@ -22,3 +22,11 @@ def test_unified_view_notebook_executes_and_shows_the_seeds_claims():
     assert "K=4: leave-one-out scale 1.0000   group mean (1/K) scale 0.7500   (K-1)/K = 0.7500" in text
     assert "Dr. GRPO (eq. 21)                               3.0000" in text
     assert "max |grad(clipped) - grad(rho-hat A)| = 0.0" in text
+
+
+@pytest.mark.slow
+def test_biases_notebook_executes_from_the_saved_results():
+    text = _execute("02_biases.ipynb")
+    assert "direction bias of the 1/|o|-only update" in text
+    assert "weight with / without the std division" in text
+    assert "weight share over the whole run" in text

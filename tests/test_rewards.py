@@ -460,3 +460,34 @@ def test_rewards_never_nan_on_random_text():
     ]
     for out in batches:
         assert out.shape == (n,) and out.dtype == np.float32 and np.isin(out, [0.0, 1.0]).all()
+
+
+def test_mixed_arithmetic_cycles_difficulties_in_equal_shares_and_tags_them():
+    task = R.make_task("arithmetic_mix", digits=3)
+    examples = task.examples(30, seed=4)
+    assert [e["difficulty"] for e in examples] == [1, 2, 3] * 10
+    for e in examples:
+        a, b = e["prompt"][:-1].split("+")
+        assert len(a) == len(b) == e["difficulty"] and int(a) + int(b) == e["target"]
+    fields = R.batch_fields(examples)
+    assert (task.reward_fn([e["prompt"] for e in examples], [e["answer"] for e in examples], **fields) == 1).all()
+    assert task.examples(30, seed=4) == examples and task.examples(30, seed=5) != examples
+    assert task.tokenizer().get_vocab() == R.ArithmeticTask().tokenizer().get_vocab()
+    with pytest.raises(ValueError, match="digits"):
+        R.MixedArithmeticTask(digits=0)
+
+
+def test_scratchpad_text_after_the_answer():
+    task = R.make_task("scratchpad_arithmetic", digits=2, working="after")
+    rows = [("82:...", 1), ("82:", 1), (" 82 :x:y", 1), ("83:..", 0), ("..:82", 0), ("82", 0), ("8x:..", 0)]
+    got = task.reward_fn(["37+45="] * len(rows), [c for c, _ in rows], target=[82] * len(rows))
+    np.testing.assert_array_equal(got, [r for _, r in rows])
+    examples = task.examples(200, seed=3)
+    assert all(re.fullmatch(r"-?\d+:\.*", e["answer"]) for e in examples)
+    before = R.ScratchpadArithmeticTask(digits=2).examples(200, seed=3)
+    assert [e["prompt"] for e in examples] == [e["prompt"] for e in before]
+    fields = R.batch_fields(examples)
+    assert (task.reward_fn([e["prompt"] for e in examples], [e["answer"] for e in examples], **fields) == 1).all()
+    assert R.format_reward(task.format_pattern)(["p"] * 2, ["82:..", "..:82"]).tolist() == [1.0, 0.0]
+    with pytest.raises(ValueError, match="before' or 'after"):
+        R.ScratchpadArithmeticTask(working="middle")

@@ -197,6 +197,26 @@ def test_prepare_matches_the_core_functions_on_the_same_batch():
     np.testing.assert_array_equal(np.asarray(rollout.values), 0.0)    # zero-initialised value head
 
 
+def test_token_weights_and_the_gradient_split_into_shares_of_rows():
+    """The learner's token weights are core.token_weights of the prepared rollout; with the advantages
+    and denominators of the whole batch fixed, the gradients of disjoint row subsets (masks) sum to
+    the whole gradient, so each subset's gradient is its share of the update."""
+    policy, algo, learner = tiny_learner("dr_grpo", UpdateConfig())
+    hp = algo.hparams.replace(divide_by_std=1.0)
+    state = learner.init_state(policy, jax.random.PRNGKey(0))
+    rollout = learner.prepare(state, sampled_rollout(policy), hp)
+    batch = core.Batch(mask=rollout.mask, rewards=rollout.rewards, logp=rollout.old_logp, old_logp=rollout.old_logp,
+                       advantages=rollout.advantages, group_size=4)
+    np.testing.assert_allclose(np.asarray(learner.token_weights(rollout, hp)),
+                               np.asarray(core.token_weights(algo.spec, batch, hp)), atol=1e-7)
+    first = jnp.asarray(np.arange(16) < 8, jnp.float32)[:, None]
+    parts = [learner.policy_gradient(state, rollout.replace(mask=rollout.mask * m), hp) for m in (first, 1 - first)]
+    whole = learner.policy_gradient(state, rollout, hp)
+    jax.tree.map(lambda a, b, c: np.testing.assert_allclose(np.asarray(a) + np.asarray(b), np.asarray(c),
+                                                            atol=1e-6), *parts, whole)
+    assert optax.tree.norm(whole) > 0
+
+
 def test_rollout_options_filter_groups_mask_truncation_and_penalise_overlong():
     tokenizer = EmitX().tokenizer()
     config = ModelConfig(family="llama", vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,

@@ -333,6 +333,20 @@ def loss(spec: Spec, batch: Batch, hp: HParams, norm: Normalizer | None = None):
     return total, metrics
 
 
+def token_weights(spec: Spec, batch: Batch, hp: HParams, norm: Normalizer | None = None) -> Array:
+    """The weight c_t of each token's score in the update, ``[B, T]``:
+
+      grad_theta loss = -sum_{b,t} c_bt grad_theta log pi(a_bt | s_bt),   c_bt = -d loss / d logp_bt,
+
+    at the current ``batch.logp`` (at the first step of an update, logp = old_logp, rho = 1 and
+    no token is clipped, so c_bt = A_bt w_b / N: the advantage times the aggregation's weight,
+    eq. 18 / 21, plus the KL term's pull where it is in the loss). Summing |c| over a subset of
+    rows (e.g. a difficulty bucket) gives that subset's share of the update's weight; 0 on padding.
+    """
+    value = lambda logp: loss(spec, batch.replace(logp=logp), hp, norm)[0]
+    return -jax.grad(value)(batch.logp) * (batch.mask > 0)
+
+
 def _zero_padding(batch: Batch) -> Batch:
     """The per-token inputs with 0 wherever the mask is 0."""
     on = batch.mask > 0

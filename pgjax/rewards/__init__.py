@@ -23,6 +23,7 @@ Tasks (``examples(n, seed)`` -> dicts with ``prompt``, the demonstration
 - ``ArithmeticTask``: ``"37+45="`` -> ``"82"``;
 - ``ScratchpadArithmeticTask``: ``"37+45="`` -> ``"...:82"`` (free-length working, then the answer after
   the last ``':'``);
+- ``MixedArithmeticTask``: 1-, 2-, ..., n-digit sums in equal shares, tagged with their ``difficulty``;
 - ``CountdownTask``: ``"3 5 7>22:"`` -> ``"3*5+7"`` (each number once, + - * /);
 - ``JsonlMathTask``: a user's GSM8K / MATH style JSONL file, ``math_reward``.
 The built-in tasks have character-level tokenizers (``char_tokenizer``);
@@ -35,11 +36,13 @@ symbolic with sympy). Percent rule: ``50\\%`` equals ``50``, not ``0.5``.
 """
 from pgjax.rewards.arithmetic import (
     ArithmeticTask,
+    MixedArithmeticTask,
     ScratchpadArithmeticTask,
     arithmetic_reward,
     is_arithmetic_answer,
     is_scratchpad_answer,
     scratchpad_reward,
+    trailing_scratch_reward,
 )
 from pgjax.rewards.base import (
     RewardFn,
@@ -66,7 +69,7 @@ from pgjax.rewards.math_answers import (
 from pgjax.rewards.tokenizer import EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID, char_tokenizer, load_tokenizer
 
 TASKS = {"arithmetic": ArithmeticTask, "countdown": CountdownTask, "jsonl_math": JsonlMathTask,
-         "scratchpad_arithmetic": ScratchpadArithmeticTask}
+         "scratchpad_arithmetic": ScratchpadArithmeticTask, "arithmetic_mix": MixedArithmeticTask}
 
 
 def make_task(name: str, **config) -> Task:
@@ -77,10 +80,12 @@ def make_task(name: str, **config) -> Task:
 
 
 __all__ = [
-    "TASKS", "ArithmeticTask", "CountdownTask", "EOS_ID", "JsonlMathTask", "PAD_ID", "RewardFn", "SPECIAL_TOKENS",
+    "TASKS", "ArithmeticTask", "CountdownTask", "EOS_ID", "JsonlMathTask", "MixedArithmeticTask", "PAD_ID",
+    "RewardFn", "SPECIAL_TOKENS",
     "ScratchpadArithmeticTask", "Task", "UNK_ID", "WeightedSum", "answers_equal", "arithmetic_reward",
     "as_rewards", "batch_fields", "char_tokenizer", "check_batch", "combine", "countdown_reward",
     "evaluate_expression", "extract_answer", "format_reward", "is_arithmetic_answer", "is_countdown_solution",
     "is_scratchpad_answer", "load_jsonl", "load_tokenizer", "make_task", "math_reward", "normalize_answer",
     "parse_number", "per_example", "reference_answer", "reward_name", "scratchpad_reward",
+    "trailing_scratch_reward",
 ]

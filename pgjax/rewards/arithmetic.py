@@ -25,6 +25,7 @@ ALPHABET = "0123456789+-*="
 SCRATCHPAD_ALPHABET = ALPHABET + ".:"  # ALPHABET itself stays fixed: other results depend on its vocabulary
 INTEGER = r"-?\d+"
 SCRATCHPAD_PATTERN = r".*:\s*-?\d+"  # any working area, then the last ":" and the integer answer
+TRAILING_PATTERN = r"\s*-?\d+:.*"     # the integer answer, the first ":", then any text
 _INTEGER = re.compile(INTEGER)
 _MAX_CHARS = 64  # longer "integers" are malformed (and too long for int() to be cheap)
 
@@ -52,6 +53,20 @@ def is_scratchpad_answer(completion: str, target: int) -> bool:
     """
     _, sep, answer = completion.rpartition(":")
     return bool(sep) and is_arithmetic_answer(answer, target)
+
+
+def is_answer_then_text(completion: str, target: int) -> bool:
+    """True iff ``completion`` contains ``':'`` and the text before its FIRST ``':'`` is the integer
+    ``target`` (``is_arithmetic_answer``); whatever follows is free text. No ``':'`` -> False."""
+    answer, sep, _ = completion.partition(":")
+    return bool(sep) and is_arithmetic_answer(answer, target)
+
+
+@per_example
+def trailing_scratch_reward(prompt: str, completion: str, *, target, **_) -> float:
+    """Row rule: 1.0 if the text before the first ``':'`` of the completion is the integer ``target``,
+    else 0.0; the text after it does not count (``ScratchpadArithmeticTask(working="after")``)."""
+    return float(is_answer_then_text(completion, target))
 
 
 @per_example
@@ -127,24 +142,35 @@ class ScratchpadArithmeticTask:
     Generator after the problems, so the prompts equal ``ArithmeticTask(digits, ops)``'s for the same seed.
 
     Examples: ``{"prompt": "37+45=", "answer": "...:82", "target": 82}``.
+
+    ``working="after"`` puts the free text after the answer: ``<answer>:<text>``, rewarded by
+    ``trailing_scratch_reward`` (the integer before the first ``':'``), demonstrations ``"82:..."``.
+    There the policy chooses the length after it has written its answer, so the length can depend
+    on the answer (before it, the length is chosen blind to what the answer will be).
     """
 
     digits: int = 2
     ops: str = "+"
     max_scratch: int = 8
+    working: str = "before"
     name: str = dataclasses.field(default="scratchpad_arithmetic", init=False)
     alphabet: str = dataclasses.field(default=SCRATCHPAD_ALPHABET, init=False)
-    format_pattern: str = dataclasses.field(default=SCRATCHPAD_PATTERN, init=False)
 
     def __post_init__(self):
         _validate_arithmetic(self.digits, self.ops)
         if not (isinstance(self.max_scratch, int) and not isinstance(self.max_scratch, bool)
                 and self.max_scratch >= 0):
             raise ValueError(f"max_scratch must be an int >= 0, got {self.max_scratch!r}")
+        if self.working not in ("before", "after"):
+            raise ValueError(f"working must be 'before' or 'after' the answer, got {self.working!r}")
+
+    @property
+    def format_pattern(self) -> str:
+        return SCRATCHPAD_PATTERN if self.working == "before" else TRAILING_PATTERN
 
     @property
     def reward_fn(self):
-        return scratchpad_reward
+        return scratchpad_reward if self.working == "before" else trailing_scratch_reward
 
     def tokenizer(self):
         """The character-level tokenizer over ``SCRATCHPAD_ALPHABET`` (``ALPHABET`` plus ``".:"``)."""
@@ -155,5 +181,32 @@ class ScratchpadArithmeticTask:
         rng = np.random.default_rng(seed)
         problems = _arithmetic_problems(self.digits, self.ops, n, rng)
         scratch = rng.integers(0, self.max_scratch + 1, size=n)
-        return [{"prompt": prompt, "answer": "." * k + ":" + str(value), "target": value}
-                for (prompt, value), k in zip(problems, scratch.tolist())]
+        write = ((lambda value, k: "." * k + ":" + str(value)) if self.working == "before"
+                 else (lambda value, k: str(value) + ":" + "." * k))
+        return [{"prompt": prompt, "answer": write(value, k), "target": value}
+                for (prompt, value), k in zip(problems, scratch.tolist(), strict=True)]
+
+
+@dataclasses.dataclass(frozen=True)
+class MixedArithmeticTask(ArithmeticTask):
+    """A controlled mix of difficulties: ``ArithmeticTask`` prompts with 1, 2, ..., ``digits``-digit
+    operands in equal shares (row i has ``i % digits + 1`` digits), each example tagged with its
+    ``difficulty`` (the number of digits). Reward and tokenizer are ``ArithmeticTask``'s.
+
+    Examples: ``{"prompt": "3+4=", "answer": "7", "target": 7, "difficulty": 1}``,
+    ``{"prompt": "37+45=", "answer": "82", "target": 82, "difficulty": 2}``.
+    """
+
+    digits: int = 3
+    name: str = dataclasses.field(default="arithmetic_mix", init=False)
+
+    def examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
+        """``n`` examples, a deterministic function of ``seed``; difficulties cycle 1, 2, ..., ``digits``."""
+        rng = np.random.default_rng(seed)
+        levels = [i % self.digits + 1 for i in range(n)]
+        problems = {d: iter(_arithmetic_problems(d, self.ops, levels.count(d), rng)) for d in sorted(set(levels))}
+        out = []
+        for d in levels:
+            prompt, value = next(problems[d])
+            out.append({"prompt": prompt, "answer": str(value), "target": value, "difficulty": d})
+        return out

@@ -40,14 +40,16 @@ class ModelSection:
 
 @dataclasses.dataclass(frozen=True)
 class TaskSection:
-    """``name``: ``arithmetic`` (``digits``, ``ops``), ``scratchpad_arithmetic`` (``digits``, ``ops``,
-    ``max_scratch``: the demonstrations' longest working area), ``countdown`` (``numbers``) or ``jsonl_math``
-    (a user's JSONL file at ``dataset`` with the math verifier); ``format_weight`` adds the task's format
-    reward."""
+    """``name``: ``arithmetic`` (``digits``, ``ops``), ``arithmetic_mix`` (1..``digits``-digit operands in equal
+    shares, tagged by difficulty), ``scratchpad_arithmetic`` (``digits``, ``ops``, ``max_scratch``: the
+    demonstrations' longest free text, ``working``: ``before`` or ``after`` the answer), ``countdown``
+    (``numbers``) or ``jsonl_math`` (a user's JSONL file at ``dataset`` with the math verifier);
+    ``format_weight`` adds the task's format reward."""
     name: str = "arithmetic"
     digits: int = 2
     ops: str = "+"
     max_scratch: int = 8
+    working: str = "before"
     numbers: int = 3
     dataset: str = ""
     prompt_field: str = "question"

@@ -104,8 +104,9 @@ class Rollout:
 
 
 class Learner:
-    """``init_state``; jitted ``prepare`` (score a rollout), ``update`` (all its optimizer steps) and
-    ``policy_gradient`` (the loss gradient over a whole rollout, for analysis and tests)."""
+    """``init_state``; jitted ``prepare`` (score a rollout), ``update`` (all its optimizer steps), and for
+    analysis ``policy_gradient`` (the loss gradient over a whole prepared rollout) and ``token_weights``
+    (each token's weight in it, ``core.token_weights``)."""
 
     def __init__(self, policy: CausalLM, algorithm: core.Algorithm, group_size: int, update: UpdateConfig,
                  optimizer: optax.GradientTransformation, critic_optimizer: optax.GradientTransformation | None,
@@ -128,6 +129,7 @@ class Learner:
         self.policy_gradient = jax.jit(lambda state, rollout, hp: self._gradient(state.params, rollout, hp)[0],
                                        in_shardings=(self.state_sharding, batch, same),
                                        out_shardings=self.state_sharding.params)
+        self.token_weights = jax.jit(self._token_weights, in_shardings=(batch, same), out_shardings=batch)
         self._optimizer_step = jax.jit(self._step, in_shardings=(self.state_sharding, batch, same, same),
                                        out_shardings=(self.state_sharding, same), donate_argnums=0)
 
@@ -214,6 +216,12 @@ class Learner:
             return core.loss(self.spec, self._batch(part, logp, entropy), hp, norm)
 
         return _accumulate(jax.grad(policy_loss, has_aux=True), params, self._micro_batches(minibatch))
+
+    def _token_weights(self, rollout: Rollout, hp: core.HParams):
+        """(``token_weights``, jitted) c_bt = -d loss / d log pi_bt of a prepared rollout at its old
+        log-probs (the first minibatch's point: rho = 1), ``[B, N]``."""
+        return core.token_weights(self.spec, self._batch(rollout, rollout.old_logp), hp,
+                                  core.loss_normalizer(rollout.mask, self.group_size))
 
     def _micro_batches(self, minibatch: Rollout) -> Rollout:
         """[micro_batches, rows / micro_batches, ...]: each micro-batch split over the mesh's batch axes."""

@@ -1,0 +1,150 @@
+"""GRPO's question-difficulty bias in real training (the seed's "Dr. GRPO" section; Liu et al. 2025).
+
+    python experiments/difficulty_bias.py [--seeds 3] [--steps 100]      # ~10 min on 2 CPU cores
+    python experiments/difficulty_bias.py --smoke --runs /tmp/db --out /tmp/db   # seconds: the CI check
+
+Claim: dividing a group's advantages by its reward std (eq. 18, 20) scales a
+question's whole update by 1 / std. With binary rewards and success rate p the
+std is sqrt(p (1 - p)) (up to K / (K - 1)), smallest for questions that are
+nearly always or nearly never solved, so those get the largest weight;
+without the division (Dr. GRPO, eq. 21) a question's weight grows with its
+std, largest at p = 1/2.
+
+Prompts (``arithmetic_mix``): 1-, 2- and 3-digit sums in equal shares (easy,
+medium, hard after a short supervised warm start). Two variants from the
+Dr. GRPO preset (group-mean baseline, rho-hat, sum over tokens / prompts, no
+1/|o|, no KL), the same seeds and warm-started checkpoints:
+
+  std     / std     (GRPO's group normalisation)
+  no_std  Dr. GRPO
+
+At every step, before the update (the rollout prepared, rho = 1), each
+difficulty d's measured share of the update:
+
+  weight_d       sum over its tokens of |c_t|, c_t = -d loss / d log pi_t
+                 (``core.token_weights``: the advantage times the aggregation weight)
+  weight_share_d weight_d / sum over all difficulties
+  grad_norm_d    || gradient of the loss restricted to its rows ||  (the rollout's mask
+                 zeroed elsewhere; advantages and denominators stay those of the whole batch)
+  accuracy_d     its sampled accuracy;  solved_groups_d / failed_groups_d: the share of its
+                 groups whose K rewards are all 1 / all 0 (no signal under either variant)
+
+Writes ``summary.json``, ``difficulty_bias.png`` (per-difficulty weight share and accuracy
+against step, per variant) and ``difficulty_bias.md`` (the means over the first and last
+``--tail`` steps) into ``--out``; the runs under ``--runs``.
+"""
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from pgjax.compare import plot_band, study, tail_mean
+from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
+from pgjax.train.rollout import RolloutConfig
+
+VARIANTS = {"std": {"divide_by_std": 1.0}, "no_std": {"divide_by_std": 0.0}}
+DIFFICULTIES = (1, 2, 3)
+MEASURES = ("weight", "weight_share", "grad_norm", "accuracy", "solved_groups", "failed_groups")
+
+
+def base_experiment(steps: int, smoke: bool) -> Experiment:
+    """The shared settings (everything but the seed, the switch and the run directory)."""
+    task = TaskSection(name="arithmetic_mix", digits=len(DIFFICULTIES))
+    if smoke:
+        return Experiment(name="difficulty_bias", algorithm="dr_grpo", steps=steps, prompts_per_step=6,
+                          eval_every=steps, eval_prompts=6, checkpoint_every=steps, task=task,
+                          model=ModelSection(hidden_size=32, intermediate_size=64, layers=1, heads=2, kv_heads=1,
+                                             head_dim=16),
+                          rollout=RolloutConfig(samples_per_prompt=4, max_prompt_tokens=8, max_new_tokens=6),
+                          warm_start=WarmStartSection(steps=3, batch_size=6))
+    return Experiment(name="difficulty_bias", algorithm="dr_grpo", steps=steps, prompts_per_step=30, eval_every=25,
+                      eval_prompts=240, checkpoint_every=steps, task=task,
+                      rollout=RolloutConfig(samples_per_prompt=8, max_prompt_tokens=8, max_new_tokens=6),
+                      warm_start=WarmStartSection(steps=800, batch_size=60))
+
+
+def bucket_measures(weights, correct, difficulty, group_size: int) -> dict:
+    """Per difficulty: the summed |token weight|, its share, accuracy, and the share of all-1 / all-0
+    groups. ``weights`` [B, N] token weights; ``correct``, ``difficulty`` [B] (rows p * K + k)."""
+    per_row = np.abs(np.asarray(weights, np.float64)).sum(1)
+    total = per_row.sum()
+    groups = np.asarray(correct, float).reshape(-1, group_size)
+    out = {}
+    for d in DIFFICULTIES:
+        rows = np.asarray(difficulty) == d
+        mine = groups[rows[::group_size]]
+        out[f"weight_{d}"] = float(per_row[rows].sum())
+        out[f"weight_share_{d}"] = float(per_row[rows].sum() / total) if total > 0 else float("nan")
+        out[f"accuracy_{d}"] = float(np.asarray(correct)[rows].mean())
+        out[f"solved_groups_{d}"] = float((mine.min(1) == 1).mean())
+        out[f"failed_groups_{d}"] = float((mine.max(1) == 0).mean())
+    return out
+
+
+def observe(learner, state, rollout, examples, stats, hp) -> dict:
+    """``run.train``'s per-step hook: ``bucket_measures`` and each difficulty's gradient norm
+    (one process: the rollout's rows are all here)."""
+    difficulty = np.repeat([e["difficulty"] for e in examples], learner.group_size)
+    out = bucket_measures(learner.token_weights(rollout, hp), stats["correct"], difficulty, learner.group_size)
+    for d in DIFFICULTIES:
+        only = rollout.replace(mask=rollout.mask * jnp.asarray(difficulty == d, rollout.mask.dtype)[:, None])
+        out[f"grad_norm_{d}"] = float(optax.tree.norm(learner.policy_gradient(state, only, hp)))
+    return out
+
+
+def curves(records: list[dict]) -> dict:
+    steps = [r for r in records if "accuracy" in r]
+    return {"step": [r["step"] for r in steps],
+            **{f"{m}_{d}": [r[f"{m}_{d}"] for r in steps] for m in MEASURES for d in DIFFICULTIES}}
+
+
+def summarise(runs: dict, tail: int) -> dict:
+    """Per variant and measure: the first and last ``tail`` steps' mean, averaged over seeds."""
+    return {variant: {key: {"start": float(np.mean([tail_mean(c[key][:tail], tail) for c in seeds.values()])),
+                            "end": float(np.mean([tail_mean(c[key], tail) for c in seeds.values()]))}
+                      for key in next(iter(seeds.values())) if key != "step"}
+            for variant, seeds in runs.items()}
+
+
+def table(summary: dict, tail: int) -> str:
+    names = {1: "easy (1 digit)", 2: "medium (2 digits)", 3: "hard (3 digits)"}
+    rows = ["| variant | difficulty | weight share: first -> last | gradient norm: first -> last | "
+            "accuracy: first -> last | all-correct groups | all-wrong groups |", "|---|---|---:|---:|---:|---:|---:|"]
+    def cell(values: dict, fmt: str = ".2f") -> str:
+        return f"{values['start']:{fmt}} -> {values['end']:{fmt}}"
+
+    for variant, s in summary.items():
+        for d in DIFFICULTIES:
+            rows.append(f"| {variant} | {names[d]} | {cell(s[f'weight_share_{d}'])} | "
+                        f"{cell(s[f'grad_norm_{d}'], '.3f')} | {cell(s[f'accuracy_{d}'])} | "
+                        f"{cell(s[f'solved_groups_{d}'])} | {cell(s[f'failed_groups_{d}'])} |")
+    rows.append(f"\nfirst / last: mean over the first / last {tail} steps, then over seeds.")
+    return "\n".join(rows)
+
+
+def plot(runs: dict, path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    panels = [(variant, measure) for measure in ("weight_share", "accuracy") for variant in runs]
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.8 * len(panels), 3.3), sharey=False)
+    for ax, (variant, measure) in zip(axes, panels, strict=True):
+        seeds = runs[variant]
+        for d in DIFFICULTIES:
+            plot_band(ax, next(iter(seeds.values()))["step"], [c[f"{measure}_{d}"] for c in seeds.values()],
+                      f"{d} digit{'s' if d > 1 else ''}")
+        ax.set_title(f"{variant}: {measure.replace('_', ' ')}", fontsize=9)
+        ax.set_xlabel("RL step", fontsize=8)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("difficulty bias: mean over seeds (10-step moving average), min-max band", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def main(argv=None) -> dict:
+    return study(argv, __doc__, "difficulty_bias", 100, base_experiment, VARIANTS, curves, summarise, table, plot,
+                 observe=observe)
+
+
+if __name__ == "__main__":
+    main()
