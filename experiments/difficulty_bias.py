@@ -29,6 +29,14 @@ difficulty d's measured share of the update:
   accuracy_d     its sampled accuracy;  solved_groups_d / failed_groups_d: the share of its
                  groups whose K rewards are all 1 / all 0 (no signal under either variant)
 
+and, whatever the prompt's difficulty, by a group's number of correct responses k = 1..K-1:
+groups_k<k> (how many) and weight_k<k> (their summed |token weight|). The seed's claim is about
+these: a group's sum of |A| is 2 k (K - k) / K, so without the std its weight is proportional to
+k (K - k), largest at k = K/2; dividing by the sample std sqrt(k (K - k) / (K (K - 1))) makes it
+proportional to sqrt(k (K - k)): nearly-always and nearly-never solved groups gain relative to
+k = K/2 (for K = 8, k = 1 goes from 0.44 to 0.66 of a k = 4 group's weight). Response lengths
+enter the measured weights too (the sum is over tokens), so the match is approximate.
+
 Writes ``summary.json``, ``difficulty_bias.png`` (per-difficulty weight share and accuracy
 against step, per variant) and ``difficulty_bias.md`` (the means over the first and last
 ``--tail`` steps) into ``--out``; the runs under ``--runs``.
@@ -77,6 +85,11 @@ def bucket_measures(weights, correct, difficulty, group_size: int) -> dict:
         out[f"accuracy_{d}"] = float(np.asarray(correct)[rows].mean())
         out[f"solved_groups_{d}"] = float((mine.min(1) == 1).mean())
         out[f"failed_groups_{d}"] = float((mine.max(1) == 0).mean())
+    successes = groups.sum(1)
+    per_group = per_row.reshape(-1, group_size).sum(1)
+    for k in range(1, group_size):
+        out[f"groups_k{k}"] = float((successes == k).sum())
+        out[f"weight_k{k}"] = float(per_group[successes == k].sum())
     return out
 
 
@@ -93,16 +106,35 @@ def observe(learner, state, rollout, examples, stats, hp) -> dict:
 
 def curves(records: list[dict]) -> dict:
     steps = [r for r in records if "accuracy" in r]
-    return {"step": [r["step"] for r in steps],
-            **{f"{m}_{d}": [r[f"{m}_{d}"] for r in steps] for m in MEASURES for d in DIFFICULTIES}}
+    keys = [f"{m}_{d}" for m in MEASURES for d in DIFFICULTIES]
+    keys += sorted(k for k in steps[0] if k.startswith(("groups_k", "weight_k")))
+    return {"step": [r["step"] for r in steps], **{key: [r[key] for r in steps] for key in keys}}
+
+
+def weight_per_group(seeds: dict) -> dict:
+    """k -> the mean |token weight| of a group with k correct responses (pooled over steps and
+    seeds), relative to that of a group with k = K/2."""
+    ks = sorted(int(key[len("groups_k"):]) for key in next(iter(seeds.values())) if key.startswith("groups_k"))
+    mean = {k: sum(sum(c[f"weight_k{k}"]) for c in seeds.values())
+            / max(sum(sum(c[f"groups_k{k}"]) for c in seeds.values()), 1) for k in ks}
+    middle = mean[(len(ks) + 1) // 2]
+    return {k: mean[k] / middle if middle > 0 else float("nan") for k in ks}
 
 
 def summarise(runs: dict, tail: int) -> dict:
-    """Per variant and measure: the first and last ``tail`` steps' mean, averaged over seeds."""
-    return {variant: {key: {"start": float(np.mean([tail_mean(c[key][:tail], tail) for c in seeds.values()])),
-                            "end": float(np.mean([tail_mean(c[key], tail) for c in seeds.values()]))}
-                      for key in next(iter(seeds.values())) if key != "step"}
+    """Per variant and measure: the first and last ``tail`` steps' mean, averaged over seeds; and
+    ``weight_per_group``."""
+    return {variant: {**{key: {"start": float(np.mean([tail_mean(c[key][:tail], tail) for c in seeds.values()])),
+                               "end": float(np.mean([tail_mean(c[key], tail) for c in seeds.values()]))}
+                         for key in next(iter(seeds.values())) if key.startswith(MEASURES)},
+                      "weight_per_group": weight_per_group(seeds)}
             for variant, seeds in runs.items()}
+
+
+def predicted_weight_per_group(k: int, group_size: int, divide_by_std: bool) -> float:
+    """k (K - k), or sqrt(k (K - k)) with the std division, relative to k = K/2."""
+    middle = (group_size // 2) * (group_size - group_size // 2)
+    return float(np.sqrt(k * (group_size - k) / middle) if divide_by_std else k * (group_size - k) / middle)
 
 
 def table(summary: dict, tail: int) -> str:
@@ -117,7 +149,19 @@ def table(summary: dict, tail: int) -> str:
             rows.append(f"| {variant} | {names[d]} | {cell(s[f'weight_share_{d}'])} | "
                         f"{cell(s[f'grad_norm_{d}'], '.3f')} | {cell(s[f'accuracy_{d}'])} | "
                         f"{cell(s[f'solved_groups_{d}'])} | {cell(s[f'failed_groups_{d}'])} |")
-    rows.append(f"\nfirst / last: mean over the first / last {tail} steps, then over seeds.")
+    rows.append(f"\nfirst / last: mean over the first / last {tail} steps, then over seeds.\n")
+    first = next(iter(summary.values()))["weight_per_group"]
+    group_size = len(first) + 1
+    rows += ["| k correct of K | " + " | ".join(f"{k}/{group_size}" for k in first) + " |",
+             "|---|" + "---:|" * len(first)]
+    for variant, s in summary.items():
+        std = VARIANTS[variant]["divide_by_std"] > 0
+        rows.append(f"| {variant}: measured | " + " | ".join(f"{v:.2f}" for v in s["weight_per_group"].values())
+                    + " |")
+        rows.append(f"| {variant}: predicted | " + " | ".join(
+            f"{predicted_weight_per_group(int(k), group_size, std):.2f}" for k in first) + " |")
+    rows.append(f"\nmean |token weight| of a group with k correct responses, relative to k = {group_size // 2}; "
+                "predicted from the advantages alone (equal lengths).")
     return "\n".join(rows)
 
 

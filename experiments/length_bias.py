@@ -1,6 +1,7 @@
 """GRPO's response-length bias in real training (the seed's "Dr. GRPO" section; Liu et al. 2025).
 
-    python experiments/length_bias.py [--seeds 3] [--steps 150]      # ~16 min on 2 CPU cores
+    python experiments/length_bias.py [--seeds 3] [--steps 150]      # ~15 min on 2 CPU cores
+    python experiments/length_bias.py --set task.working=before --out experiments/results/length_bias_before
     python experiments/length_bias.py --smoke --runs /tmp/lb --out /tmp/lb   # seconds: the CI check
 
 Claim: dividing each response's loss by its length |o| (eq. 18) weights a token
@@ -9,14 +10,18 @@ of a short response more than a token of a long one. For a correct response
 punished less per token, so incorrect responses can grow while correct ones
 shrink. Dr. GRPO (eq. 21) drops 1/|o| (and the group std).
 
-Task ``scratchpad_arithmetic``: 1-digit addition where a response is
-``<working>:<answer>`` and only the answer counts, so the working area's length
-is free to drift either way without changing correctness. The supervised warm
-start (120 steps: greedy accuracy about 0.5, so both correct and incorrect
-responses are common) shows working areas of 0..8 dots, uniformly; responses
-may grow to 20 tokens. Four variants, all from the
-Dr. GRPO preset (group-mean baseline, rho-hat, sum over tokens / prompts, no
-KL), differing only in the seed's two switches:
+Task ``scratchpad_arithmetic``: 1-digit addition where a response is the answer,
+``':'`` and free text (``working="after"``, the default here), or free text,
+``':'`` and the answer (``--set task.working=before``); only the answer counts,
+so the length can drift either way without changing correctness. With the text
+after the answer the policy picks the length knowing its answer, so length can
+come to depend on correctness; before it, it cannot. The supervised warm start
+(120 steps: greedy accuracy about 0.5, so both correct and incorrect responses
+are common) shows 0..8 dots of free text, uniformly; responses may grow to 20
+tokens. Both designs were run (``experiments/results/length_bias`` and
+``length_bias_before``; the README and ``notebooks/02_biases.ipynb`` discuss them).
+Four variants, all from the Dr. GRPO preset (group-mean baseline, rho-hat, sum
+over tokens / prompts, no KL), differing only in the seed's two switches:
 
   grpo         / std and / |o|   (GRPO's normalisations, eq. 18)
   std_only     / std
@@ -26,9 +31,10 @@ KL), differing only in the seed's two switches:
 Every variant runs the same seeds from the same warm-started checkpoint per
 seed (trained once, by a ``steps=0`` run), with the same steps, prompts and
 samples. Each run's directory is ``--runs``/``<variant>/seed<k>``; ``--out`` gets
-``summary.json`` (the per-step curves and end values), ``length_bias.png`` (length of correct and of incorrect
-responses and sampled accuracy against step: mean over seeds, min-max band)
-and ``length_bias.md`` (end values: the mean over the last ``--tail`` steps).
+``summary.json`` (the per-step curves and end values), ``length_bias.png``
+(length of correct and of incorrect responses and sampled accuracy against
+step: mean over seeds, min-max band) and ``length_bias.md`` (start and end
+values: the means over the first and last ``--tail`` steps).
 """
 import numpy as np
 
@@ -51,14 +57,15 @@ def base_experiment(steps: int, smoke: bool) -> Experiment:
     """The shared settings (everything but the seed, the switches and the run directory)."""
     if smoke:
         return Experiment(name="length_bias", algorithm="dr_grpo", steps=steps, prompts_per_step=4, eval_every=steps,
-                          eval_prompts=8, checkpoint_every=steps, task=TaskSection(name="scratchpad_arithmetic"),
+                          eval_prompts=8, checkpoint_every=steps,
+                          task=TaskSection(name="scratchpad_arithmetic", working="after"),
                           model=ModelSection(hidden_size=32, intermediate_size=64, layers=1, heads=2, kv_heads=1,
                                              head_dim=16),
                           rollout=RolloutConfig(samples_per_prompt=4, max_prompt_tokens=8, max_new_tokens=16),
                           warm_start=WarmStartSection(steps=3, batch_size=8))
     return Experiment(name="length_bias", algorithm="dr_grpo", steps=steps, prompts_per_step=32, eval_every=25,
                       eval_prompts=256, checkpoint_every=steps,
-                      task=TaskSection(name="scratchpad_arithmetic", digits=1),
+                      task=TaskSection(name="scratchpad_arithmetic", digits=1, working="after"),
                       rollout=RolloutConfig(samples_per_prompt=8, max_prompt_tokens=8, max_new_tokens=20),
                       optim=OptimConfig(lr=5e-4, warmup_steps=5),
                       warm_start=WarmStartSection(steps=120, batch_size=64))

@@ -21,15 +21,24 @@ def _load(name):
 def test_bucket_measures_match_a_hand_computed_example():
     """K = 2, rows (difficulty, correct, token weights): group 1 (d=1): (1, 1, [.5, .5]), (1, 0, [-1, 0]);
     group 2 (d=2): (2, 0, [0, 0]), (2, 0, [0, 0]); group 3 (d=3): (3, 1, [2, 0]), (3, 1, [0, -1]).
-    sum |c|: d1 = 2, d2 = 0, d3 = 3 of 5; accuracy .5, 0, 1; group 2 all wrong, group 3 all right."""
+    sum |c|: d1 = 2, d2 = 0, d3 = 3 of 5; accuracy .5, 0, 1; group 2 all wrong, group 3 all right;
+    one group (group 1, weight 2) has k = 1 correct response of 2."""
     db = _load("difficulty_bias")
     weights = np.array([[.5, .5], [-1, 0], [0, 0], [0, 0], [2, 0], [0, -1]])
     got = db.bucket_measures(weights, np.array([1, 0, 0, 0, 1, 1.0]), np.array([1, 1, 2, 2, 3, 3]), 2)
     want = {"weight_1": 2.0, "weight_2": 0.0, "weight_3": 3.0, "weight_share_1": 0.4, "weight_share_2": 0.0,
             "weight_share_3": 0.6, "accuracy_1": 0.5, "accuracy_2": 0.0, "accuracy_3": 1.0,
             "solved_groups_1": 0.0, "solved_groups_2": 0.0, "solved_groups_3": 1.0,
-            "failed_groups_1": 0.0, "failed_groups_2": 1.0, "failed_groups_3": 0.0}
+            "failed_groups_1": 0.0, "failed_groups_2": 1.0, "failed_groups_3": 0.0,
+            "groups_k1": 1.0, "weight_k1": 2.0}
     assert got == pytest.approx(want)
+
+
+def test_weight_per_group_prediction_is_k_times_k_minus_k_or_its_square_root():
+    db = _load("difficulty_bias")
+    assert db.predicted_weight_per_group(1, 8, divide_by_std=False) == pytest.approx(7 / 16)
+    assert db.predicted_weight_per_group(1, 8, divide_by_std=True) == pytest.approx((7 / 16) ** 0.5)
+    assert db.predicted_weight_per_group(4, 8, divide_by_std=True) == pytest.approx(1.0)
 
 
 @pytest.mark.slow
@@ -56,3 +65,10 @@ def test_difficulty_bias_smoke_run_logs_per_difficulty_weights(tmp_path):
         assert {f"weight_{d}", f"weight_share_{d}", f"grad_norm_{d}", f"accuracy_{d}"} <= set(record)
     assert "| no_std | hard (3 digits) |" in (tmp_path / "out" / "difficulty_bias.md").read_text()
     assert (tmp_path / "out" / "difficulty_bias.png").stat().st_size > 5000
+
+
+def test_readme_tables_are_the_saved_results():
+    readme = (EXPERIMENTS.parent / "README.md").read_text()
+    for name in ("length_bias", "difficulty_bias"):
+        table = (EXPERIMENTS / "results" / name / f"{name}.md").read_text().strip()
+        assert table in readme, f"README's {name} table is stale: paste experiments/results/{name}/{name}.md"
