@@ -74,7 +74,7 @@ def compare(overrides: list[str], target: float, out, experiments="experiments",
         exp = dataclasses.replace(exp, run_dir=str(out / name))
         start = time.perf_counter()
         directory = run.train(exp, progress=False)
-        records = [json.loads(line) for line in (directory / "metrics.jsonl").read_text().splitlines()]
+        records = run.read_records(directory)
         results[name] = {**summarise(records, target), "seconds": time.perf_counter() - start}
         print(f"{name}: eval accuracy {results[name]['start']:.3f} -> {results[name]['final']:.3f}")
     text = table(results, target)
@@ -108,7 +108,7 @@ def run_seeds(base: experiment_lib.Experiment, variants: dict, seeds: int, runs,
                                       warm_start=dataclasses.replace(base.warm_start, steps=0),
                                       run_dir=str(pathlib.Path(runs) / variant / f"seed{seed}"))
             directory = run.train(exp, progress=False, observe=observe)
-            out[variant][seed] = [json.loads(x) for x in (directory / "metrics.jsonl").read_text().splitlines()]
+            out[variant][seed] = run.read_records(directory)
             print(f"{variant} seed {seed}: done at {time.perf_counter() - started:.0f} s")
     return out
 

@@ -106,6 +106,14 @@ def _has_checkpoints(directory: pathlib.Path) -> bool:
     return folder.is_dir() and any(p.name.isdigit() for p in folder.iterdir())
 
 
+def read_records(directory) -> list[dict]:
+    """The metric records of the run in ``directory`` (none before its first line)."""
+    path = pathlib.Path(directory) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 class Run:
     """A run directory: its experiment, metrics file and checkpoints."""
 
@@ -127,9 +135,7 @@ class Run:
                                                                        default=str))
 
     def records(self) -> list[dict]:
-        if not self.metrics_path.exists():
-            return []
-        return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
+        return read_records(self.directory)
 
     def truncate_metrics(self, last_step: int) -> None:
         """Keep the lines of steps <= ``last_step`` (those a checkpoint covers)."""
@@ -155,8 +161,8 @@ def warm_start(exp: Experiment, task, tokenizer, policy: CausalLM, mesh: Mesh) -
     opt_state = optimizer.init(params)
     for step in range(ws.steps):
         examples = task.examples(ws.batch_size, seed=_seed(exp.seed, "warm_start", step))
-        mine = examples[multihost.process_rows(len(examples), mesh)]
-        batch = demonstrations(tokenizer, mine, exp.rollout.max_prompt_tokens, exp.rollout.max_new_tokens)
+        batch = demonstrations(tokenizer, multihost.process_share(examples, mesh), exp.rollout.max_prompt_tokens,
+                               exp.rollout.max_new_tokens)
         params, opt_state, loss = sft_step(graphdef, optimizer, params, opt_state,
                                            *multihost.to_global(batch, mesh))
         if (step % 50 == 0 or step == ws.steps - 1) and multihost.is_primary():
@@ -172,13 +178,13 @@ def stop_tokens(exp: Experiment, tokenizer) -> tuple[int, ...]:
 def evaluate(exp: Experiment, task, tokenizer, policy: CausalLM, eos_ids, mesh: Mesh) -> float:
     """Greedy accuracy on ``eval_prompts`` held-out examples (a fixed seed apart from training);
     each process scores its rows."""
-    examples = task.examples(exp.eval_prompts, seed=_seed(exp.seed, "eval", 0))
-    examples = examples[multihost.process_rows(len(examples), mesh)]
+    examples = multihost.process_share(task.examples(exp.eval_prompts, seed=_seed(exp.seed, "eval", 0)), mesh)
     tokens, mask = encode_prompts(tokenizer, [e["prompt"] for e in examples], exp.rollout.max_prompt_tokens)
     config = exp.rollout.sampling(eos_ids, pad_id(tokenizer), greedy=True)
-    samples = multihost.to_host(generate(policy, tokens, mask, jax.random.PRNGKey(0), config, mesh), mesh)
+    samples = generate(policy, tokens, mask, jax.random.PRNGKey(0), config, mesh)
+    response, lengths = multihost.to_host((samples.response, samples.lengths), mesh)
     prompts, fields = repeat_examples(examples, 1)
-    completions = decode_responses(tokenizer, samples.response, samples.lengths, eos_ids)
+    completions = decode_responses(tokenizer, response, lengths, eos_ids)
     correct = np.asarray(task.reward_fn(prompts, completions, **fields) == 1.0, np.float32)
     return float(np.mean(multihost.gather_rows(correct, exp.eval_prompts, mesh)))
 
@@ -262,9 +268,8 @@ def train(exp: Experiment, resume: bool = False, progress: bool = True, observe=
     for step in range(start, exp.steps):
         t0 = time.perf_counter()
         examples = task.examples(exp.prompts_per_step, seed=_seed(exp.seed, "train", step))
-        mine = examples[multihost.process_rows(len(examples), mesh)]
-        rollout, stats = collect(learner.policy(state.params), tokenizer, mine, reward_fn, task.reward_fn,
-                                 jax.random.fold_in(state.key, 1), exp.rollout,
+        rollout, stats = collect(learner.policy(state.params), tokenizer, multihost.process_share(examples, mesh),
+                                 reward_fn, task.reward_fn, jax.random.fold_in(state.key, 1), exp.rollout,
                                  greedy_baseline=algo.spec.baseline == "greedy", eos_ids=eos_ids, mesh=mesh)
         stats = multihost.gather_rows({k: stats[k] for k in STAT_KEYS}, rows, mesh)
         t1 = time.perf_counter()
@@ -351,8 +356,7 @@ def main(argv=None) -> None:
     directory = train(exp, resume=args.resume, progress=not args.no_progress)
     if not multihost.is_primary():
         return
-    records = [r for r in (json.loads(x) for x in (directory / "metrics.jsonl").read_text().splitlines())
-               if r.get("eval_accuracy") is not None]
+    records = [r for r in read_records(directory) if r.get("eval_accuracy") is not None]
     print(f"greedy eval accuracy: start {records[0]['eval_accuracy']:.3f} -> end {records[-1]['eval_accuracy']:.3f}"
           f"  ({directory})")
 

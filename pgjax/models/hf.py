@@ -14,6 +14,7 @@ import pathlib
 import shutil
 
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from pgjax.models.transformer import FAMILIES, CausalLM, ModelConfig
@@ -161,12 +162,13 @@ def hf_config_dict(config: ModelConfig) -> dict:
 
 def save(model: CausalLM, directory, tokenizer_dir=None) -> None:
     """Write config.json and model.safetensors (and tokenizer files from ``tokenizer_dir``)."""
-    from safetensors.flax import save_file
+    from safetensors.numpy import save_file
     directory = pathlib.Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     config = model.config
-    # jnp: a transposed NumPy view (a model holding host arrays) would be written in its memory order
-    tensors = {hf_name: jnp.asarray(to_hf(_variable(model, path)[...])) for hf_name, path, _, to_hf in _layout(config)}
+    # contiguous: a transposed NumPy view (a model holding host arrays) would be written in its memory order
+    tensors = {hf_name: np.ascontiguousarray(to_hf(_variable(model, path)[...]))
+               for hf_name, path, _, to_hf in _layout(config)}
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
     (directory / "config.json").write_text(json.dumps(hf_config_dict(config), indent=2))
     if tokenizer_dir is not None:

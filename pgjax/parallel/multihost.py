@@ -79,6 +79,11 @@ def process_rows(rows: int, mesh: Mesh) -> slice:
     return slice(lo, hi)
 
 
+def process_share(items, mesh: Mesh):
+    """This process's part (``process_rows``) of a sequence every process holds whole."""
+    return items[process_rows(len(items), mesh)]
+
+
 def to_global(tree, mesh: Mesh):
     """This process's rows (``process_rows``) of every array of ``tree`` -> global arrays split
     over ``data`` x ``fsdp``."""

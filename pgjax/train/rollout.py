@@ -110,10 +110,10 @@ def collect(policy: CausalLM, tokenizer, examples: list[dict], reward_fn, correc
                                                 config.max_prompt_tokens)
     pad = pad_id(tokenizer)
     samples = generate(policy, prompt_tokens, prompt_mask, key, config.sampling(eos_ids, pad), mesh)
-    local = to_host(samples, mesh)
-    completions = decode_responses(tokenizer, local.response, local.lengths, eos_ids)
+    response, lengths, truncated, response_mask = to_host(
+        (samples.response, samples.lengths, samples.truncated, samples.response_mask), mesh)
+    completions = decode_responses(tokenizer, response, lengths, eos_ids)
     prompts, fields = repeat_examples(examples, k)
-    lengths, truncated = local.lengths, local.truncated
     correct = np.asarray(correct_fn(prompts, completions, **fields), np.float32)
     rewards = np.asarray(reward_fn(prompts, completions, **fields), np.float32)
     rewards = rewards + overlong_penalty(lengths, config.max_new_tokens, config.overlong_buffer,
@@ -126,12 +126,12 @@ def collect(policy: CausalLM, tokenizer, examples: list[dict], reward_fn, correc
         keep &= np.repeat(groups.max(1) > groups.min(1), k)
     greedy_rewards = None
     if greedy_baseline:
-        greedy = to_host(generate(policy, prompt_tokens, prompt_mask, key,
-                                  config.sampling(eos_ids, pad, greedy=True), mesh), mesh)
-        greedy_text = decode_responses(tokenizer, greedy.response, greedy.lengths, eos_ids)
+        greedy = generate(policy, prompt_tokens, prompt_mask, key, config.sampling(eos_ids, pad, greedy=True), mesh)
+        greedy = to_host((greedy.response, greedy.lengths), mesh)
+        greedy_text = decode_responses(tokenizer, *greedy, eos_ids)
         base_prompts, base_fields = repeat_examples(examples, 1)
         greedy_rewards = np.repeat(np.asarray(reward_fn(base_prompts, greedy_text, **base_fields), np.float32), k)
-    mask = local.response_mask * keep[:, None]
+    mask = response_mask * keep[:, None]
     rollout = Rollout(tokens=samples.tokens, attention_mask=samples.attention_mask,
                       **to_global({"mask": mask, "rewards": rewards, "greedy_rewards": greedy_rewards}, mesh))
     stats = {"reward": rewards, "correct": correct, "length": lengths, "truncated": truncated, "kept": keep,
