@@ -48,6 +48,7 @@ import optax
 from pgjax.compare import plot_band, study, tail_mean
 from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
 from pgjax.train.rollout import RolloutConfig
+from pgjax.train.trainer import Callback
 
 VARIANTS = {"std": {"divide_by_std": 1.0}, "no_std": {"divide_by_std": 0.0}}
 DIFFICULTIES = (1, 2, 3)
@@ -60,8 +61,8 @@ def base_experiment(steps: int, smoke: bool) -> Experiment:
     if smoke:
         return Experiment(name="difficulty_bias", algorithm="dr_grpo", steps=steps, prompts_per_step=6,
                           eval_every=steps, eval_prompts=6, checkpoint_every=steps, task=task,
-                          model=ModelSection(hidden_size=32, intermediate_size=64, layers=1, heads=2, kv_heads=1,
-                                             head_dim=16),
+                          model=ModelSection(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                             num_key_value_heads=1, head_dim=16),
                           rollout=RolloutConfig(samples_per_prompt=4, max_prompt_tokens=8, max_new_tokens=6),
                           warm_start=WarmStartSection(steps=3, batch_size=6))
     return Experiment(name="difficulty_bias", algorithm="dr_grpo", steps=steps, prompts_per_step=30, eval_every=25,
@@ -93,15 +94,18 @@ def bucket_measures(weights, correct, difficulty, group_size: int) -> dict:
     return out
 
 
-def observe(learner, state, rollout, examples, stats, hp) -> dict:
-    """``run.train``'s per-step hook: ``bucket_measures`` and each difficulty's gradient norm
-    (one process: the rollout's rows are all here)."""
-    difficulty = np.repeat([e["difficulty"] for e in examples], learner.group_size)
-    out = bucket_measures(learner.token_weights(rollout, hp), stats["correct"], difficulty, learner.group_size)
-    for d in DIFFICULTIES:
-        only = rollout.replace(mask=rollout.mask * jnp.asarray(difficulty == d, rollout.mask.dtype)[:, None])
-        out[f"grad_norm_{d}"] = float(optax.tree.norm(learner.policy_gradient(state, only, hp)))
-    return out
+class BucketMeasures(Callback):
+    """Before each update: ``bucket_measures`` and each difficulty's gradient norm (one process: the
+    rollout's rows are all here)."""
+
+    def before_update(self, trainer, rollout, examples, stats) -> dict:
+        learner, hp = trainer.learner, trainer.hparams
+        difficulty = np.repeat([e["difficulty"] for e in examples], learner.group_size)
+        out = bucket_measures(learner.token_weights(rollout, hp), stats["correct"], difficulty, learner.group_size)
+        for d in DIFFICULTIES:
+            only = rollout.with_mask(rollout.mask * jnp.asarray(difficulty == d, rollout.mask.dtype)[:, None])
+            out[f"grad_norm_{d}"] = float(optax.tree.norm(learner.policy_gradient(trainer.state, only, hp)))
+        return out
 
 
 def curves(records: list[dict]) -> dict:
@@ -187,7 +191,7 @@ def plot(runs: dict, path) -> None:
 
 def main(argv=None) -> dict:
     return study(argv, __doc__, "difficulty_bias", 100, base_experiment, VARIANTS, curves, summarise, table, plot,
-                 observe=observe)
+                 callbacks=(BucketMeasures(),))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ Point it at a local Hugging Face checkpoint directory (Qwen2.5 / Qwen3 / Llama 3
 with its tokenizer) and a GSM8K / MATH style JSONL file; nothing is downloaded:
 
     python -m pgjax.run experiments/math_checkpoint.py \\
-        --set model.path=/models/Qwen2.5-0.5B-Instruct --set task.dataset=/data/gsm8k_train.jsonl
+        --set model.path=/models/Qwen2.5-0.5B-Instruct --set task.path=/data/gsm8k_train.jsonl
 
 Prompts are the dataset's ``question`` field as is (put any chat template or
 "put the final answer in \\boxed{}" instruction into the file); answers are
@@ -22,7 +22,7 @@ def experiment() -> Experiment:
     return Experiment(
         name="math_checkpoint", algorithm="dr_grpo", steps=500, prompts_per_step=64, seed=0,
         model=ModelSection(path="", param_dtype="bfloat16", compute_dtype="bfloat16"),
-        task=TaskSection(name="jsonl_math", dataset="", prompt_field="question", answer_field="answer",
+        task=TaskSection(name="jsonl_math", path="", prompt_field="question", answer_field="answer",
                          format_weight=0.1),
         rollout=RolloutConfig(samples_per_prompt=8, max_prompt_tokens=256, max_new_tokens=512,
                               mask_truncated=True),

@@ -24,8 +24,9 @@ import warnings
 
 import numpy as np
 
-from pgjax import run
 from pgjax.train import experiment as experiment_lib
+from pgjax.train.run_dir import read_records
+from pgjax.train.trainer import train
 
 ALGORITHMS = ("reinforce", "reinforce_baseline", "remax", "rloo", "ppo", "grpo", "dr_grpo")
 
@@ -73,8 +74,7 @@ def compare(overrides: list[str], target: float, out, experiments="experiments",
         exp = experiment_lib.override(exp, overrides)
         exp = dataclasses.replace(exp, run_dir=str(out / name))
         start = time.perf_counter()
-        directory = run.train(exp, progress=False)
-        records = run.read_records(directory)
+        records = read_records(train(exp, progress=False))
         results[name] = {**summarise(records, target), "seconds": time.perf_counter() - start}
         print(f"{name}: eval accuracy {results[name]['start']:.3f} -> {results[name]['final']:.3f}")
     text = table(results, target)
@@ -89,14 +89,14 @@ def warm_checkpoint(base: experiment_lib.Experiment, seed: int, runs) -> pathlib
     under ``runs/warm/seed<k>``), reused if present."""
     directory = pathlib.Path(runs) / "warm" / f"seed{seed}"
     if not (directory / "final" / "config.json").exists():
-        run.train(dataclasses.replace(base, seed=seed, steps=0, run_dir=str(directory)), progress=False)
+        train(dataclasses.replace(base, seed=seed, steps=0, run_dir=str(directory)), progress=False)
     return directory / "final"
 
 
-def run_seeds(base: experiment_lib.Experiment, variants: dict, seeds: int, runs, observe=None) -> dict:
+def run_seeds(base: experiment_lib.Experiment, variants: dict, seeds: int, runs, callbacks=()) -> dict:
     """Train every variant (a dict of ``hparams`` overrides) for seeds 0..``seeds``-1 under
-    ``runs/<variant>/seed<k>``, each seed's variants from the same warm-started checkpoint; returns
-    ``{variant: {seed: metric records}}``. ``observe`` as in ``run.train``."""
+    ``runs/<variant>/seed<k>``, each seed's variants from the same warm-started checkpoint, with the
+    trainer ``callbacks``; returns ``{variant: {seed: metric records}}``."""
     started = time.perf_counter()
     out = {variant: {} for variant in variants}
     for seed in range(seeds):
@@ -107,8 +107,7 @@ def run_seeds(base: experiment_lib.Experiment, variants: dict, seeds: int, runs,
                                       model=dataclasses.replace(base.model, path=str(warm)),
                                       warm_start=dataclasses.replace(base.warm_start, steps=0),
                                       run_dir=str(pathlib.Path(runs) / variant / f"seed{seed}"))
-            directory = run.train(exp, progress=False, observe=observe)
-            out[variant][seed] = run.read_records(directory)
+            out[variant][seed] = read_records(train(exp, progress=False, callbacks=callbacks))
             print(f"{variant} seed {seed}: done at {time.perf_counter() - started:.0f} s")
     return out
 
@@ -141,7 +140,7 @@ def plot_band(ax, steps, per_seed, label: str, window: int = 10) -> None:
 
 
 def study(argv, doc: str, name: str, steps: int, base_experiment, variants: dict, curves, summarise, table,
-          plot, observe=None) -> dict:
+          plot, callbacks=()) -> dict:
     """The command line and outputs of a multi-seed study of ``variants`` (``hparams`` overrides).
 
     Options: ``--seeds``, ``--steps``, ``--tail`` (steps averaged for start / end values),
@@ -164,7 +163,7 @@ def study(argv, doc: str, name: str, steps: int, base_experiment, variants: dict
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     base = experiment_lib.override(base_experiment(steps, args.smoke), args.set)
-    records = run_seeds(base, variants, seeds, args.runs, observe)
+    records = run_seeds(base, variants, seeds, args.runs, callbacks)
     runs = {variant: {seed: curves(r) for seed, r in by_seed.items()} for variant, by_seed in records.items()}
     summary = summarise(runs, tail)
     settings = {"steps": steps, "seeds": seeds, "tail": tail, "smoke": args.smoke, "overrides": args.set}

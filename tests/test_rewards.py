@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from pgjax import rewards as R
+from pgjax.models import hf
 from pgjax.rewards.arithmetic import ALPHABET, SCRATCHPAD_ALPHABET
 from pgjax.rewards.math_answers import answers_equal, extract_answer
 
@@ -208,15 +209,36 @@ def test_scratchpad_task_config_and_errors():
                                   [1, 1, 1, 0, 0, 1, 0])  # the format accepts whatever the reward accepts
 
 
-def test_scratchpad_task_builds_through_the_runner():
-    from pgjax import run
-    from pgjax.train.experiment import Experiment, TaskSection
+def test_every_task_builds_from_an_experiment_task_section():
+    from pgjax.train.experiment import TaskSection
 
-    task = run.build_task(Experiment(task=TaskSection(name="scratchpad_arithmetic")))
-    assert task == R.ScratchpadArithmeticTask(digits=2, ops="+", max_scratch=8)
-    exp = Experiment(task=TaskSection(name="scratchpad_arithmetic", digits=3, ops="+-", max_scratch=4))
-    assert run.build_task(exp) == R.ScratchpadArithmeticTask(digits=3, ops="+-", max_scratch=4)
-    assert run.build_task(Experiment()) == R.ArithmeticTask()   # the default task is unchanged
+    build = lambda section: R.make_task(section.name, **section.options())
+    assert build(TaskSection(name="scratchpad_arithmetic")) == R.ScratchpadArithmeticTask(digits=2, ops="+",
+                                                                                            max_scratch=8)
+    section = TaskSection(name="scratchpad_arithmetic", digits=3, ops="+-", max_scratch=4, working="after")
+    assert build(section) == R.ScratchpadArithmeticTask(digits=3, ops="+-", max_scratch=4, working="after")
+    assert build(TaskSection()) == R.ArithmeticTask()   # the default task is unchanged
+    assert build(TaskSection(name="arithmetic_mix", digits=3)) == R.MixedArithmeticTask(digits=3)
+    assert build(TaskSection(name="countdown", count=4)) == R.CountdownTask(count=4)
+    assert build(TaskSection(name="jsonl_math", path="x.jsonl", prompt_field="q")) == R.JsonlMathTask("x.jsonl", "q")
+    assert set(R.TASKS) == {"arithmetic", "arithmetic_mix", "scratchpad_arithmetic", "countdown", "jsonl_math"}
+
+
+def user_task(digits, path="", **options):
+    """A user's task factory (imported by path in the test below): takes the options it names."""
+    return R.ArithmeticTask(digits=digits, ops=options["ops"])
+
+
+def test_a_users_task_plugs_in_by_import_path():
+    task = R.make_task("test_rewards:user_task", digits=3, ops="-", count=9)
+    assert task == R.ArithmeticTask(digits=3, ops="-")
+    for name, message in [("test_rewards:no_such", "cannot be imported"), ("no.such.module:f", "cannot be imported"),
+                          ("test_rewards:", "not an import path"), ("test_rewards:ROWS_NOT_CALLABLE", "not callable")]:
+        with pytest.raises(ValueError, match=message):
+            R.task_factory(name)
+
+
+ROWS_NOT_CALLABLE = 3
 
 
 # --- countdown ----------------------------------------------------------------------------------
@@ -301,7 +323,7 @@ def test_char_tokenizer_roundtrip_and_save_load(task, tmp_path):
     assert batch["input_ids"][0][:3] == [R.PAD_ID] * 3 and batch["attention_mask"][0] == [0, 0, 0, 1]
 
     tok.save_pretrained(tmp_path)
-    for loaded in (AutoTokenizer.from_pretrained(tmp_path, local_files_only=True), R.load_tokenizer(tmp_path)):
+    for loaded in (AutoTokenizer.from_pretrained(tmp_path, local_files_only=True), hf.load_tokenizer(tmp_path)):
         assert loaded.get_vocab() == tok.get_vocab()
         assert loaded.padding_side == "left"
         assert (loaded.pad_token_id, loaded.eos_token_id) == (0, 1)
@@ -318,7 +340,7 @@ def test_char_tokenizer_unknown_characters_and_bad_alphabets(tmp_path):
     with pytest.raises(ValueError):
         R.char_tokenizer("")
     with pytest.raises(FileNotFoundError):
-        R.load_tokenizer(tmp_path / "missing")
+        hf.load_tokenizer(tmp_path / "missing")
 
 
 # --- math answers -------------------------------------------------------------------------------
@@ -442,7 +464,7 @@ def test_load_jsonl_errors(tmp_path):
 def test_make_task():
     assert R.make_task("countdown", count=4) == R.CountdownTask(count=4)
     assert R.make_task("arithmetic").name == "arithmetic"
-    with pytest.raises(ValueError, match="known tasks"):
+    with pytest.raises(ValueError, match="'chess' is unknown; valid: arithmetic"):
         R.make_task("chess")
 
 

@@ -37,8 +37,9 @@ def check_meshes():
     prompts = np.random.default_rng(0).integers(2, 64, (8, 5))
     sampling = SamplingConfig(max_new_tokens=6, eos_ids=(1,), n=4)
     samples = generate(policy, prompts, np.ones_like(prompts), jax.random.key(0), sampling)
-    rollout = Rollout(tokens=samples.tokens, attention_mask=samples.attention_mask, mask=samples.response_mask,
-                      rewards=(samples.response == 7).sum(1).astype(np.float32))
+    rollout = Rollout(tokens=samples.tokens, attention_mask=samples.attention_mask,
+                      batch=core.Batch(mask=samples.response_mask, logp=None, group_size=4,
+                                       rewards=(samples.response == 7).sum(1).astype(np.float32)))
 
     def one_step(learner, rollout):
         state = learner.init_state(policy, jax.random.PRNGKey(0))
@@ -63,14 +64,14 @@ def check_meshes():
         np.testing.assert_array_equal(np.asarray(sharded.tokens), np.asarray(samples.tokens))
         print("mesh", sizes, "ok", flush=True)
 
-    from pgjax import run
-    from pgjax.train.experiment import Experiment
+    from pgjax.train.experiment import ConfigError, Experiment
+    from pgjax.train.trainer import train
     with tempfile.TemporaryDirectory() as tmp:   # the runner refuses before it writes anything
         exp = Experiment(prompts_per_step=6, mesh=mesh_lib.MeshConfig(data=2, fsdp=2, tensor=2), run_dir=tmp + "/r")
         try:
-            run.train(exp, progress=False)
+            train(exp, progress=False)
             raise AssertionError("a batch of 6 prompts on a 4-way batch split must raise")
-        except ValueError as error:
+        except ConfigError as error:
             assert "do not split over data x fsdp = 4" in str(error), error
         assert not os.path.exists(tmp + "/r")
 

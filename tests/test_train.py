@@ -16,19 +16,22 @@ import optax
 import pytest
 from flax import nnx
 
-from pgjax import core, run
+from pgjax import core
 from pgjax.models import hf
 from pgjax.models.transformer import CausalLM, ModelConfig
 from pgjax.rewards import char_tokenizer, per_example
 from pgjax.sample import SamplingConfig, generate
 from pgjax.train import experiment as experiment_lib
-from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
+from pgjax.train.experiment import ConfigError, Experiment, ModelSection, TaskSection, WarmStartSection
 from pgjax.train.learner import Learner, Rollout, UpdateConfig
 from pgjax.train.optim import OptimConfig, make_optimizer
 from pgjax.train.rollout import RolloutConfig, collect, encode_prompts, overlong_penalty
+from pgjax.train.run_dir import TIMING_KEYS
+from pgjax.train.trainer import Trainer, train
 
 SEVEN = ["reinforce", "reinforce_baseline", "remax", "rloo", "ppo", "grpo", "dr_grpo"]
-TINY_MODEL = ModelSection(hidden_size=32, intermediate_size=64, layers=1, heads=2, kv_heads=1, head_dim=16)
+TINY_MODEL = ModelSection(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                          num_key_value_heads=1, head_dim=16)
 
 
 @per_example
@@ -50,6 +53,9 @@ class EmitX:
         return [{"prompt": "ab", "answer": "x"} for _ in range(n)]
 
 
+EMIT_X = TaskSection(name="test_train:EmitX")      # a user's task, by import path (tests/ is on sys.path)
+
+
 def p_first_x(policy, tokenizer) -> float:
     tokens, mask = encode_prompts(tokenizer, ["ab"], 4)
     logits = policy(jnp.asarray(tokens), jnp.asarray(mask))[0, -1]
@@ -66,13 +72,12 @@ def tiny_experiment(tmp_path, **changes) -> Experiment:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", SEVEN)
-def test_every_algorithm_raises_the_probability_of_the_rewarded_token(algorithm, tmp_path, monkeypatch):
-    monkeypatch.setattr(run, "build_task", lambda exp: EmitX())
-    exp = tiny_experiment(tmp_path, algorithm=algorithm, steps=6,
+def test_every_algorithm_raises_the_probability_of_the_rewarded_token(algorithm, tmp_path):
+    exp = tiny_experiment(tmp_path, algorithm=algorithm, steps=6, task=EMIT_X,
                           update=UpdateConfig(epochs=2, minibatches=2) if algorithm == "ppo" else UpdateConfig())
     tokenizer = EmitX().tokenizer()
-    before = p_first_x(run.build_policy(exp, tokenizer), tokenizer)
-    directory = run.train(exp, progress=False)
+    before = p_first_x(Trainer(exp).policy, tokenizer)
+    directory = train(exp, progress=False)
     after = p_first_x(hf.load(directory / "final"), tokenizer)
     assert after > before + 0.1, (before, after)
     records = [json.loads(line) for line in (directory / "metrics.jsonl").read_text().splitlines()]
@@ -89,7 +94,7 @@ def test_every_algorithm_raises_the_probability_of_the_rewarded_token(algorithm,
 def comparable(path) -> list[dict]:
     """The metric lines without wall-clock timings."""
     records = [json.loads(line) for line in pathlib.Path(path).read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k not in run.TIMING_KEYS} for r in records]
+    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in records]
 
 
 RESUME_EXPERIMENT = """
@@ -99,8 +104,8 @@ from pgjax.train.rollout import RolloutConfig
 def experiment():
     return Experiment(name="resume", algorithm="grpo", steps=12, prompts_per_step=4, eval_every=1,
                       eval_prompts=64, checkpoint_every=3,
-                      model=ModelSection(hidden_size=32, intermediate_size=64, layers=1, heads=2, kv_heads=1,
-                                         head_dim=16),
+                      model=ModelSection(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                         num_key_value_heads=1, head_dim=16),
                       warm_start=WarmStartSection(steps=3, batch_size=8),
                       rollout=RolloutConfig(samples_per_prompt=4, max_prompt_tokens=8, max_new_tokens=6))
 """
@@ -153,8 +158,8 @@ def sampled_rollout(policy, group_size=4, prompts=4):
     samples = generate(policy, tokens, np.ones_like(tokens), jax.random.key(0),
                        SamplingConfig(max_new_tokens=5, eos_ids=(1,), n=group_size))
     rewards = jnp.asarray((np.asarray(samples.response) == 7).sum(1), jnp.float32)
-    return Rollout(tokens=samples.tokens, attention_mask=samples.attention_mask, mask=samples.response_mask,
-                   rewards=rewards)
+    return Rollout(tokens=samples.tokens, attention_mask=samples.attention_mask,
+                   batch=core.Batch(mask=samples.response_mask, rewards=rewards, logp=None, group_size=group_size))
 
 
 @pytest.mark.parametrize("algorithm", ["dr_grpo", "ppo"])
@@ -181,7 +186,7 @@ def test_minibatches_split_whole_groups_and_each_is_one_optimizer_step():
     state, metrics = learner.update(state, rollout, algo.hparams)
     assert float(metrics["optimizer_steps"]) == 6 and int(state.step) == 1
     assert float(metrics["sequences"]) == 3 * 16                  # every row seen once per epoch
-    with pytest.raises(ValueError, match="do not split into minibatches=3"):
+    with pytest.raises(ValueError, match="do not split into update.minibatches=3"):
         UpdateConfig(minibatches=3).check(4)
 
 
@@ -189,12 +194,13 @@ def test_prepare_matches_the_core_functions_on_the_same_batch():
     policy, algo, learner = tiny_learner("ppo", UpdateConfig())
     state = learner.init_state(policy, jax.random.PRNGKey(0))
     rollout = learner.prepare(state, sampled_rollout(policy), algo.hparams)
-    batch = core.Batch(mask=rollout.mask, rewards=rollout.rewards, logp=rollout.old_logp, values=rollout.values,
-                       bootstrap=rollout.bootstrap, group_size=4)
-    np.testing.assert_allclose(np.asarray(rollout.advantages), np.asarray(algo.advantages(batch)), atol=1e-6)
+    got = rollout.batch
+    batch = core.Batch(mask=got.mask, rewards=got.rewards, logp=got.old_logp, values=got.values,
+                       bootstrap=got.bootstrap, group_size=4)
+    np.testing.assert_allclose(np.asarray(got.advantages), np.asarray(algo.advantages(batch)), atol=1e-6)
     np.testing.assert_allclose(np.asarray(rollout.targets),
                                np.asarray(core.value_targets(algo.spec, batch, algo.hparams)), atol=1e-6)
-    np.testing.assert_array_equal(np.asarray(rollout.values), 0.0)    # zero-initialised value head
+    np.testing.assert_array_equal(np.asarray(got.values), 0.0)    # zero-initialised value head
 
 
 def test_token_weights_and_the_gradient_split_into_shares_of_rows():
@@ -205,12 +211,13 @@ def test_token_weights_and_the_gradient_split_into_shares_of_rows():
     hp = algo.hparams.replace(divide_by_std=1.0)
     state = learner.init_state(policy, jax.random.PRNGKey(0))
     rollout = learner.prepare(state, sampled_rollout(policy), hp)
-    batch = core.Batch(mask=rollout.mask, rewards=rollout.rewards, logp=rollout.old_logp, old_logp=rollout.old_logp,
-                       advantages=rollout.advantages, group_size=4)
+    got = rollout.batch
+    batch = core.Batch(mask=got.mask, rewards=got.rewards, logp=got.old_logp, old_logp=got.old_logp,
+                       advantages=got.advantages, group_size=4)
     np.testing.assert_allclose(np.asarray(learner.token_weights(rollout, hp)),
                                np.asarray(core.token_weights(algo.spec, batch, hp)), atol=1e-7)
     first = jnp.asarray(np.arange(16) < 8, jnp.float32)[:, None]
-    parts = [learner.policy_gradient(state, rollout.replace(mask=rollout.mask * m), hp) for m in (first, 1 - first)]
+    parts = [learner.policy_gradient(state, rollout.with_mask(rollout.mask * m), hp) for m in (first, 1 - first)]
     whole = learner.policy_gradient(state, rollout, hp)
     jax.tree.map(lambda a, b, c: np.testing.assert_allclose(np.asarray(a) + np.asarray(b), np.asarray(c),
                                                             atol=1e-6), *parts, whole)
@@ -247,21 +254,27 @@ def test_remax_scores_a_greedy_response_per_prompt():
     tokens, mask = encode_prompts(tokenizer, ["ab"], 4)
     first = int(jnp.argmax(policy(jnp.asarray(tokens), jnp.asarray(mask))[0, -1]))
     want = float(first == tokenizer.convert_tokens_to_ids("x"))
-    np.testing.assert_array_equal(np.asarray(rollout.greedy_rewards), want)
+    np.testing.assert_array_equal(np.asarray(rollout.batch.greedy_rewards), want)
 
 
-def test_set_overrides_typed_fields_and_unknown_keys_list_the_valid_ones():
+def test_set_overrides_typed_fields_and_rejects_what_is_not_valid():
     exp = experiment_lib.override(Experiment(), ["rollout.temperature=0.7", "steps=3", "hparams.kl_coef=0.01",
                                                  "rollout.mask_truncated=true", "task.name=countdown"])
     assert exp.rollout.temperature == 0.7 and exp.steps == 3 and exp.rollout.mask_truncated is True
     assert exp.algorithm_preset().hparams.kl_coef == 0.01 and exp.task.name == "countdown"
-    with pytest.raises(KeyError, match="unknown config key 'rollout.temprature'.*rollout.temperature"):
-        experiment_lib.override(Experiment(), ["rollout.temprature=0.7"])
-    with pytest.raises(ValueError, match="steps must be int"):
-        experiment_lib.override(Experiment(), ["steps=many"])
-    with pytest.raises(ValueError, match="key=value"):
-        experiment_lib.override(Experiment(), ["steps"])
-    with pytest.raises(ValueError, match="hyperparameter kl_coef"):
+    cases = [("rollout.temprature=0.7", r"unknown config key 'rollout.temprature'; did you mean rollout.temperature\?"),
+             ("steps=many", r"steps='many' is invalid: an int is expected"),
+             ("steps", "key=value"),
+             ("steps=-5", r"steps=-5 is invalid: an integer >= 0"),
+             ("optim.lr=0", r"optim.lr='0' is invalid: invalid optimizer settings"),
+             ("rollout.top_p=1.5", r"rollout.top_p='1.5' is invalid: top_p must be in \(0, 1\]"),
+             ("model.family=gpt2", r"model.family='gpt2' is invalid: one of \('llama', 'qwen2', 'qwen3'\)"),
+             ("rollout.mask_truncated=maybe", "a bool, true or false"),
+             ("hparams.kl_coef=nan", "a finite number")]
+    for assignment, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            experiment_lib.override(Experiment(), [assignment])
+    with pytest.raises(ConfigError, match="hyperparameter kl_coef"):
         experiment_lib.override(Experiment(), ["hparams.kl_coef=-1"]).algorithm_preset()
 
 
@@ -272,43 +285,45 @@ def test_experiment_files_load_and_name_their_algorithm():
 
 
 def test_bad_experiments_fail_before_anything_is_written(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no experiment file"):
+    with pytest.raises(ConfigError, match="no experiment file"):
         experiment_lib.load(tmp_path / "missing.py")
     (tmp_path / "empty.py").write_text("x = 1\n")
-    with pytest.raises(AttributeError, match="must define experiment"):
+    with pytest.raises(ConfigError, match="must define experiment"):
         experiment_lib.load(tmp_path / "empty.py")
-    cases = [
-        (dict(task=TaskSection(name="jsonl_math", dataset=str(tmp_path / "none.jsonl"))), FileNotFoundError,
-         "none.jsonl"),
-        (dict(task=TaskSection(name="sudoku")), ValueError, "unknown task 'sudoku'"),
-        (dict(model=ModelSection(path=str(tmp_path))), FileNotFoundError, "no config.json"),
-        (dict(algorithm="trpo"), ValueError, "trpo"),
-        (dict(prompts_per_step=3, update=UpdateConfig(minibatches=2)), ValueError, "do not split"),
-    ]
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"question": "1+1?"}) + "\n")
-    cases.append((dict(task=TaskSection(name="jsonl_math", dataset=str(bad))), ValueError, "lacks field"))
-    for changes, error, match in cases:
-        with pytest.raises(error, match=match):
-            run.train(tiny_experiment(tmp_path, **changes), progress=False)
+    cases = [
+        (dict(task=TaskSection(name="jsonl_math", path=str(tmp_path / "none.jsonl"))), "none.jsonl"),
+        (dict(task=TaskSection(name="jsonl_math", path=str(bad))), "lacks field"),
+        (dict(task=TaskSection(name="sudoku")), "task.name='sudoku' is unknown"),
+        (dict(task=TaskSection(name="no_such_module:make")), "cannot be imported"),
+        (dict(task=TaskSection(digits=0)), "digits must be an int"),
+        (dict(model=ModelSection(path=str(tmp_path))), "config.json missing"),
+        (dict(algorithm="trpo"), "algorithm='trpo' is unknown"),
+        (dict(algorithm="grpo", rollout=RolloutConfig(samples_per_prompt=1)), "group baseline compares K >= 2"),
+        (dict(prompts_per_step=3, update=UpdateConfig(minibatches=2)), "do not split"),
+    ]
+    for changes, match in cases:
+        with pytest.raises(ConfigError, match=match):
+            train(tiny_experiment(tmp_path, **changes), progress=False)
         assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.slow
 def test_a_new_run_never_overwrites_a_saved_one(tmp_path, monkeypatch):
-    monkeypatch.setattr(run, "build_task", lambda exp: EmitX())
-    exp = tiny_experiment(tmp_path, steps=2)
-    directory = run.train(exp, progress=False)
+    exp = tiny_experiment(tmp_path, steps=2, task=EMIT_X)
+    directory = train(exp, progress=False)
     saved = {p: p.read_bytes() for p in directory.rglob("*") if p.is_file()}
-    with pytest.raises(FileExistsError, match="already holds checkpoints"):
-        run.train(exp, progress=False)
+    with pytest.raises(ConfigError, match="already holds checkpoints"):
+        train(exp, progress=False)
     assert {p: p.read_bytes() for p in directory.rglob("*") if p.is_file()} == saved
-    with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
-        run.train(dataclasses.replace(exp, run_dir=str(tmp_path / "other")), resume=True, progress=False)
+    with pytest.raises(ConfigError, match="no checkpoint to resume"):
+        train(dataclasses.replace(exp, run_dir=str(tmp_path / "other")), resume=True, progress=False)
+    assert not (tmp_path / "other").exists()
     monkeypatch.chdir(tmp_path)
     unnamed = dataclasses.replace(exp, run_dir="")
-    assert run.train(unnamed, progress=False) == pathlib.Path("runs/t")
-    assert run.train(unnamed, progress=False) == pathlib.Path("runs/t-2")
+    assert train(unnamed, progress=False) == pathlib.Path("runs/t")
+    assert train(unnamed, progress=False) == pathlib.Path("runs/t-2")
 
 
 @pytest.mark.slow
@@ -324,11 +339,11 @@ def test_the_checkpoint_experiment_trains_a_local_hf_checkpoint_on_a_jsonl_datas
                             for a in range(8)))
     exp = experiment_lib.load(pathlib.Path(__file__).parent.parent / "experiments" / "math_checkpoint.py")
     exp = experiment_lib.override(exp, [
-        f"model.path={checkpoint}", f"task.dataset={data}", "model.param_dtype=float32",
+        f"model.path={checkpoint}", f"task.path={data}", "model.param_dtype=float32",
         "model.compute_dtype=float32", "steps=2", "prompts_per_step=4", "rollout.samples_per_prompt=2",
         "rollout.max_prompt_tokens=8", "rollout.max_new_tokens=4", "update.micro_batches=2", "eval_prompts=4",
         "update.chunk_size=16", f"run_dir={tmp_path / 'run'}"])
-    directory = run.train(exp, progress=False)
+    directory = train(exp, progress=False)
     records = [json.loads(line) for line in (directory / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1, 2] and np.isfinite(records[-1]["policy_loss"])
     back = transformers.AutoModelForCausalLM.from_pretrained(directory / "final")
@@ -342,7 +357,7 @@ def test_the_comparison_trains_each_algorithm_and_writes_a_table_and_a_plot(tmp_
     from pgjax import compare
     tiny = ["steps=2", "prompts_per_step=4", "rollout.samples_per_prompt=4", "warm_start.steps=2",
             "warm_start.batch_size=8", "eval_every=1", "eval_prompts=8", "model.hidden_size=32",
-            "model.intermediate_size=64", "model.layers=1", "model.head_dim=8", "update.minibatches=1"]
+            "model.intermediate_size=64", "model.num_hidden_layers=1", "model.head_dim=8", "update.minibatches=1"]
     experiments = pathlib.Path(__file__).parent.parent / "experiments"
     chosen = ("reinforce", "ppo", "dr_grpo")       # every experiment file loads: see the test above
     results = compare.compare(tiny, target=0.0, out=tmp_path, experiments=experiments, algorithms=chosen)

@@ -34,10 +34,14 @@ class MeshConfig:
     fsdp: int = 1
     tensor: int = 1
 
-    def sizes(self, devices: int) -> tuple[int, int, int]:
+    def __post_init__(self):
         sizes = [self.data, self.fsdp, self.tensor]
         if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
-            raise ValueError(f"mesh sizes {sizes}: positive, with at most one -1")
+            raise ValueError(f"mesh sizes (data, fsdp, tensor) = {sizes}: each >= 1, or -1 (the rest) for "
+                             "at most one")
+
+    def sizes(self, devices: int) -> tuple[int, int, int]:
+        sizes = [self.data, self.fsdp, self.tensor]
         known = math.prod(s for s in sizes if s != -1)
         if -1 in sizes:
             if devices % known:

@@ -37,6 +37,10 @@ class DistributedConfig:
     num_processes: int = 0
     process_id: int = -1
 
+    def __post_init__(self):
+        if self.initialize not in ("auto", "on", "off"):
+            raise ValueError(f"distributed.initialize must be auto, on or off; got {self.initialize!r}")
+
 
 def cluster_detected(environ=os.environ) -> bool:
     """Whether the environment describes a run of more than one process."""
@@ -49,8 +53,6 @@ def cluster_detected(environ=os.environ) -> bool:
 
 def initialize(config: DistributedConfig = DistributedConfig(), environ=os.environ) -> bool:
     """Start ``jax.distributed`` as ``config`` says (before any other JAX call); True if started."""
-    if config.initialize not in ("auto", "on", "off"):
-        raise ValueError(f"distributed.initialize must be auto, on or off; got {config.initialize!r}")
     explicit = bool(config.coordinator_address)
     if config.initialize == "off" or jax.distributed.is_initialized():
         return False

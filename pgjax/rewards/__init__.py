@@ -28,7 +28,8 @@ Tasks (``examples(n, seed)`` -> dicts with ``prompt``, the demonstration
 - ``JsonlMathTask``: a user's GSM8K / MATH style JSONL file, ``math_reward``.
 The built-in tasks have character-level tokenizers (``char_tokenizer``);
 save one beside a checkpoint with ``tok.save_pretrained(dir)`` and read it
-back with ``load_tokenizer(dir)``.
+back with ``pgjax.models.hf.load_tokenizer(dir)``. ``make_task(name, **options)`` builds a task of
+the registry ``TASKS`` or a user's own by import path (``registry``).
 
 Math answers (``math_answers``): ``extract_answer`` (last ``\\boxed{}``, else
 ``####``, else the last number) and ``answers_equal`` (numeric, then
@@ -50,7 +51,7 @@ from pgjax.rewards.base import (
     WeightedSum,
     as_rewards,
     batch_fields,
-    check_batch,
+    check_columns,
     combine,
     format_reward,
     per_example,
@@ -66,26 +67,17 @@ from pgjax.rewards.math_answers import (
     parse_number,
     reference_answer,
 )
-from pgjax.rewards.tokenizer import EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID, char_tokenizer, load_tokenizer
-
-TASKS = {"arithmetic": ArithmeticTask, "countdown": CountdownTask, "jsonl_math": JsonlMathTask,
-         "scratchpad_arithmetic": ScratchpadArithmeticTask, "arithmetic_mix": MixedArithmeticTask}
-
-
-def make_task(name: str, **config) -> Task:
-    """The task ``TASKS[name](**config)``; ValueError naming the known tasks for an unknown name."""
-    if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; known tasks: {sorted(TASKS)}")
-    return TASKS[name](**config)
+from pgjax.rewards.registry import TASKS, import_object, make_task, task_factory
+from pgjax.rewards.tokenizer import EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID, char_tokenizer
 
 
 __all__ = [
     "TASKS", "ArithmeticTask", "CountdownTask", "EOS_ID", "JsonlMathTask", "MixedArithmeticTask", "PAD_ID",
     "RewardFn", "SPECIAL_TOKENS",
     "ScratchpadArithmeticTask", "Task", "UNK_ID", "WeightedSum", "answers_equal", "arithmetic_reward",
-    "as_rewards", "batch_fields", "char_tokenizer", "check_batch", "combine", "countdown_reward",
-    "evaluate_expression", "extract_answer", "format_reward", "is_arithmetic_answer", "is_countdown_solution",
-    "is_scratchpad_answer", "load_jsonl", "load_tokenizer", "make_task", "math_reward", "normalize_answer",
-    "parse_number", "per_example", "reference_answer", "reward_name", "scratchpad_reward",
+    "as_rewards", "batch_fields", "char_tokenizer", "check_columns", "combine", "countdown_reward",
+    "evaluate_expression", "extract_answer", "format_reward", "import_object", "is_arithmetic_answer", "is_countdown_solution",
+    "is_scratchpad_answer", "load_jsonl", "make_task", "math_reward", "normalize_answer",
+    "parse_number", "per_example", "reference_answer", "reward_name", "scratchpad_reward", "task_factory",
     "trailing_scratch_reward",
 ]

@@ -66,7 +66,7 @@ def _is_column(value) -> bool:
     return hasattr(value, "__len__") and hasattr(value, "__getitem__") and not isinstance(value, (str, bytes))
 
 
-def check_batch(prompts: Sequence[str], completions: Sequence[str], fields: Mapping[str, Sequence]) -> int:
+def check_columns(prompts: Sequence[str], completions: Sequence[str], fields: Mapping[str, Sequence]) -> int:
     """The batch size B; raises ValueError unless prompts, completions and every field column have length B."""
     for name, column in (("prompts", prompts), ("completions", completions), *fields.items()):
         if not _is_column(column):
@@ -109,7 +109,7 @@ def per_example(fn: Callable[..., float]) -> RewardFn:
 
     @functools.wraps(fn)
     def reward(prompts: Sequence[str], completions: Sequence[str], **fields: Sequence) -> np.ndarray:
-        n = check_batch(prompts, completions, fields)
+        n = check_columns(prompts, completions, fields)
         missing = [k for k in required if k not in fields]
         if missing:
             raise TypeError(f"{fn.__name__} needs the field(s) {missing}; got fields {sorted(fields)}")
@@ -149,7 +149,7 @@ class WeightedSum:
     terms: tuple[tuple[str, RewardFn, float], ...]
 
     def components(self, prompts: Sequence[str], completions: Sequence[str], **fields: Sequence) -> dict[str, np.ndarray]:
-        n = check_batch(prompts, completions, fields)
+        n = check_columns(prompts, completions, fields)
         return {name: as_rewards(fn(prompts, completions, **fields), n, name) for name, fn, _ in self.terms}
 
     def __call__(self, prompts: Sequence[str], completions: Sequence[str], **fields: Sequence) -> np.ndarray:

@@ -7,13 +7,10 @@ outside the alphabet encodes to ``<unk>``; the literal strings ``<pad>``,
 ``<eos>``, ``<unk>`` in a text encode to their special ids.
 
 ``tok.save_pretrained(dir)`` writes ``tokenizer.json`` and
-``tokenizer_config.json`` beside a checkpoint; ``load_tokenizer(dir)`` (or
-``transformers.AutoTokenizer.from_pretrained(dir, local_files_only=True)``)
+``tokenizer_config.json`` beside a checkpoint; ``pgjax.models.hf.load_tokenizer(dir)``
 reads them back with identical ids. Nothing is downloaded.
 """
 from __future__ import annotations
-
-import os
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
@@ -44,11 +41,3 @@ def char_tokenizer(alphabet: str):
     return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token=PAD, eos_token=EOS, unk_token=UNK,
                                    padding_side="left", clean_up_tokenization_spaces=False)
 
-
-def load_tokenizer(path: str | os.PathLike):
-    """Load a tokenizer saved with ``save_pretrained`` from a local directory (never downloads)."""
-    from transformers import AutoTokenizer
-
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"tokenizer directory not found: {path}")
-    return AutoTokenizer.from_pretrained(os.fspath(path), local_files_only=True)

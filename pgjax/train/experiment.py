@@ -1,60 +1,117 @@
-"""Typed experiment configuration, loaded from a Python file and overridden by ``key=value`` strings.
+"""Typed experiment configuration: loaded from a Python file, overridden by ``key=value`` strings,
+validated before anything runs or is written.
 
 An experiment file is a Python module with a function ``experiment()`` that
 returns an ``Experiment``. ``--set rollout.temperature=0.7`` replaces one
-field (dotted path, value parsed by the field's type); an unknown key raises
-and lists every valid key. ``hparams.<name>`` overrides one of the algorithm's
-traced hyperparameters (``core.HParams``).
+field (dotted path, value parsed by the field's type); ``hparams.<name>``
+overrides one of the algorithm's traced hyperparameters (``core.HParams``).
+
+Every mistake a user can make in a configuration raises ``ConfigError`` (a
+``ValueError``) with a message naming the key, the value and what would be
+valid: an unknown key (with the closest valid ones), a value of the wrong type,
+a value out of its range (each section's own ``__post_init__`` checks its
+fields), and the checks that need several sections (``validate``: a group
+baseline with one sample per prompt, batches that do not split into
+micro-batches or over the mesh, a missing checkpoint or dataset). The command
+line prints it as plain lines and exits with status 2.
 """
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib.util
+import math
 import pathlib
 import types
 import typing
 
 from pgjax import core
-from pgjax.parallel.mesh import MeshConfig
+from pgjax.models.transformer import FAMILIES, ModelConfig
+from pgjax.parallel.mesh import MeshConfig, check_batch
 from pgjax.parallel.multihost import DistributedConfig
+from pgjax.rewards import import_object, task_factory
 from pgjax.train.learner import UpdateConfig
 from pgjax.train.optim import OptimConfig
 from pgjax.train.rollout import RolloutConfig
 
+DTYPES = ("float32", "bfloat16")
+RENAMED = {"model.layers": "model.num_hidden_layers", "model.heads": "model.num_attention_heads",
+           "model.kv_heads": "model.num_key_value_heads", "task.dataset": "task.path", "task.numbers": "task.count"}
+
+
+class ConfigError(ValueError):
+    """A user's configuration mistake, found before anything is written (printed without a traceback)."""
+
+
+def _require(ok: bool, key: str, value, valid: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}={value!r} is invalid: {valid}")
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelSection:
-    """``path``: a local Hugging Face checkpoint directory; empty = a new random model of this shape
-    (tied embeddings) over the task's tokenizer."""
+    """``path``: a local Hugging Face checkpoint directory (its config and weights; the fields below
+    are then ignored). Empty: a new random model of this architecture (``ModelConfig``'s fields, named
+    as in Hugging Face's config.json) over the task's tokenizer, whose size is the vocabulary."""
     path: str = ""
     family: str = "qwen3"
     hidden_size: int = 128
     intermediate_size: int = 384
-    layers: int = 2
-    heads: int = 4
-    kv_heads: int = 2
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
     head_dim: int = 32
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    tie_word_embeddings: bool = True
     param_dtype: str = "float32"
     compute_dtype: str = "float32"
+
+    def __post_init__(self):
+        _require(self.family in FAMILIES, "model.family", self.family, f"one of {FAMILIES}")
+        for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "head_dim"):
+            _require(getattr(self, name) >= 1, f"model.{name}", getattr(self, name), "an integer >= 1")
+        _require(self.num_attention_heads % self.num_key_value_heads == 0, "model.num_key_value_heads",
+                 self.num_key_value_heads, f"a divisor of num_attention_heads={self.num_attention_heads}")
+        _require(self.rms_norm_eps > 0, "model.rms_norm_eps", self.rms_norm_eps, "> 0")
+        _require(self.rope_theta > 0, "model.rope_theta", self.rope_theta, "> 0")
+        for name in ("param_dtype", "compute_dtype"):
+            _require(getattr(self, name) in DTYPES, f"model.{name}", getattr(self, name), f"one of {DTYPES}")
+
+    def config(self, vocab_size: int) -> ModelConfig:
+        """The architecture of a new model over a vocabulary of ``vocab_size`` tokens."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "path"}
+        return ModelConfig(vocab_size=vocab_size, **fields)
 
 
 @dataclasses.dataclass(frozen=True)
 class TaskSection:
-    """``name``: ``arithmetic`` (``digits``, ``ops``), ``arithmetic_mix`` (1..``digits``-digit operands in equal
+    """``name``: a task of ``pgjax.rewards.TASKS`` or the import path ``package.module:factory`` of
+    your own; the factory receives the fields below that its signature names. Built-in tasks:
+    ``arithmetic`` (``digits``, ``ops``), ``arithmetic_mix`` (1..``digits``-digit operands in equal
     shares, tagged by difficulty), ``scratchpad_arithmetic`` (``digits``, ``ops``, ``max_scratch``: the
     demonstrations' longest free text, ``working``: ``before`` or ``after`` the answer), ``countdown``
-    (``numbers``) or ``jsonl_math`` (a user's JSONL file at ``dataset`` with the math verifier);
-    ``format_weight`` adds the task's format reward."""
+    (``count`` numbers) or ``jsonl_math`` (a user's JSONL file at ``path``, ``prompt_field``,
+    ``answer_field``, scored by the math verifier). ``reward``: the import path of your own reward
+    function (``fn(prompts, completions, **fields)``) to train on instead of the task's verifier
+    (accuracy is still the verifier's); ``format_weight`` adds the task's format reward."""
     name: str = "arithmetic"
     digits: int = 2
     ops: str = "+"
     max_scratch: int = 8
     working: str = "before"
-    numbers: int = 3
-    dataset: str = ""
+    count: int = 3
+    path: str = ""
     prompt_field: str = "question"
     answer_field: str = "answer"
+    reward: str = ""
     format_weight: float = 0.0
+
+    def options(self) -> dict:
+        """The fields a task factory may take, by name."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name not in ("name", "reward", "format_weight")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,13 +121,35 @@ class WarmStartSection:
     batch_size: int = 64
     optim: OptimConfig = OptimConfig(lr=3e-3, warmup_steps=20)
 
+    def __post_init__(self):
+        _require(self.steps >= 0, "warm_start.steps", self.steps, "an integer >= 0 (0: no warm start)")
+        _require(self.batch_size >= 1, "warm_start.batch_size", self.batch_size, "an integer >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggingSection:
+    """Where metrics go besides ``metrics.jsonl``: TensorBoard event files in the run directory
+    (``tensorboard --logdir runs/``), and Weights & Biases when ``wandb`` is true (needs the
+    ``wandb`` package; ``WANDB_MODE=offline`` keeps it local). ``progress_every``: seconds between
+    progress lines when stderr is not a terminal (a terminal gets a live bar)."""
+    tensorboard: bool = True
+    wandb: bool = False
+    wandb_project: str = "pgjax"
+    progress_every: float = 30.0
+
+    def __post_init__(self):
+        _require(self.progress_every >= 0, "logging.progress_every", self.progress_every, ">= 0 seconds")
+
 
 @dataclasses.dataclass(frozen=True)
 class Experiment:
     """One run. The defaults are the README's main job: Dr. GRPO on 2-digit addition with a tiny
-    Qwen3-style model and a short supervised warm start, sized for 2 CPU cores. ``mesh``: how the
-    devices of all processes are split (default: data parallel over all of them); ``distributed``:
-    how the processes of a multi-host run meet (default: from the environment)."""
+    Qwen3-style model and a short supervised warm start, sized for 2 CPU cores. ``steps`` RL steps
+    of ``prompts_per_step`` prompts (0: only the warm start, then the export); greedy evaluation on
+    ``eval_prompts`` held-out prompts every ``eval_every`` steps; a checkpoint every
+    ``checkpoint_every`` steps. ``mesh``: how the devices of all processes are split (default: data
+    parallel over all of them); ``distributed``: how the processes of a multi-host run meet (default:
+    from the environment)."""
     name: str = "experiment"
     seed: int = 0
     algorithm: str = "dr_grpo"
@@ -88,29 +167,103 @@ class Experiment:
     eval_prompts: int = 256
     checkpoint_every: int = 50
     run_dir: str = ""
+    logging: LoggingSection = LoggingSection()
     mesh: MeshConfig = MeshConfig()
     distributed: DistributedConfig = DistributedConfig()
 
+    def __post_init__(self):
+        _require(self.steps >= 0, "steps", self.steps, "an integer >= 0 (0: only the warm start)")
+        for name in ("prompts_per_step", "eval_every", "eval_prompts", "checkpoint_every"):
+            _require(getattr(self, name) >= 1, name, getattr(self, name), "an integer >= 1")
+
     def algorithm_preset(self) -> core.Algorithm:
-        """The preset named ``algorithm`` with ``hparams`` applied (unknown names raise)."""
+        """The preset named ``algorithm`` with ``hparams`` applied (unknown names raise ConfigError)."""
+        if self.algorithm not in core.PRESETS:
+            raise ConfigError(f"algorithm={self.algorithm!r} is unknown; valid: {', '.join(core.PRESETS)}")
         algo = core.preset(self.algorithm)
-        return dataclasses.replace(algo, hparams=algo.hparams.replace(**self.hparams))
+        try:
+            return dataclasses.replace(algo, hparams=algo.hparams.replace(**self.hparams))
+        except ValueError as error:
+            raise ConfigError(f"hparams: {error}") from None
+
+
+def validate(exp: Experiment, mesh) -> None:
+    """The checks that need several sections (each section checks its own fields): the algorithm and
+    its hyperparameters, a group baseline's K >= 2, every batch size, the task, and the files a run
+    reads. Raises ConfigError; reads nothing but file metadata and writes nothing."""
+    algo = exp.algorithm_preset()
+    k = exp.rollout.samples_per_prompt
+    if algo.spec.baseline == "group" and k < 2:
+        raise ConfigError(f"rollout.samples_per_prompt={k} is invalid for {exp.algorithm}: its group baseline "
+                          "compares K >= 2 responses per prompt")
+    try:
+        core.check_hparams(algo.hparams, k if algo.spec.baseline == "group" else None)
+    except ValueError as error:
+        raise ConfigError(f"hparams: {error}") from None
+    check_batches(exp, mesh)
+    try:
+        task_factory(exp.task.name)
+        if exp.task.reward:
+            import_object(exp.task.reward, "task.reward")
+    except (ValueError, ImportError) as error:
+        raise ConfigError(str(error)) from None
+    if exp.model.path and not (pathlib.Path(exp.model.path) / "config.json").is_file():
+        raise ConfigError(f"model.path={exp.model.path!r}: no Hugging Face checkpoint there (config.json missing)")
+    if exp.task.name == "jsonl_math" and not pathlib.Path(exp.task.path).is_file():
+        raise ConfigError(f"task.path={exp.task.path!r}: no such dataset file (jsonl_math reads a JSONL file)")
+
+
+def check_batches(exp: Experiment, mesh) -> None:
+    """The one place that checks every batch a run makes: whole prompt groups per micro-batch, and
+    each batch split evenly over the mesh's ``data`` x ``fsdp`` devices (ConfigError naming the key)."""
+    batches = {"prompts_per_step": exp.prompts_per_step, "eval_prompts": exp.eval_prompts}
+    if exp.warm_start.steps:
+        batches["warm_start.batch_size"] = exp.warm_start.batch_size
+    try:
+        exp.update.check(exp.prompts_per_step, exp.rollout.samples_per_prompt, mesh)
+        for what, rows in batches.items():
+            check_batch(rows, mesh, what)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def load(path) -> Experiment:
-    """``experiment()`` of the Python file ``path``."""
+    """``experiment()`` of the Python file ``path`` (ConfigError if it has none, or a bad one)."""
     path = pathlib.Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no experiment file {path}")
+        raise ConfigError(f"no experiment file {path}")
     spec = importlib.util.spec_from_file_location(f"pgjax_experiment_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     if not hasattr(module, "experiment"):
-        raise AttributeError(f"{path} must define experiment() returning a pgjax Experiment")
-    experiment = module.experiment()
+        raise ConfigError(f"{path} must define experiment() returning a pgjax Experiment")
+    try:
+        experiment = module.experiment()
+    except ValueError as error:      # a section's own range check
+        raise ConfigError(f"{path}: {error}") from None
     if not isinstance(experiment, Experiment):
-        raise TypeError(f"{path}: experiment() returned {type(experiment).__name__}, not an Experiment")
+        raise ConfigError(f"{path}: experiment() returned {type(experiment).__name__}, not an Experiment")
     return experiment
+
+
+SECTIONS = {
+    "model": "the policy: a local Hugging Face checkpoint (path) or a new model's architecture",
+    "task": "prompts and verifier: a registered task or package.module:factory, its options, the reward",
+    "rollout": "K samples per prompt, token budgets, temperature / top-k / top-p, DAPO-style options",
+    "update": "epochs, minibatches and micro-batches of each update, scoring temperature, value clip",
+    "optim": "the policy's AdamW: lr, warm-up, betas, eps, weight decay, gradient clipping",
+    "critic_optim": "the critic's AdamW (PPO, REINFORCE with a baseline)",
+    "warm_start": "supervised warm start before RL: steps, batch size, its optimizer",
+    "logging": "TensorBoard and Weights & Biases writers, progress lines when not on a terminal",
+    "mesh": "device mesh sizes: data, fsdp, tensor (-1 = the rest)",
+    "distributed": "how the processes of a multi-host run meet (jax.distributed)",
+}
+
+
+def sections() -> dict[str, str]:
+    """Each section of ``Experiment`` (a nested config) with its one-line summary."""
+    hints = typing.get_type_hints(Experiment)
+    return {f.name: SECTIONS[f.name] for f in dataclasses.fields(Experiment) if dataclasses.is_dataclass(hints[f.name])}
 
 
 def valid_keys(config=Experiment, prefix: str = "") -> list[str]:
@@ -127,25 +280,52 @@ def valid_keys(config=Experiment, prefix: str = "") -> list[str]:
     return keys
 
 
+def resolved(exp: Experiment) -> dict:
+    """Every key with the value this experiment runs with (``hparams`` as the preset resolves them)."""
+    out = {}
+    for key in valid_keys():
+        if key.startswith("hparams."):
+            continue
+        value = exp
+        for part in key.split("."):
+            value = getattr(value, part)
+        out[key] = value
+    hparams = exp.algorithm_preset().hparams
+    out.update({f"hparams.{name}": float(getattr(hparams, name))
+                for name in core.algorithms.field_names(core.HParams)})
+    return out
+
+
 def override(experiment: Experiment, assignments: list[str]) -> Experiment:
-    """Apply ``key=value`` strings in order."""
+    """Apply ``key=value`` strings in order; ConfigError for an unknown key, a value of the wrong type
+    or out of its range."""
+    keys = valid_keys()
     for assignment in assignments:
         key, sep, text = assignment.partition("=")
+        key, text = key.strip(), text.strip()
         if not sep:
-            raise ValueError(f"--set expects key=value, got {assignment!r}")
-        if key.strip() not in valid_keys():
-            raise KeyError(f"unknown config key {key!r}; valid keys:\n  " + "\n  ".join(valid_keys()))
-        experiment = _replace_path(experiment, key.strip().split("."), text.strip())
+            raise ConfigError(f"--set expects key=value, got {assignment!r}")
+        if key not in keys:
+            close = ([RENAMED[key]] if key in RENAMED else [k for k in keys if k.endswith("." + key)][:2]
+                     or difflib.get_close_matches(key, keys, n=1, cutoff=0.6))
+            hint = f"; did you mean {' or '.join(close)}?" if close else ""
+            raise ConfigError(f"unknown config key {key!r}{hint}\n(--print-config lists every key and its value)")
+        try:
+            experiment = _replace_path(experiment, key.split("."), text, key)
+        except ConfigError:
+            raise
+        except (ValueError, TypeError) as error:
+            raise ConfigError(f"{key}={text!r} is invalid: {error}") from None
     return experiment
 
 
-def _replace_path(config, path: list[str], text: str):
+def _replace_path(config, path: list[str], text: str, key: str):
     head, rest = path[0], path[1:]
     if head == "hparams" and isinstance(config, Experiment):
-        return dataclasses.replace(config, hparams={**config.hparams, rest[0]: float(text)})
+        return dataclasses.replace(config, hparams={**config.hparams, rest[0]: _parse(text, float, key)})
     if rest:
-        return dataclasses.replace(config, **{head: _replace_path(getattr(config, head), rest, text)})
-    return dataclasses.replace(config, **{head: _parse(text, _field_type(type(config), head), head)})
+        return dataclasses.replace(config, **{head: _replace_path(getattr(config, head), rest, text, key)})
+    return dataclasses.replace(config, **{head: _parse(text, _field_type(type(config), head), key)})
 
 
 def _field_type(config: type, name: str):
@@ -155,11 +335,15 @@ def _field_type(config: type, name: str):
 def _parse(text: str, kind, key: str):
     if kind is bool:
         if text.lower() not in ("true", "false", "1", "0"):
-            raise ValueError(f"{key} is a bool: use true or false, got {text!r}")
+            raise ConfigError(f"{key}={text!r} is invalid: a bool, true or false")
         return text.lower() in ("true", "1")
     if isinstance(kind, types.UnionType):
         kind = next(k for k in typing.get_args(kind) if k is not type(None))
     try:
-        return kind(text)
-    except ValueError as error:
-        raise ValueError(f"{key} must be {kind.__name__}, got {text!r}") from error
+        value = kind(text)
+    except ValueError:
+        raise ConfigError(f"{key}={text!r} is invalid: {'a number' if kind is float else f'an {kind.__name__}'} "
+                          "is expected") from None
+    if kind is float and not math.isfinite(value):
+        raise ConfigError(f"{key}={text!r} is invalid: a finite number is expected")
+    return value

@@ -55,14 +55,19 @@ class UpdateConfig:
     value_clip: float = 0.2
     chunk_size: int = 1024
 
+    def __post_init__(self):
+        if min(self.epochs, self.minibatches, self.micro_batches, self.chunk_size) < 1:
+            raise ValueError(f"epochs, minibatches, micro_batches and chunk_size must be >= 1: {self}")
+        if not (self.temperature > 0 and self.value_clip >= 0):
+            raise ValueError(f"temperature must be > 0 and value_clip >= 0 (0 = off): {self}")
+
     def check(self, prompts: int, group_size: int = 1, mesh: Mesh | None = None) -> None:
         """Whole prompt groups per micro-batch; with a ``mesh``, micro-batches of rows that split
         over its ``data`` x ``fsdp`` devices."""
-        if min(self.epochs, self.minibatches, self.micro_batches) < 1:
-            raise ValueError(f"epochs, minibatches and micro_batches must be >= 1: {self}")
         if prompts % (self.minibatches * self.micro_batches):
-            raise ValueError(f"{prompts} prompt groups per step do not split into minibatches={self.minibatches} "
-                             f"x micro_batches={self.micro_batches} of whole groups")
+            raise ValueError(f"{prompts} prompt groups per step (prompts_per_step) do not split into "
+                             f"update.minibatches={self.minibatches} x update.micro_batches={self.micro_batches} "
+                             "micro-batches of whole groups")
         if mesh is not None:
             rows = prompts * group_size // (self.minibatches * self.micro_batches)
             mesh_lib.check_batch(rows, mesh, f"a micro-batch ({prompts} prompts x {group_size} samples / "
@@ -86,21 +91,25 @@ class TrainState:
 class Rollout:
     """One step's responses and everything the update needs; rows ``p * K + k``.
 
-    tokens, attention_mask [B, W + N]; mask [B, N] the response tokens that count;
-    rewards, greedy_rewards [B]; old_logp, ref_logp, values, old_values, targets,
-    advantages [B, N]; bootstrap [B]. Fields an algorithm does not use are None.
+    tokens, attention_mask [B, W + N]: prompt and response. ``batch``: the ``core.Batch`` of the
+    response tokens, filled in stages: the rollout gives ``mask`` [B, N] (the tokens that count),
+    ``rewards`` [B], ``greedy_rewards`` (ReMax) and ``group_size`` (``logp`` is None);
+    ``Learner.prepare`` adds ``old_logp``, ``ref_logp``, ``values``, ``bootstrap`` and
+    ``advantages`` [B, N], and the critic's value ``targets`` [B, N]. Fields an algorithm does not use
+    are None.
     """
     tokens: jax.Array
     attention_mask: jax.Array
-    mask: jax.Array
-    rewards: jax.Array
-    greedy_rewards: jax.Array | None = None
-    old_logp: jax.Array | None = None
-    ref_logp: jax.Array | None = None
-    values: jax.Array | None = None
-    bootstrap: jax.Array | None = None
-    advantages: jax.Array | None = None
+    batch: core.Batch
     targets: jax.Array | None = None
+
+    @property
+    def mask(self) -> jax.Array:
+        return self.batch.mask
+
+    def with_mask(self, mask) -> Rollout:
+        """The same rollout counting only the tokens of ``mask`` (advantages and old log-probs kept)."""
+        return self.replace(batch=self.batch.replace(mask=mask))
 
 
 class Learner:
@@ -166,21 +175,23 @@ class Learner:
         values = bootstrap = None
         if self.uses_critic:
             values, bootstrap = self._values(state.critic_params, rollout)
-        rollout = rollout.replace(old_logp=old_logp, ref_logp=ref_logp, values=values, bootstrap=bootstrap)
-        batch = self._batch(rollout, old_logp)
+        batch = self._batch(rollout, old_logp).replace(old_logp=old_logp, ref_logp=ref_logp, values=values,
+                                                       bootstrap=bootstrap)
         targets = core.value_targets(self.spec, batch, hp) if self.uses_critic else None
-        return rollout.replace(advantages=core.advantages(self.spec, batch, hp), targets=targets)
+        return rollout.replace(batch=batch.replace(logp=None, advantages=core.advantages(self.spec, batch, hp)),
+                               targets=targets)
 
     def _batch(self, rollout: Rollout, logp, entropy=None) -> core.Batch:
-        return core.Batch(mask=rollout.mask, rewards=rollout.rewards, logp=logp, old_logp=rollout.old_logp,
-                          ref_logp=rollout.ref_logp, values=rollout.values, bootstrap=rollout.bootstrap,
-                          greedy_rewards=rollout.greedy_rewards, entropy=entropy, advantages=rollout.advantages,
-                          group_size=self.group_size)
+        """The rollout's ``core.Batch`` with the log-probs (and entropy) of the policy being scored."""
+        if rollout.batch.group_size != self.group_size:
+            raise ValueError(f"the rollout's groups have {rollout.batch.group_size} responses; this learner's "
+                             f"have {self.group_size}")
+        return rollout.batch.replace(logp=logp, entropy=entropy)
 
     def update(self, state: TrainState, rollout: Rollout, hp: core.HParams) -> tuple[TrainState, dict]:
         """All epochs and minibatches of one rollout; returns the new state and summed metrics."""
         cfg = self.update_config
-        prompts = rollout.rewards.shape[0] // self.group_size
+        prompts = rollout.mask.shape[0] // self.group_size
         cfg.check(prompts, self.group_size, self.mesh)
         key, shuffle_key = jax.random.split(state.key)
         metrics = None
@@ -220,7 +231,7 @@ class Learner:
     def _token_weights(self, rollout: Rollout, hp: core.HParams):
         """(``token_weights``, jitted) c_bt = -d loss / d log pi_bt of a prepared rollout at its old
         log-probs (the first minibatch's point: rho = 1), ``[B, N]``."""
-        return core.token_weights(self.spec, self._batch(rollout, rollout.old_logp), hp,
+        return core.token_weights(self.spec, self._batch(rollout, rollout.batch.old_logp), hp,
                                   core.loss_normalizer(rollout.mask, self.group_size))
 
     def _micro_batches(self, minibatch: Rollout) -> Rollout:
@@ -233,7 +244,7 @@ class Learner:
         """One critic optimizer step on the token-mean (clipped) value loss of the minibatch."""
         def critic_loss(params, part):
             values, _ = self._values(params, part)
-            per_token = core.value_loss(values, part.values, part.targets, self.update_config.value_clip)
+            per_token = core.value_loss(values, part.batch.values, part.targets, self.update_config.value_clip)
             loss = jnp.sum(per_token * part.mask) / jnp.maximum(norm.num_tokens, 1.0)
             return loss, {"value_loss": loss}
 

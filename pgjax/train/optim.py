@@ -19,9 +19,10 @@ class OptimConfig:
     max_grad_norm: float = 1.0
 
     def __post_init__(self):
-        if self.lr <= 0 or self.warmup_steps < 0 or self.max_grad_norm < 0 or self.weight_decay < 0:
+        if not (self.lr > 0 and self.warmup_steps >= 0 and self.max_grad_norm >= 0 and self.weight_decay >= 0
+                and 0 <= self.b1 < 1 and 0 <= self.b2 < 1 and self.eps > 0):
             raise ValueError(f"invalid optimizer settings {self}: lr > 0, warmup_steps, max_grad_norm and "
-                             "weight_decay >= 0")
+                             "weight_decay >= 0, b1 and b2 in [0, 1), eps > 0")
 
 
 def make_optimizer(config: OptimConfig) -> optax.GradientTransformation:

@@ -12,11 +12,12 @@ import dataclasses
 import numpy as np
 from jax.sharding import Mesh
 
+from pgjax import core
 from pgjax.models.transformer import CausalLM
 from pgjax.parallel.mesh import single_device_mesh
 from pgjax.parallel.multihost import to_global, to_host
 from pgjax.rewards import batch_fields
-from pgjax.sample import SamplingConfig, generate
+from pgjax.sample import Samples, SamplingConfig, generate
 from pgjax.train.learner import Rollout
 
 
@@ -41,6 +42,13 @@ class RolloutConfig:
     mask_truncated: bool = False
     overlong_buffer: int = 0
     overlong_penalty: float = 1.0
+
+    def __post_init__(self):
+        self.sampling(eos_ids=(0,), pad_id=0)      # the sampler's own checks of the shared settings
+        if not (self.samples_per_prompt >= 1 and self.max_prompt_tokens >= 1):
+            raise ValueError(f"samples_per_prompt and max_prompt_tokens must be >= 1: {self}")
+        if not (0 <= self.overlong_buffer < self.max_new_tokens and self.overlong_penalty >= 0):
+            raise ValueError(f"overlong_buffer must be in [0, max_new_tokens) and overlong_penalty >= 0: {self}")
 
     def sampling(self, eos_ids: tuple[int, ...], pad_id: int, greedy: bool = False) -> SamplingConfig:
         return SamplingConfig(max_new_tokens=self.max_new_tokens, eos_ids=eos_ids, pad_id=pad_id,
@@ -89,6 +97,36 @@ def repeat_examples(examples: list[dict], k: int) -> tuple[list[str], dict]:
     return [e["prompt"] for e in examples for _ in range(k)], batch_fields(examples, repeat=k)
 
 
+@dataclasses.dataclass(frozen=True)
+class Scored:
+    """Sampled responses, decoded and scored. ``samples``: the sampler's global arrays; ``response``
+    [R, N], ``lengths``, ``truncated`` [R]: this process's rows on the host; ``completions``: their
+    text; ``scores``: each scorer's rewards [R]; ``prompts``, ``fields``: what the scorers were given."""
+    samples: Samples
+    response: np.ndarray
+    lengths: np.ndarray
+    truncated: np.ndarray
+    completions: list[str]
+    scores: dict[str, np.ndarray]
+    prompts: list[str]
+    fields: dict
+
+
+def sample_and_score(policy: CausalLM, tokenizer, examples: list[dict], prompt_width: int, key,
+                     sampling: SamplingConfig, scorers: dict, mesh: Mesh) -> Scored:
+    """The one path from prompts to rewards: encode ``examples``' prompts (left-padded to
+    ``prompt_width``), sample ``sampling.n`` responses each, decode them (stop tokens stripped) and
+    score them with every ``scorers[name](prompts, completions, **fields)``. Rollouts, greedy
+    baselines and evaluation all go through here. ``examples`` are this process's rows."""
+    tokens, mask = encode_prompts(tokenizer, [e["prompt"] for e in examples], prompt_width)
+    samples = generate(policy, tokens, mask, key, sampling, mesh)
+    response, lengths, truncated = to_host((samples.response, samples.lengths, samples.truncated), mesh)
+    completions = decode_responses(tokenizer, response, lengths, sampling.eos_ids)
+    prompts, fields = repeat_examples(examples, sampling.n)
+    scores = {name: np.asarray(fn(prompts, completions, **fields), np.float32) for name, fn in scorers.items()}
+    return Scored(samples, response, lengths, truncated, completions, scores, prompts, fields)
+
+
 def collect(policy: CausalLM, tokenizer, examples: list[dict], reward_fn, correct_fn, key,
             config: RolloutConfig, greedy_baseline: bool = False, eos_ids=None, mesh: Mesh | None = None
             ) -> tuple[Rollout, dict]:
@@ -105,19 +143,12 @@ def collect(policy: CausalLM, tokenizer, examples: list[dict], reward_fn, correc
     """
     eos_ids = tuple(eos_ids or (tokenizer.eos_token_id,))
     mesh = single_device_mesh() if mesh is None else mesh
-    k = config.samples_per_prompt
-    prompt_tokens, prompt_mask = encode_prompts(tokenizer, [e["prompt"] for e in examples],
-                                                config.max_prompt_tokens)
-    pad = pad_id(tokenizer)
-    samples = generate(policy, prompt_tokens, prompt_mask, key, config.sampling(eos_ids, pad), mesh)
-    response, lengths, truncated, response_mask = to_host(
-        (samples.response, samples.lengths, samples.truncated, samples.response_mask), mesh)
-    completions = decode_responses(tokenizer, response, lengths, eos_ids)
-    prompts, fields = repeat_examples(examples, k)
-    correct = np.asarray(correct_fn(prompts, completions, **fields), np.float32)
-    rewards = np.asarray(reward_fn(prompts, completions, **fields), np.float32)
-    rewards = rewards + overlong_penalty(lengths, config.max_new_tokens, config.overlong_buffer,
-                                         config.overlong_penalty)
+    k, pad = config.samples_per_prompt, pad_id(tokenizer)
+    scored = sample_and_score(policy, tokenizer, examples, config.max_prompt_tokens, key,
+                              config.sampling(eos_ids, pad), {"correct": correct_fn, "reward": reward_fn}, mesh)
+    lengths, truncated = scored.lengths, scored.truncated
+    rewards = scored.scores["reward"] + overlong_penalty(lengths, config.max_new_tokens, config.overlong_buffer,
+                                                         config.overlong_penalty)
     keep = np.ones(len(rewards), bool)
     if config.mask_truncated:
         keep &= ~truncated
@@ -126,14 +157,14 @@ def collect(policy: CausalLM, tokenizer, examples: list[dict], reward_fn, correc
         keep &= np.repeat(groups.max(1) > groups.min(1), k)
     greedy_rewards = None
     if greedy_baseline:
-        greedy = generate(policy, prompt_tokens, prompt_mask, key, config.sampling(eos_ids, pad, greedy=True), mesh)
-        greedy = to_host((greedy.response, greedy.lengths), mesh)
-        greedy_text = decode_responses(tokenizer, *greedy, eos_ids)
-        base_prompts, base_fields = repeat_examples(examples, 1)
-        greedy_rewards = np.repeat(np.asarray(reward_fn(base_prompts, greedy_text, **base_fields), np.float32), k)
-    mask = response_mask * keep[:, None]
-    rollout = Rollout(tokens=samples.tokens, attention_mask=samples.attention_mask,
-                      **to_global({"mask": mask, "rewards": rewards, "greedy_rewards": greedy_rewards}, mesh))
-    stats = {"reward": rewards, "correct": correct, "length": lengths, "truncated": truncated, "kept": keep,
-             "completions": completions, "prompts": prompts}
+        greedy = sample_and_score(policy, tokenizer, examples, config.max_prompt_tokens, key,
+                                  config.sampling(eos_ids, pad, greedy=True), {"reward": reward_fn}, mesh)
+        greedy_rewards = np.repeat(greedy.scores["reward"], k)
+    response_mask = (np.arange(scored.response.shape[1]) < lengths[:, None]).astype(np.float32)
+    host = to_global({"mask": response_mask * keep[:, None], "rewards": rewards, "greedy_rewards": greedy_rewards},
+                     mesh)
+    rollout = Rollout(tokens=scored.samples.tokens, attention_mask=scored.samples.attention_mask,
+                      batch=core.Batch(logp=None, group_size=k, **host))
+    stats = {"reward": rewards, "correct": scored.scores["correct"], "length": lengths, "truncated": truncated,
+             "kept": keep, "completions": scored.completions, "prompts": scored.prompts}
     return rollout, stats

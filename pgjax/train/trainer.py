@@ -1,0 +1,282 @@
+"""The RL loop as an object research code drives: ``Trainer``.
+
+A ``Trainer`` is built once from an ``Experiment`` (checked first: every configuration mistake
+raises ``ConfigError`` before anything is built or written). It owns the task, tokenizer, policy
+and optimizer state (``TrainState``: parameters, Adam moments, the reference policy and critic
+when the algorithm needs them, the PRNG key), the jitted ``Learner`` and the step count, and
+exposes the loop as methods:
+
+    trainer = Trainer(experiment.load("experiments/arithmetic_dr_grpo.py"))
+    trainer.warm_start()              # the experiment's supervised warm start (if any)
+    record = trainer.step()           # sample, score, update: one RL step's metrics
+    accuracy = trainer.evaluate()     # greedy accuracy on the held-out prompts
+    trainer.save(checkpoints); trainer.restore(checkpoints)
+    trainer.fit(run, callbacks)       # all remaining steps, with evaluation, logging, checkpoints
+
+``train(exp)`` is what ``python -m pgjax.run`` does: find the run directory, build the trainer,
+restore or start, ``fit``, export. A step is a deterministic function of the seed and the step
+number (prompts, sampling keys, shuffles), so a resumed run, a run driven step by step from
+Python and the command line all produce the same metrics.
+
+One step: sample K responses to each of the step's prompts, decode and score them
+(``rollout.collect``); old / reference log-probs, critic values, the algorithm's advantages and
+value targets on the whole rollout (``Learner.prepare``, one jitted call); then ``epochs`` x
+``minibatches`` optimizer steps (``Learner.update``).
+"""
+from __future__ import annotations
+
+import pathlib
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from pgjax import core
+from pgjax.models import hf
+from pgjax.models.transformer import CausalLM
+from pgjax.parallel import multihost
+from pgjax.parallel.mesh import make_mesh, shard
+from pgjax.rewards import combine, format_reward, import_object, make_task
+from pgjax.train.experiment import ConfigError, Experiment, validate
+from pgjax.train.learner import Learner, Rollout
+from pgjax.train.optim import make_optimizer
+from pgjax.train.progress import Progress
+from pgjax.train.rollout import collect, pad_id, sample_and_score
+from pgjax.train.run_dir import Checkpoints, RunDirectory
+from pgjax.train.sft import demonstrations, sft_step
+
+STAT_KEYS = ("reward", "correct", "length", "truncated", "kept")
+
+
+class Callback:
+    """Hooks into ``Trainer.step`` / ``Trainer.fit``; subclass and override the ones you need."""
+
+    def before_update(self, trainer: Trainer, rollout: Rollout, examples: list[dict], stats: dict) -> dict:
+        """After the rollout is scored (``Learner.prepare``) and before the update: ``examples`` are the
+        step's prompts (every process's), ``stats`` every row's reward / correct / length / truncated /
+        kept. The floats returned join the step's record (their time counts in ``time_prepare``)."""
+        return {}
+
+    def after_step(self, trainer: Trainer, record: dict) -> None:
+        """After each RL step of ``fit``, with its record (evaluation included when one was due)."""
+
+
+def stream_seed(seed: int, stream: str, index: int) -> int:
+    """Independent deterministic integer seeds for the data streams of a run (``train``, ``eval``,
+    ``warm_start``), one per step."""
+    return int(np.random.SeedSequence([seed, sum(map(ord, stream)), index]).generate_state(1)[0])
+
+
+def _user_error(what: str, build):
+    """``build()``, with a user's mistake in ``what`` (a bad option, a missing or malformed file) as ConfigError."""
+    try:
+        return build()
+    except (ValueError, TypeError, KeyError, FileNotFoundError) as error:
+        raise ConfigError(f"{what}: {error}") from None
+
+
+class Trainer:
+    """The task, tokenizer, policy, optimizer state, learner and step count of one experiment."""
+
+    def __init__(self, exp: Experiment):
+        multihost.initialize(exp.distributed)          # before any other JAX call
+        self.exp = exp
+        self.mesh = _user_error("mesh", lambda: make_mesh(exp.mesh))
+        validate(exp, self.mesh)
+        self.algorithm = exp.algorithm_preset()
+        self.hparams = self.algorithm.hparams
+        self.task = _user_error("task", lambda: make_task(exp.task.name, **exp.task.options()))
+        _user_error("task", lambda: self.task.examples(1, seed=0))     # a malformed dataset fails here
+        self.tokenizer = self._tokenizer()
+        policy = self._policy()
+        spec = self.algorithm.spec
+        use_reference = bool(np.asarray(self.hparams.kl_coef) > 0) and spec.kl_placement != "none"
+        critic_optimizer = make_optimizer(exp.critic_optim) if spec.baseline == "value" else None
+        self.learner = Learner(policy, self.algorithm, exp.rollout.samples_per_prompt, exp.update,
+                               make_optimizer(exp.optim), critic_optimizer, use_reference, self.mesh)
+        self.reward_fn = self._reward_function()
+        self.eos_ids = (hf.eos_token_ids(exp.model.path, self.tokenizer) if exp.model.path
+                        else (self.tokenizer.eos_token_id,))
+        self.state = self.learner.init_state(policy, jax.random.PRNGKey(exp.seed))
+        self.step_count = 0
+        self.started = False        # the warm start and step-0 evaluation are done (or restored)
+
+    def _tokenizer(self):
+        """The task's own tokenizer, else the checkpoint's (``model.path``)."""
+        tokenizer = self.task.tokenizer()
+        if tokenizer is not None:
+            return tokenizer
+        if not self.exp.model.path:
+            raise ConfigError(f"task.name={self.exp.task.name!r} has no tokenizer of its own: set model.path to a "
+                              "checkpoint directory with one")
+        return _user_error("model.path", lambda: hf.load_tokenizer(self.exp.model.path))
+
+    def _policy(self) -> CausalLM:
+        """The checkpoint at ``model.path``, else a new model of the section's architecture."""
+        m = self.exp.model
+        if m.path:
+            return _user_error("model.path", lambda: hf.load(m.path, m.param_dtype, m.compute_dtype))
+        return CausalLM(m.config(len(self.tokenizer)), nnx.Rngs(self.exp.seed))
+
+    def _reward_function(self):
+        """The training reward: the task's verifier (or ``task.reward``), plus the format reward."""
+        t = self.exp.task
+        reward = import_object(t.reward, "task.reward") if t.reward else self.task.reward_fn
+        if t.format_weight:
+            return combine((reward, 1.0), (format_reward(self.task.format_pattern), t.format_weight))
+        return reward
+
+    @property
+    def policy(self) -> CausalLM:
+        """The current policy (a view of ``state.params``)."""
+        return self.learner.policy(self.state.params)
+
+    def warm_start(self) -> None:
+        """``warm_start.steps`` supervised steps on fresh demonstrations (seeded per step, sharded like
+        the RL update; each process encodes its rows of each batch); the optimizer state, reference
+        policy and critic then start from the warm-started policy. Does nothing once started."""
+        ws, exp = self.exp.warm_start, self.exp
+        if self.started or not ws.steps:
+            return
+        optimizer = make_optimizer(ws.optim)
+        params = shard(jax.tree.map(jnp.copy, self.state.params), self.mesh)   # sft_step donates its input
+        opt_state = optimizer.init(params)
+        for step in range(ws.steps):
+            examples = self.task.examples(ws.batch_size, seed=stream_seed(exp.seed, "warm_start", step))
+            batch = demonstrations(self.tokenizer, multihost.process_share(examples, self.mesh),
+                                   exp.rollout.max_prompt_tokens, exp.rollout.max_new_tokens)
+            params, opt_state, loss = sft_step(self.learner.graphdef, optimizer, params, opt_state,
+                                               *multihost.to_global(batch, self.mesh))
+            if (step % 50 == 0 or step == ws.steps - 1) and multihost.is_primary():
+                print(f"warm start {step + 1}/{ws.steps}: loss {float(loss):.3f}", file=sys.stderr)
+        self.state = self.learner.init_state(self.learner.policy(params), jax.random.PRNGKey(exp.seed))
+
+    def step(self, callbacks=()) -> dict:
+        """One RL step (sample, score, update) on the step's prompts; returns its record: rollout
+        statistics, the finalized loss metrics and timings (see ``step_record``)."""
+        exp, mesh = self.exp, self.mesh
+        t0 = time.perf_counter()
+        examples = self.task.examples(exp.prompts_per_step, seed=stream_seed(exp.seed, "train", self.step_count))
+        rollout, stats = collect(self.policy, self.tokenizer, multihost.process_share(examples, mesh), self.reward_fn,
+                                 self.task.reward_fn, jax.random.fold_in(self.state.key, 1), exp.rollout,
+                                 greedy_baseline=self.algorithm.spec.baseline == "greedy", eos_ids=self.eos_ids,
+                                 mesh=mesh)
+        stats = multihost.gather_rows({k: stats[k] for k in STAT_KEYS},
+                                      exp.prompts_per_step * exp.rollout.samples_per_prompt, mesh)
+        t1 = time.perf_counter()
+        rollout = jax.block_until_ready(self.learner.prepare(self.state, rollout, self.hparams))
+        observed = {}
+        for callback in callbacks:
+            observed.update(callback.before_update(self, rollout, examples, stats) or {})
+        t2 = time.perf_counter()
+        self.state, metrics = self.learner.update(self.state, rollout, self.hparams)
+        metrics = jax.device_get(metrics)
+        t3 = time.perf_counter()
+        self.step_count += 1
+        self.started = True
+        times = {"time_sample": t1 - t0, "time_prepare": t2 - t1, "time_update": t3 - t2, "time_step": t3 - t0}
+        return {"step": self.step_count, **step_record(stats, metrics, times), **observed}
+
+    def evaluate(self) -> float:
+        """Greedy accuracy on ``eval_prompts`` held-out examples (a fixed seed apart from training);
+        each process scores its rows."""
+        exp = self.exp
+        examples = multihost.process_share(
+            self.task.examples(exp.eval_prompts, seed=stream_seed(exp.seed, "eval", 0)), self.mesh)
+        scored = sample_and_score(self.policy, self.tokenizer, examples, exp.rollout.max_prompt_tokens,
+                                  jax.random.PRNGKey(0), exp.rollout.sampling(self.eos_ids, pad_id(self.tokenizer),
+                                                                              greedy=True),
+                                  {"correct": self.task.reward_fn}, self.mesh)
+        correct = np.asarray(scored.scores["correct"] == 1.0, np.float32)
+        return float(np.mean(multihost.gather_rows(correct, exp.eval_prompts, self.mesh)))
+
+    def save(self, checkpoints: Checkpoints) -> None:
+        """A checkpoint of the state at the current step (every process writes its shards)."""
+        checkpoints.save(self.step_count, self.state, {"step": self.step_count,
+                                                       "data_position": self.step_count * self.exp.prompts_per_step})
+
+    def restore(self, checkpoints: Checkpoints, step: int | None = None) -> None:
+        """The state and step count of a checkpoint (default: the newest), on this trainer's mesh."""
+        self.state, record = checkpoints.restore(self.state, step)
+        self.step_count, self.started = record["step"], True
+
+    def fit(self, run: RunDirectory | None = None, callbacks=(), progress: bool = True) -> None:
+        """Train to ``steps``: a fresh trainer first runs the warm start and logs the step-0 evaluation;
+        then each step, with evaluation every ``eval_every`` steps and at the end. With a ``run``
+        directory every record is logged and a checkpoint written every ``checkpoint_every`` steps
+        and at the end; ``callbacks`` see every step."""
+        exp = self.exp
+        if not self.started:
+            self.warm_start()
+            self._emit({"step": 0, "eval_accuracy": self.evaluate()}, run)
+            self.started = True
+        bar = Progress(exp.steps, self.step_count, exp.logging.progress_every,
+                       enabled=progress and multihost.is_primary())
+        while self.step_count < exp.steps:
+            record = self.step(callbacks)
+            if self.step_count % exp.eval_every == 0 or self.step_count == exp.steps:
+                record["eval_accuracy"] = self.evaluate()
+            for callback in callbacks:
+                callback.after_step(self, record)
+            bar.update(record)
+            self._emit(record, run, checkpoint=self.step_count % exp.checkpoint_every == 0
+                       or self.step_count == exp.steps)
+        bar.close()
+
+    def _emit(self, record: dict, run: RunDirectory | None, checkpoint: bool = True) -> None:
+        if run is not None:
+            run.log(record)
+            if checkpoint:
+                self.save(run.checkpoints)
+
+    def export(self, run: RunDirectory) -> None:
+        """The trained policy into ``run``'s ``final/`` (every process takes part in the gather)."""
+        params = multihost.gather(self.state.params)
+        run.export(self.learner.policy(params))
+
+
+def step_record(stats: dict, metrics: dict, times: dict) -> dict:
+    """The record of one step: rollout statistics, finalized loss metrics (per optimizer step where
+    they are sums), timing."""
+    correct = stats["correct"] == 1.0
+    lengths = stats["length"].astype(float)
+    fm = {k: float(v) for k, v in core.finalize_metrics(metrics).items()}
+    steps = fm.pop("optimizer_steps")
+    out = {
+        "reward": float(stats["reward"].mean()), "accuracy": float(correct.mean()),
+        "length": float(lengths.mean()),
+        "length_correct": float(lengths[correct].mean()) if correct.any() else None,
+        "length_incorrect": float(lengths[~correct].mean()) if (~correct).any() else None,
+        "truncated": float(stats["truncated"].mean()), "kept": float(stats["kept"].mean()),
+        "policy_loss": fm.pop("policy_loss") / steps, "clip_fraction": fm["clip_fraction"],
+        "grad_norm": fm["grad_norm_max"], "entropy": fm.get("entropy_mean"),
+        "kl_ref": fm.get("ref_kl_mean"), "kl_old": fm["approx_kl_mean"],
+    }
+    if "value_loss" in fm:
+        out["value_loss"] = fm["value_loss"] / steps
+    generated = float(lengths.sum())
+    out.update(times, tokens_per_second=generated / max(times["time_sample"], 1e-9))
+    return out
+
+
+def train(exp: Experiment, resume: bool = False, progress: bool = True, callbacks=()) -> pathlib.Path:
+    """A whole run of ``exp`` in its run directory (``run_dir``); returns the directory. Every
+    configuration mistake raises ConfigError before anything is written; ``resume`` continues from
+    the newest checkpoint, dropping metric lines written after it."""
+    run = RunDirectory(exp, resume)
+    trainer = Trainer(exp)
+    run.create(trainer.tokenizer)
+    try:
+        if resume:
+            trainer.restore(run.checkpoints)
+            run.truncate_metrics(trainer.step_count)
+            print(f"resumed {run.directory} at step {trainer.step_count}", file=sys.stderr)
+        run.open_writers(trainer.step_count)
+        trainer.fit(run, callbacks, progress)
+        trainer.export(run)
+    finally:
+        run.close()
+    return run.directory
