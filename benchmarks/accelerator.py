@@ -255,8 +255,8 @@ def update_rows(policy, args, mesh, peak, devices, body):
     rollout = mesh_lib.shard_batch(Rollout(
         tokens=jnp.asarray(rng.integers(0, c.vocab_size, (b, t)), jnp.int32),
         attention_mask=jnp.ones((b, t), jnp.int32),
-        batch=core.Batch(mask=jnp.ones((b, t - p), jnp.float32), rewards=jnp.asarray(rng.integers(0, 2, b), jnp.float32),
-                         logp=None, group_size=args.group_size)), mesh)
+        batch=core.Batch(mask=jnp.ones((b, t - p), jnp.float32), logp=None, group_size=args.group_size,
+                         rewards=jnp.asarray(rng.integers(0, 2, b), jnp.float32))), mesh)
     out = {}
 
     def prepare():

@@ -61,8 +61,8 @@ def base_experiment(steps: int, smoke: bool) -> Experiment:
     if smoke:
         return Experiment(name="difficulty_bias", algorithm="dr_grpo", steps=steps, prompts_per_step=6,
                           eval_every=steps, eval_prompts=6, checkpoint_every=steps, task=task,
-                          model=ModelSection(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                                             num_key_value_heads=1, head_dim=16),
+                          model=ModelSection(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=2, num_key_value_heads=1, head_dim=16),
                           rollout=RolloutConfig(samples_per_prompt=4, max_prompt_tokens=8, max_new_tokens=6),
                           warm_start=WarmStartSection(steps=3, batch_size=6))
     return Experiment(name="difficulty_bias", algorithm="dr_grpo", steps=steps, prompts_per_step=30, eval_every=25,

@@ -59,8 +59,8 @@ def base_experiment(steps: int, smoke: bool) -> Experiment:
         return Experiment(name="length_bias", algorithm="dr_grpo", steps=steps, prompts_per_step=4, eval_every=steps,
                           eval_prompts=8, checkpoint_every=steps,
                           task=TaskSection(name="scratchpad_arithmetic", working="after"),
-                          model=ModelSection(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                                             num_key_value_heads=1, head_dim=16),
+                          model=ModelSection(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=2, num_key_value_heads=1, head_dim=16),
                           rollout=RolloutConfig(samples_per_prompt=4, max_prompt_tokens=8, max_new_tokens=16),
                           warm_start=WarmStartSection(steps=3, batch_size=8))
     return Experiment(name="length_bias", algorithm="dr_grpo", steps=steps, prompts_per_step=32, eval_every=25,

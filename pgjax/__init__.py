@@ -1,1 +1,1 @@
-"""pgjax: policy-gradient post-training of language models in JAX (see README.md and DESIGN.md)."""
+"""pgjax: policy-gradient post-training of language models in JAX (see README.md and docs/design.md)."""

@@ -1,4 +1,5 @@
-"""DESIGN.md's layering: imports only point down, and pgjax.core imports nothing else from pgjax and does no I/O."""
+"""docs/design.md's layering: imports only point down, and pgjax.core imports nothing else from pgjax and does
+no I/O."""
 import ast
 import pathlib
 
@@ -44,7 +45,7 @@ def test_imports_only_point_down_the_layers():
         layer = path.relative_to(package).parts[0].removesuffix(".py")
         if layer == "__init__":
             continue
-        assert layer in LAYERS, f"{path}: add its layer to LAYERS (and DESIGN.md)"
+        assert layer in LAYERS, f"{path}: add its layer to LAYERS (and docs/design.md)"
         for kind, name in _imports_and_calls(path):
             parts = name.split(".")
             if kind == "import" and parts[0] == "pgjax" and len(parts) > 1:

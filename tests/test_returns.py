@@ -1,7 +1,7 @@
 """Tests for pgjax.core.returns: token rewards, discounted returns (eq. 3), GAE and lambda-returns (eq. 17).
 
 References are independent float64 NumPy loops written from the definitions; pgjax (float32) is compared
-to them at rtol/atol 1e-5. Conventions (DESIGN.md): B rows, right-padded responses, float masks with 1.0 on
+to them at rtol/atol 1e-5. Conventions (docs/design.md): B rows, right-padded responses, float masks with 1.0 on
 response tokens, a zero-length response is legal; after the last response token the next-state value is
 ``bootstrap[b]`` (0 when None).
 """

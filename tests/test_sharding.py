@@ -88,10 +88,12 @@ def test_mesh_sizes_resolve_minus_one_and_reject_misfits():
     from pgjax.parallel.mesh import MeshConfig
     assert MeshConfig(data=-1, fsdp=2, tensor=2).sizes(8) == (2, 2, 2)
     assert MeshConfig().sizes(1) == (1, 1, 1)
-    for bad, match in ((MeshConfig(data=3), "needs 3 devices"), (MeshConfig(data=-1, fsdp=-1), "at most one -1"),
-                       (MeshConfig(data=-1, fsdp=3), "does not fit")):
+    for bad, match in ((MeshConfig(data=3), "needs 3 devices"), (MeshConfig(data=-1, fsdp=3), "does not fit")):
         with pytest.raises(ValueError, match=match):
             bad.sizes(8)
+    for sizes in (dict(data=-1, fsdp=-1), dict(tensor=0)):     # refused when the config is made
+        with pytest.raises(ValueError, match="-1 \\(the rest\\) for at most one"):
+            MeshConfig(**sizes)
 
 
 def test_partition_specs_follow_the_rule_table_and_fall_back_to_replication():

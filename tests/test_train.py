@@ -104,8 +104,8 @@ from pgjax.train.rollout import RolloutConfig
 def experiment():
     return Experiment(name="resume", algorithm="grpo", steps=12, prompts_per_step=4, eval_every=1,
                       eval_prompts=64, checkpoint_every=3,
-                      model=ModelSection(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                                         num_key_value_heads=1, head_dim=16),
+                      model=ModelSection(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, head_dim=16),
                       warm_start=WarmStartSection(steps=3, batch_size=8),
                       rollout=RolloutConfig(samples_per_prompt=4, max_prompt_tokens=8, max_new_tokens=6))
 """
@@ -138,6 +138,10 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_metrics_and_parameters(tm
     assert resumed.wait() == 0, resumed.stdout.read()
     assert whole.wait() == 0, whole.stdout.read()
     assert comparable(metrics) == comparable(tmp_path / "whole" / "metrics.jsonl")
+    from test_trainer import read_events      # TensorBoard keeps one value per step: the killed run's
+    events = read_events(tmp_path / "killed")   # events after the checkpoint are purged on resume
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert events["reward"] == pytest.approx({r["step"]: r["reward"] for r in records if "reward" in r})
     a = hf.load(tmp_path / "whole" / "final")
     b = hf.load(tmp_path / "killed" / "final")
     jax.tree.map(np.testing.assert_array_equal, nnx.state(a), nnx.state(b))

@@ -123,7 +123,8 @@ def test_metrics_reach_jsonl_tensorboard_and_wandb_with_the_same_values(tmp_path
     assert all("mean_advantage" in r for r in records[1:])
 
     events = read_events(directory)
-    history = {row["_step"]: row for row in read_wandb_history(glob.glob(f"{directory}/wandb/offline-run-*/*.wandb")[0])}
+    wandb_file = glob.glob(f"{directory}/wandb/offline-run-*/*.wandb")[0]
+    history = {row["_step"]: row for row in read_wandb_history(wandb_file)}
     checked = 0
     for record in records:
         for key, value in record.items():

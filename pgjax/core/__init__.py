@@ -1,7 +1,7 @@
 """Pure objective library: every function takes arrays and returns arrays (and metric sums).
 
-Imports nothing else from pgjax and does no I/O. Equation numbers refer to
-shared/seed/llm_post_training.md.
+Imports nothing else from pgjax and does no I/O. Equation numbers refer to "From REINFORCE to
+Dr. GRPO: a unified perspective on LLM post-training".
 """
 from pgjax.core.advantages import (broadcast_over_tokens, greedy_baseline_advantages, group_advantages,
                                    group_mean, group_std, leave_one_out_mean, sequence_scores, whiten)

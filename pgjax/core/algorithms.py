@@ -157,7 +157,7 @@ def check_hparams(hp: HParams, group_size: int | None = None) -> None:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Batch:
-    """One batch of responses (see DESIGN.md's array conventions). B = P * K.
+    """One batch of responses (see docs/design.md's array conventions). B = P * K.
 
     mask: ``[B, T]`` float, 1.0 on response tokens.
     rewards: ``[B]`` outcome or ``[B, T]`` per-token rewards.

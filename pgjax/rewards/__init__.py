@@ -5,7 +5,7 @@ float32 of shape ``[len(completions)]``. ``completions`` are the decoded
 responses with EOS (and padding) already stripped; ``fields`` are per-example
 columns aligned with the batch (``target=[...]``, ``numbers=[...]``,
 ``answer=[...]``; ``batch_fields(examples, repeat=K)`` builds them for the
-group layout of DESIGN.md). Each reward takes the fields it needs by name and
+group layout of docs/design.md). Each reward takes the fields it needs by name and
 ignores the others, so ``combine`` can pass one set of fields to all terms.
 
 Rule for a reward that cannot be computed: a malformed completion, an

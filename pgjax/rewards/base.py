@@ -206,7 +206,7 @@ def batch_fields(examples: Sequence[Mapping[str, Any]], repeat: int = 1,
     """Columns ``{field: [value per row]}`` of a list of examples, to pass as ``**fields``.
 
     ``repeat=K`` repeats each example K times in a row, matching the group
-    layout of DESIGN.md (row ``p*K + k`` is response k to prompt p).
+    layout of docs/design.md (row ``p*K + k`` is response k to prompt p).
     ``prompt`` is left out by default (it is the ``prompts`` argument).
     """
     if repeat < 1:

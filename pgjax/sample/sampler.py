@@ -3,7 +3,7 @@
 ``generate`` runs one compiled program: a prefill of the left-padded prompts
 [B, P], then a ``lax.while_loop`` that emits one token per step for all
 B * n rows (n samples per prompt; row ``p * n + k`` is sample k of prompt p,
-DESIGN.md's group layout) and stops when every row has emitted an EOS token or
+docs/design.md's group layout) and stops when every row has emitted an EOS token or
 ``max_new_tokens`` is spent. The prompt's KV cache is computed once and copied
 to its n samples.
 
@@ -42,28 +42,19 @@ from pgjax.parallel.mesh import check_batch, constrain
 from pgjax.parallel.multihost import to_global
 
 
-@dataclasses.dataclass(frozen=True)
-class SamplingConfig:
-    """Static sampling settings (part of the compiled program).
-
-    ``eos_ids``: tokens that end a response (and are part of it); ``pad_id`` fills
-    the response after it. ``n``: samples per prompt. ``top_k`` = 0 and
-    ``top_p`` = 1 switch truncation off; ``greedy`` takes the argmax.
-    """
-    max_new_tokens: int
-    eos_ids: tuple[int, ...]
-    pad_id: int = 0
-    n: int = 1
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Decoding:
+    """How each token is drawn: at most ``max_new_tokens`` tokens, from logits / ``temperature``,
+    truncated to the ``top_k`` most likely tokens and the ``top_p`` nucleus (``top_k`` = 0 and
+    ``top_p`` = 1 switch truncation off). Shared by ``SamplingConfig`` and a training rollout's
+    settings (``train.rollout.RolloutConfig``), which check them here."""
+    max_new_tokens: int = 16
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
-    greedy: bool = False
 
     def __post_init__(self):
-        object.__setattr__(self, "eos_ids", tuple(int(i) for i in np.atleast_1d(self.eos_ids)))
         checks = [(self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}"),
-                  (len(self.eos_ids) >= 1, "eos_ids must name at least one end-of-sequence token"),
-                  (self.n >= 1, f"n (samples per prompt) must be >= 1, got {self.n}"),
                   (self.temperature > 0, f"temperature must be > 0 (use greedy=True for argmax), "
                                          f"got {self.temperature}"),
                   (self.top_k >= 0, f"top_k must be >= 0 (0 = off), got {self.top_k}"),
@@ -71,6 +62,31 @@ class SamplingConfig:
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+
+    def decoding(self) -> dict:
+        """The ``Decoding`` fields of this config, by name."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(Decoding)}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SamplingConfig(Decoding):
+    """Static sampling settings (part of the compiled program): the ``Decoding`` fields, and
+
+    ``eos_ids``: tokens that end a response (and are part of it); ``pad_id`` fills
+    the response after it. ``n``: samples per prompt. ``greedy`` takes the argmax.
+    """
+    eos_ids: tuple[int, ...]
+    pad_id: int = 0
+    n: int = 1
+    greedy: bool = False
+
+    def __post_init__(self):
+        super().__post_init__()
+        object.__setattr__(self, "eos_ids", tuple(int(i) for i in np.atleast_1d(self.eos_ids)))
+        if not self.eos_ids:
+            raise ValueError("eos_ids must name at least one end-of-sequence token")
+        if self.n < 1:
+            raise ValueError(f"n (samples per prompt) must be >= 1, got {self.n}")
 
 
 @flax.struct.dataclass

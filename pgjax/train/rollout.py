@@ -17,13 +17,15 @@ from pgjax.models.transformer import CausalLM
 from pgjax.parallel.mesh import single_device_mesh
 from pgjax.parallel.multihost import to_global, to_host
 from pgjax.rewards import batch_fields
-from pgjax.sample import Samples, SamplingConfig, generate
+from pgjax.sample import Decoding, Samples, SamplingConfig, generate
 from pgjax.train.learner import Rollout
 
 
-@dataclasses.dataclass(frozen=True)
-class RolloutConfig:
-    """K = ``samples_per_prompt``; sampling settings; the practitioners' options:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RolloutConfig(Decoding):
+    """K = ``samples_per_prompt`` responses to prompts of at most ``max_prompt_tokens`` tokens, drawn as
+    the ``Decoding`` fields say (``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``); and the
+    practitioners' options:
 
     filter_equal_groups: drop (mask out) groups whose K rewards are all equal (DAPO's
       dynamic sampling, without resampling): they carry no group-relative signal.
@@ -34,26 +36,22 @@ class RolloutConfig:
     """
     samples_per_prompt: int = 8
     max_prompt_tokens: int = 16
-    max_new_tokens: int = 16
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
     filter_equal_groups: bool = False
     mask_truncated: bool = False
     overlong_buffer: int = 0
     overlong_penalty: float = 1.0
 
     def __post_init__(self):
-        self.sampling(eos_ids=(0,), pad_id=0)      # the sampler's own checks of the shared settings
+        super().__post_init__()
         if not (self.samples_per_prompt >= 1 and self.max_prompt_tokens >= 1):
             raise ValueError(f"samples_per_prompt and max_prompt_tokens must be >= 1: {self}")
         if not (0 <= self.overlong_buffer < self.max_new_tokens and self.overlong_penalty >= 0):
             raise ValueError(f"overlong_buffer must be in [0, max_new_tokens) and overlong_penalty >= 0: {self}")
 
     def sampling(self, eos_ids: tuple[int, ...], pad_id: int, greedy: bool = False) -> SamplingConfig:
-        return SamplingConfig(max_new_tokens=self.max_new_tokens, eos_ids=eos_ids, pad_id=pad_id,
-                              n=1 if greedy else self.samples_per_prompt, temperature=self.temperature,
-                              top_k=self.top_k, top_p=self.top_p, greedy=greedy)
+        """The sampler's settings: these ``Decoding`` fields, K samples per prompt (1 when greedy)."""
+        return SamplingConfig(**self.decoding(), eos_ids=eos_ids, pad_id=pad_id,
+                              n=1 if greedy else self.samples_per_prompt, greedy=greedy)
 
 
 def pad_id(tokenizer) -> int:

@@ -110,11 +110,12 @@ class RunDirectory:
         self.exp, self.resume = exp, resume
         self.directory = locate(exp, resume)
         self.metrics_path = self.directory / "metrics.jsonl"
-        self.primary = multihost.is_primary()
+        self.primary = True         # until ``create``: no JAX call before jax.distributed starts
         self.checkpoints = self.tensorboard = self.wandb = None
 
     def create(self, tokenizer) -> None:
         """Make the directory and its checkpoint manager; a new run's experiment.json and tokenizer."""
+        self.primary = multihost.is_primary()
         self.directory.mkdir(parents=True, exist_ok=True)
         self.checkpoints = Checkpoints(self.directory / "checkpoints")
         if self.primary and not self.resume:
