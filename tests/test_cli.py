@@ -47,6 +47,13 @@ CASES = {
                       "model.path='/no/such/checkpoint': no Hugging Face checkpoint there"),
     "missing dataset": (["--set", "task.name=jsonl_math", "--set", "task.path=/no/such.jsonl"],
                         "task.path='/no/such.jsonl': no such dataset file"),
+    "negative seed": (["--set", "seed=-1"], "seed=-1 is invalid: an integer >= 0"),
+    "prompts longer than the prompt budget": (["--set", "rollout.max_prompt_tokens=3"],
+                                              "rollout.max_prompt_tokens=3: prompts must have 1..3 tokens"),
+    "demonstrations longer than the response budget": (["--set", "rollout.max_new_tokens=2"],
+                                                       "rollout.max_new_tokens=2: demonstration"),
+    "a mesh that does not fit the devices": (["--set", "mesh.data=3"], "mesh: mesh {'data': 3, 'fsdp': 1, 'tensor': 1} "
+                                                                       "needs 3 devices, 1 are present"),
     "resume with nothing to resume": (["--resume"], "--resume: no checkpoint to resume in runs/arithmetic_dr_grpo"),
 }
 

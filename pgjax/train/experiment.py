@@ -172,6 +172,8 @@ class Experiment:
     distributed: DistributedConfig = DistributedConfig()
 
     def __post_init__(self):
+        _require(bool(self.name) and "/" not in self.name, "name", self.name, "a non-empty name without '/'")
+        _require(self.seed >= 0, "seed", self.seed, "an integer >= 0")
         _require(self.steps >= 0, "steps", self.steps, "an integer >= 0 (0: only the warm start)")
         for name in ("prompts_per_step", "eval_every", "eval_prompts", "checkpoint_every"):
             _require(getattr(self, name) >= 1, name, getattr(self, name), "an integer >= 1")
@@ -211,6 +213,8 @@ def validate(exp: Experiment, mesh) -> None:
         raise ConfigError(f"model.path={exp.model.path!r}: no Hugging Face checkpoint there (config.json missing)")
     if exp.task.name == "jsonl_math" and not pathlib.Path(exp.task.path).is_file():
         raise ConfigError(f"task.path={exp.task.path!r}: no such dataset file (jsonl_math reads a JSONL file)")
+    if exp.logging.wandb and importlib.util.find_spec("wandb") is None:
+        raise ConfigError("logging.wandb=True needs the wandb package: pip install -e '.[wandb]'")
 
 
 def check_batches(exp: Experiment, mesh) -> None:

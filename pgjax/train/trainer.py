@@ -44,7 +44,7 @@ from pgjax.train.experiment import ConfigError, Experiment, validate
 from pgjax.train.learner import Learner, Rollout
 from pgjax.train.optim import make_optimizer
 from pgjax.train.progress import Progress
-from pgjax.train.rollout import collect, pad_id, sample_and_score
+from pgjax.train.rollout import collect, encode_prompts, pad_id, sample_and_score
 from pgjax.train.run_dir import Checkpoints, RunDirectory
 from pgjax.train.sft import demonstrations, sft_step
 
@@ -91,6 +91,7 @@ class Trainer:
         self.task = _user_error("task", lambda: make_task(exp.task.name, **exp.task.options()))
         _user_error("task", lambda: self.task.examples(1, seed=0))     # a malformed dataset fails here
         self.tokenizer = self._tokenizer()
+        self._check_widths()
         policy = self._policy()
         spec = self.algorithm.spec
         use_reference = bool(np.asarray(self.hparams.kl_coef) > 0) and spec.kl_placement != "none"
@@ -113,6 +114,21 @@ class Trainer:
             raise ConfigError(f"task.name={self.exp.task.name!r} has no tokenizer of its own: set model.path to a "
                               "checkpoint directory with one")
         return _user_error("model.path", lambda: hf.load_tokenizer(self.exp.model.path))
+
+    def _check_widths(self) -> None:
+        """The held-out prompts fit ``rollout.max_prompt_tokens`` and, with a warm start, their
+        demonstrations fit ``rollout.max_new_tokens`` (ConfigError otherwise)."""
+        exp = self.exp
+        examples = self.task.examples(exp.eval_prompts, seed=stream_seed(exp.seed, "eval", 0))
+        try:
+            encode_prompts(self.tokenizer, [e["prompt"] for e in examples], exp.rollout.max_prompt_tokens)
+        except ValueError as error:
+            raise ConfigError(f"rollout.max_prompt_tokens={exp.rollout.max_prompt_tokens}: {error}") from None
+        if exp.warm_start.steps:
+            try:
+                demonstrations(self.tokenizer, examples, exp.rollout.max_prompt_tokens, exp.rollout.max_new_tokens)
+            except ValueError as error:
+                raise ConfigError(f"rollout.max_new_tokens={exp.rollout.max_new_tokens}: {error}") from None
 
     def _policy(self) -> CausalLM:
         """The checkpoint at ``model.path``, else a new model of the section's architecture."""
