@@ -36,7 +36,7 @@ CASES = {
     "wrong type": (["--set", "prompts_per_step=lots"], "prompts_per_step='lots' is invalid: an int is expected"),
     "negative steps": (["--set", "steps=-5"], "steps=-5 is invalid: an integer >= 0"),
     "zero batch": (["--set", "prompts_per_step=0"], "prompts_per_step=0 is invalid: an integer >= 1"),
-    "non-positive learning rate": (["--set", "optim.lr=0"], "optim.lr='0' is invalid: invalid optimizer settings"),
+    "non-positive learning rate": (["--set", "optim.lr=0"], "optim.lr='0' is invalid: lr must be finite and > 0"),
     "bad hyperparameter": (["--set", "hparams.clip_eps_low=1.5"], "hyperparameter clip_eps_low=1.5 must be in [0, 1)"),
     "unknown algorithm": (["--set", "algorithm=trpo"], "algorithm='trpo' is unknown; valid: reinforce"),
     "unknown task": (["--set", "task.name=sudoku"], "task.name='sudoku' is unknown; valid: arithmetic"),
@@ -54,6 +54,15 @@ CASES = {
                                                        "rollout.max_new_tokens=2: demonstration"),
     "a mesh that does not fit the devices": (["--set", "mesh.data=3"], "mesh: mesh {'data': 3, 'fsdp': 1, 'tensor': 1} "
                                                                        "needs 3 devices, 1 are present"),
+    "a KL coefficient where there is no KL term": (["--set", "hparams.kl_coef=0.01"],
+                                                   "hparams.kl_coef=0.01 does nothing for dr_grpo"),
+    "sampling and scoring temperatures that differ": (["--set", "rollout.temperature=0.8"],
+                                                      "update.temperature=1.0 differs from rollout.temperature=0.8"),
+    "a task option the task does not take": (["--set", "task.count=4"],
+                                             "task.count=4 does nothing for task 'arithmetic', which takes digits, ops"),
+    "a reward that is not a function": (["--set", "task.reward=pgjax.rewards:TASKS"], "is not callable"),
+    "distributed ids out of range": (["--set", "distributed.num_processes=2", "--set", "distributed.process_id=2"],
+                                     "process_id in [0, num_processes)"),
     "resume with nothing to resume": (["--resume"], "--resume: no checkpoint to resume in runs/arithmetic_dr_grpo"),
 }
 

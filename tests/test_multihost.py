@@ -14,7 +14,7 @@ import pytest
 from flax import nnx
 
 from pgjax.models import hf
-from pgjax.train.run_dir import TIMING_KEYS
+from pgjax.train.trainer import TIMING_KEYS
 
 EXPERIMENT = """
 from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection

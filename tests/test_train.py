@@ -26,7 +26,7 @@ from pgjax.train.experiment import ConfigError, Experiment, ModelSection, TaskSe
 from pgjax.train.learner import Learner, Rollout, UpdateConfig
 from pgjax.train.optim import OptimConfig, make_optimizer
 from pgjax.train.rollout import RolloutConfig, collect, encode_prompts, overlong_penalty
-from pgjax.train.run_dir import TIMING_KEYS
+from pgjax.train.trainer import TIMING_KEYS
 from pgjax.train.trainer import Trainer, train
 
 SEVEN = ["reinforce", "reinforce_baseline", "remax", "rloo", "ppo", "grpo", "dr_grpo"]
@@ -270,7 +270,9 @@ def test_set_overrides_typed_fields_and_rejects_what_is_not_valid():
              ("steps=many", r"steps='many' is invalid: an int is expected"),
              ("steps", "key=value"),
              ("steps=-5", r"steps=-5 is invalid: an integer >= 0"),
-             ("optim.lr=0", r"optim.lr='0' is invalid: invalid optimizer settings"),
+             ("optim.lr=0", r"optim.lr='0' is invalid: lr must be finite and > 0"),
+             ("update.epochs=0", r"update.epochs='0' is invalid: epochs must be >= 1"),
+             ("rollout.overlong_buffer=6", r"overlong_buffer must be in \[0, max_new_tokens=6\)"),
              ("rollout.top_p=1.5", r"rollout.top_p='1.5' is invalid: top_p must be in \(0, 1\]"),
              ("model.family=gpt2", r"model.family='gpt2' is invalid: one of \('llama', 'qwen2', 'qwen3'\)"),
              ("rollout.mask_truncated=maybe", "a bool, true or false"),
@@ -280,6 +282,22 @@ def test_set_overrides_typed_fields_and_rejects_what_is_not_valid():
             experiment_lib.override(Experiment(), [assignment])
     with pytest.raises(ConfigError, match="hyperparameter kl_coef"):
         experiment_lib.override(Experiment(), ["hparams.kl_coef=-1"]).algorithm_preset()
+    # all assignments are made at once: the order of two fields checked together does not matter
+    for order in (["rollout.overlong_buffer=8", "rollout.max_new_tokens=16"],
+                  ["rollout.max_new_tokens=16", "rollout.overlong_buffer=8"]):
+        assert experiment_lib.override(Experiment(), order).rollout.overlong_buffer == 8
+
+
+def test_an_experiment_file_with_a_renamed_or_unknown_field_is_a_config_error(tmp_path):
+    file = tmp_path / "old.py"
+    file.write_text("from pgjax.train.experiment import Experiment, ModelSection\n"
+                    "def experiment():\n    return Experiment(model=ModelSection(layers=2))\n")
+    with pytest.raises(ConfigError, match="unexpected keyword argument 'layers'.*layers is now num_hidden_layers"):
+        experiment_lib.load(file)
+    file.write_text("from pgjax.train.experiment import Experiment\ndef experiment():\n"
+                    "    return Experiment(steps=-1)\n")
+    with pytest.raises(ConfigError, match="steps=-1 is invalid"):
+        experiment_lib.load(file)
 
 
 def test_experiment_files_load_and_name_their_algorithm():

@@ -15,8 +15,8 @@ import pytest
 
 from pgjax.train import experiment as experiment_lib
 from pgjax.train.progress import Progress
-from pgjax.train.run_dir import TIMING_KEYS, read_records
-from pgjax.train.trainer import Callback, Trainer, train
+from pgjax.train.run_dir import read_records
+from pgjax.train.trainer import TIMING_KEYS, Callback, Trainer, train
 
 ROOT = pathlib.Path(__file__).parent.parent
 EXPERIMENT = """

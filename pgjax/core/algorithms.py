@@ -141,6 +141,7 @@ def check_hparams(hp: HParams, group_size: int | None = None) -> None:
         "clip_eps_high": (lambda v: v >= 0, "must be >= 0"),
         "dual_clip": (lambda v: (v == 0) | (v > 1), "must be 0 (off) or > 1"),
         "kl_coef": (lambda v: v >= 0, "must be >= 0"),
+        "entropy_coef": (lambda v: v == v, "must be finite"),
         "gamma": (lambda v: (v >= 0) & (v <= 1), "must be in [0, 1]"),
         "lam": (lambda v: (v >= 0) & (v <= 1), "must be in [0, 1]"),
         "std_eps": (lambda v: v > 0, "must be > 0"),

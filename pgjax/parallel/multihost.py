@@ -40,6 +40,11 @@ class DistributedConfig:
     def __post_init__(self):
         if self.initialize not in ("auto", "on", "off"):
             raise ValueError(f"distributed.initialize must be auto, on or off; got {self.initialize!r}")
+        pid, num = self.process_id, self.num_processes
+        if num < 0 or not (pid == -1 or 0 <= pid < (num or pid + 1)):
+            raise ValueError(f"distributed: num_processes must be >= 0 (0: from the environment) and process_id in "
+                             f"[0, num_processes) or -1 (from the environment); got {self.num_processes}, "
+                             f"{self.process_id}")
 
 
 def cluster_detected(environ=os.environ) -> bool:

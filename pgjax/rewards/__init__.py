@@ -67,12 +67,12 @@ from pgjax.rewards.math_answers import (
     parse_number,
     reference_answer,
 )
-from pgjax.rewards.registry import TASKS, import_object, make_task, task_factory
+from pgjax.rewards.registry import TASKS, accepted_options, import_object, make_task, task_factory
 from pgjax.rewards.tokenizer import EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID, char_tokenizer
 
 
 __all__ = [
-    "TASKS", "ArithmeticTask", "CountdownTask", "EOS_ID", "JsonlMathTask", "MixedArithmeticTask", "PAD_ID",
+    "TASKS", "accepted_options", "ArithmeticTask", "CountdownTask", "EOS_ID", "JsonlMathTask", "MixedArithmeticTask", "PAD_ID",
     "RewardFn", "SPECIAL_TOKENS",
     "ScratchpadArithmeticTask", "Task", "UNK_ID", "WeightedSum", "answers_equal", "arithmetic_reward",
     "as_rewards", "batch_fields", "char_tokenizer", "check_columns", "combine", "countdown_reward",

@@ -46,11 +46,16 @@ def task_factory(name: str) -> Callable[..., Task]:
     return factory
 
 
+def accepted_options(factory) -> list[str] | None:
+    """The option names ``factory`` takes, or None when it takes any (``**options``)."""
+    parameters = inspect.signature(factory).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return None
+    return [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
 def make_task(name: str, **options) -> Task:
     """The task ``name`` built from the ``options`` its factory's signature names."""
     factory = task_factory(name)
-    parameters = inspect.signature(factory).parameters.values()
-    if not any(p.kind is p.VAR_KEYWORD for p in parameters):
-        named = {p.name for p in parameters}
-        options = {k: v for k, v in options.items() if k in named}
-    return factory(**options)
+    accepted = accepted_options(factory)
+    return factory(**{k: v for k, v in options.items() if accepted is None or k in accepted})

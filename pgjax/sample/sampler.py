@@ -55,8 +55,8 @@ class Decoding:
 
     def __post_init__(self):
         checks = [(self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}"),
-                  (self.temperature > 0, f"temperature must be > 0 (use greedy=True for argmax), "
-                                         f"got {self.temperature}"),
+                  (0 < self.temperature < float("inf"), f"temperature must be finite and > 0 (use greedy=True "
+                                                        f"for argmax), got {self.temperature}"),
                   (self.top_k >= 0, f"top_k must be >= 0 (0 = off), got {self.top_k}"),
                   (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")]
         for ok, message in checks:

@@ -8,8 +8,8 @@ overrides one of the algorithm's traced hyperparameters (``core.HParams``).
 
 Every mistake a user can make in a configuration raises ``ConfigError`` (a
 ``ValueError``) with a message naming the key, the value and what would be
-valid: an unknown key (with the closest valid ones), a value of the wrong type,
-a value out of its range (each section's own ``__post_init__`` checks its
+valid: an unknown key (with the closest valid one), a value of the wrong type,
+a value out of its range (each section's ``__post_init__`` checks its own
 fields), and the checks that need several sections (``validate``: a group
 baseline with one sample per prompt, batches that do not split into
 micro-batches or over the mesh, a missing checkpoint or dataset). The command
@@ -29,7 +29,7 @@ from pgjax import core
 from pgjax.models.transformer import FAMILIES, ModelConfig
 from pgjax.parallel.mesh import MeshConfig, check_batch
 from pgjax.parallel.multihost import DistributedConfig
-from pgjax.rewards import import_object, task_factory
+from pgjax.rewards import accepted_options, import_object, task_factory
 from pgjax.train.learner import UpdateConfig
 from pgjax.train.optim import OptimConfig
 from pgjax.train.rollout import RolloutConfig
@@ -107,6 +107,10 @@ class TaskSection:
     answer_field: str = "answer"
     reward: str = ""
     format_weight: float = 0.0
+
+    def __post_init__(self):
+        _require(bool(self.name), "task.name", self.name, "a registered task or package.module:factory")
+        _require(math.isfinite(self.format_weight), "task.format_weight", self.format_weight, "a finite number")
 
     def options(self) -> dict:
         """The fields a task factory may take, by name."""
@@ -191,8 +195,10 @@ class Experiment:
 
 def validate(exp: Experiment, mesh) -> None:
     """The checks that need several sections (each section checks its own fields): the algorithm and
-    its hyperparameters, a group baseline's K >= 2, every batch size, the task, and the files a run
-    reads. Raises ConfigError; reads nothing but file metadata and writes nothing."""
+    its hyperparameters (a KL coefficient only where there is a KL term), a group baseline's K >= 2, the
+    scoring temperature equal to the sampling one, every batch size, the task (importing a user's task
+    or reward module) and the options it takes, and the files a run reads. Raises ConfigError; writes
+    nothing."""
     algo = exp.algorithm_preset()
     k = exp.rollout.samples_per_prompt
     if algo.spec.baseline == "group" and k < 2:
@@ -202,19 +208,36 @@ def validate(exp: Experiment, mesh) -> None:
         core.check_hparams(algo.hparams, k if algo.spec.baseline == "group" else None)
     except ValueError as error:
         raise ConfigError(f"hparams: {error}") from None
+    if algo.spec.kl_placement == "none" and float(algo.hparams.kl_coef) != 0:
+        raise ConfigError(f"hparams.kl_coef={float(algo.hparams.kl_coef)} does nothing for {exp.algorithm}: its "
+                          "preset has no KL term (use grpo, ppo or reinforce_pp for one)")
+    if exp.update.temperature != exp.rollout.temperature:
+        raise ConfigError(f"update.temperature={exp.update.temperature} differs from rollout.temperature="
+                          f"{exp.rollout.temperature}: the update would score another policy than the one that "
+                          "sampled; set both")
     check_batches(exp, mesh)
     try:
-        task_factory(exp.task.name)
-        if exp.task.reward:
-            import_object(exp.task.reward, "task.reward")
+        factory = task_factory(exp.task.name)
+        if exp.task.reward and not callable(import_object(exp.task.reward, "task.reward")):
+            raise ValueError(f"task.reward={exp.task.reward!r} is not callable: it must be a reward function")
     except (ValueError, ImportError) as error:
         raise ConfigError(str(error)) from None
+    accepted = accepted_options(factory)
+    ignored = [] if accepted is None else [k for k in _changed_options(exp.task) if k not in accepted]
+    if ignored:
+        raise ConfigError(f"task.{ignored[0]}={getattr(exp.task, ignored[0])!r} does nothing for task "
+                          f"{exp.task.name!r}, which takes {', '.join(accepted) or 'no options'}")
     if exp.model.path and not (pathlib.Path(exp.model.path) / "config.json").is_file():
         raise ConfigError(f"model.path={exp.model.path!r}: no Hugging Face checkpoint there (config.json missing)")
     if exp.task.name == "jsonl_math" and not pathlib.Path(exp.task.path).is_file():
         raise ConfigError(f"task.path={exp.task.path!r}: no such dataset file (jsonl_math reads a JSONL file)")
     if exp.logging.wandb and importlib.util.find_spec("wandb") is None:
         raise ConfigError("logging.wandb=True needs the wandb package: pip install -e '.[wandb]'")
+
+
+def _changed_options(section: TaskSection) -> list[str]:
+    """The task options set to something other than their default."""
+    return [k for k, v in section.options().items() if v != getattr(TaskSection, k)]
 
 
 def check_batches(exp: Experiment, mesh) -> None:
@@ -245,6 +268,10 @@ def load(path) -> Experiment:
         experiment = module.experiment()
     except ValueError as error:      # a section's own range check
         raise ConfigError(f"{path}: {error}") from None
+    except TypeError as error:       # a field that does not exist (or was renamed), a value of the wrong type
+        renamed = [f"{old.split('.')[1]} is now {new.split('.')[1]}" for old, new in RENAMED.items()
+                   if f"'{old.split('.')[1]}'" in str(error)]
+        raise ConfigError(f"{path}: {error}" + (f" ({'; '.join(renamed)})" if renamed else "")) from None
     if not isinstance(experiment, Experiment):
         raise ConfigError(f"{path}: experiment() returned {type(experiment).__name__}, not an Experiment")
     return experiment
@@ -301,9 +328,11 @@ def resolved(exp: Experiment) -> dict:
 
 
 def override(experiment: Experiment, assignments: list[str]) -> Experiment:
-    """Apply ``key=value`` strings in order; ConfigError for an unknown key, a value of the wrong type
-    or out of its range."""
+    """Apply ``key=value`` strings, all at once (each section is rebuilt once, so the order of the
+    assignments does not matter); ConfigError for an unknown key, a value of the wrong type or out of
+    its range."""
     keys = valid_keys()
+    changes, texts = {}, {}
     for assignment in assignments:
         key, sep, text = assignment.partition("=")
         key, text = key.strip(), text.strip()
@@ -314,22 +343,37 @@ def override(experiment: Experiment, assignments: list[str]) -> Experiment:
                      or difflib.get_close_matches(key, keys, n=1, cutoff=0.6))
             hint = f"; did you mean {' or '.join(close)}?" if close else ""
             raise ConfigError(f"unknown config key {key!r}{hint}\n(--print-config lists every key and its value)")
-        try:
-            experiment = _replace_path(experiment, key.split("."), text, key)
-        except ConfigError:
-            raise
-        except (ValueError, TypeError) as error:
-            raise ConfigError(f"{key}={text!r} is invalid: {error}") from None
-    return experiment
+        path = tuple(key.split("."))
+        changes[path] = _parse(text, float if path[0] == "hparams" else _key_type(path), key)
+        texts[key] = text
+    try:
+        return _apply(experiment, changes)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as error:
+        named = [k for k in texts if k.split(".")[-1] in str(error)] or list(texts)
+        raise ConfigError(", ".join(f"{k}={texts[k]!r}" for k in named) + f" is invalid: {error}") from None
 
 
-def _replace_path(config, path: list[str], text: str, key: str):
-    head, rest = path[0], path[1:]
-    if head == "hparams" and isinstance(config, Experiment):
-        return dataclasses.replace(config, hparams={**config.hparams, rest[0]: _parse(text, float, key)})
-    if rest:
-        return dataclasses.replace(config, **{head: _replace_path(getattr(config, head), rest, text, key)})
-    return dataclasses.replace(config, **{head: _parse(text, _field_type(type(config), head), key)})
+def _key_type(path: tuple[str, ...]):
+    config = Experiment
+    for part in path[:-1]:
+        config = _field_type(config, part)
+    return _field_type(config, path[-1])
+
+
+def _apply(config, changes: dict):
+    """``config`` with ``changes`` ({field path: value}) made, one ``replace`` per nested config."""
+    fields = {}
+    for head in dict.fromkeys(path[0] for path in changes):
+        below = {path[1:]: value for path, value in changes.items() if path[0] == head and len(path) > 1}
+        if head == "hparams" and isinstance(config, Experiment):
+            fields[head] = {**config.hparams, **{path[0]: value for path, value in below.items()}}
+        elif below:
+            fields[head] = _apply(getattr(config, head), below)
+        else:
+            fields[head] = changes[(head,)]
+    return dataclasses.replace(config, **fields)
 
 
 def _field_type(config: type, name: str):

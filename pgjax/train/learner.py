@@ -28,6 +28,7 @@ ratio is 1 up to float rounding at the first minibatch; the sampler's own
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import flax.struct
 import jax
@@ -56,10 +57,13 @@ class UpdateConfig:
     chunk_size: int = 1024
 
     def __post_init__(self):
-        if min(self.epochs, self.minibatches, self.micro_batches, self.chunk_size) < 1:
-            raise ValueError(f"epochs, minibatches, micro_batches and chunk_size must be >= 1: {self}")
-        if not (self.temperature > 0 and self.value_clip >= 0):
-            raise ValueError(f"temperature must be > 0 and value_clip >= 0 (0 = off): {self}")
+        for name in ("epochs", "minibatches", "micro_batches", "chunk_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        for name, ok, valid in (("temperature", self.temperature > 0, "> 0"),
+                                ("value_clip", self.value_clip >= 0, ">= 0 (0: no clipping)")):
+            if not (ok and math.isfinite(getattr(self, name))):
+                raise ValueError(f"{name} must be finite and {valid}, got {getattr(self, name)!r}")
 
     def check(self, prompts: int, group_size: int = 1, mesh: Mesh | None = None) -> None:
         """Whole prompt groups per micro-batch; with a ``mesh``, micro-batches of rows that split

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import optax
 
@@ -19,10 +20,14 @@ class OptimConfig:
     max_grad_norm: float = 1.0
 
     def __post_init__(self):
-        if not (self.lr > 0 and self.warmup_steps >= 0 and self.max_grad_norm >= 0 and self.weight_decay >= 0
-                and 0 <= self.b1 < 1 and 0 <= self.b2 < 1 and self.eps > 0):
-            raise ValueError(f"invalid optimizer settings {self}: lr > 0, warmup_steps, max_grad_norm and "
-                             "weight_decay >= 0, b1 and b2 in [0, 1), eps > 0")
+        rules = [("lr", self.lr > 0, "> 0"), ("warmup_steps", self.warmup_steps >= 0, ">= 0"),
+                 ("b1", 0 <= self.b1 < 1, "in [0, 1)"), ("b2", 0 <= self.b2 < 1, "in [0, 1)"),
+                 ("eps", self.eps > 0, "> 0"), ("weight_decay", self.weight_decay >= 0, ">= 0"),
+                 ("max_grad_norm", self.max_grad_norm >= 0, ">= 0 (0: no clipping)")]
+        for name, ok, valid in rules:
+            value = getattr(self, name)
+            if not (ok and math.isfinite(value)):
+                raise ValueError(f"{name} must be finite and {valid}, got {value!r}")
 
 
 def make_optimizer(config: OptimConfig) -> optax.GradientTransformation:

@@ -2,7 +2,7 @@
 
 On a terminal: a live bar with the step's reward, sampled accuracy and the last greedy evaluation.
 Anywhere else (a log file, CI, a pipe): one plain line every ``every`` seconds and at the last
-step, never a line per step and never carriage returns.
+step (``every=0``: every step), never carriage returns.
 """
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ steps (prompts are left-padded to ``max_prompt_tokens``), so nothing recompiles.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 from jax.sharding import Mesh
@@ -43,10 +44,15 @@ class RolloutConfig(Decoding):
 
     def __post_init__(self):
         super().__post_init__()
-        if not (self.samples_per_prompt >= 1 and self.max_prompt_tokens >= 1):
-            raise ValueError(f"samples_per_prompt and max_prompt_tokens must be >= 1: {self}")
-        if not (0 <= self.overlong_buffer < self.max_new_tokens and self.overlong_penalty >= 0):
-            raise ValueError(f"overlong_buffer must be in [0, max_new_tokens) and overlong_penalty >= 0: {self}")
+        rules = [("samples_per_prompt", self.samples_per_prompt >= 1, ">= 1"),
+                 ("max_prompt_tokens", self.max_prompt_tokens >= 1, ">= 1"),
+                 ("overlong_buffer", 0 <= self.overlong_buffer < self.max_new_tokens,
+                  f"in [0, max_new_tokens={self.max_new_tokens}) (0: off)"),
+                 ("overlong_penalty", self.overlong_penalty >= 0 and math.isfinite(self.overlong_penalty),
+                  "finite and >= 0")]
+        for name, ok, valid in rules:
+            if not ok:
+                raise ValueError(f"{name} must be {valid}, got {getattr(self, name)!r}")
 
     def sampling(self, eos_ids: tuple[int, ...], pad_id: int, greedy: bool = False) -> SamplingConfig:
         """The sampler's settings: these ``Decoding`` fields, K samples per prompt (1 when greedy)."""

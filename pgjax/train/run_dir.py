@@ -9,7 +9,8 @@
   final/                  the trained policy as a Hugging Face checkpoint (``from_pretrained`` loads it)
 
 ``RunDirectory(exp, resume)`` only finds the directory and checks it can be used (ConfigError
-otherwise); ``create`` writes the first files. A new run never reuses a directory that holds
+otherwise); ``create`` makes it, ``start`` opens the metric writers and writes a new run's first
+files. A new run never reuses a directory that holds
 checkpoints: without ``run_dir`` it takes the first of ``runs/<name>``, ``runs/<name>-2``, ... that
 holds none; ``--resume`` takes the last that does. On several processes every process writes its
 shards of each checkpoint and process 0 alone writes everything else.
@@ -17,7 +18,6 @@ shards of each checkpoint and process 0 alone writes everything else.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import pathlib
@@ -29,7 +29,6 @@ from pgjax.models import hf
 from pgjax.parallel import multihost
 from pgjax.train.experiment import ConfigError, Experiment, resolved
 
-TIMING_KEYS = ("time_sample", "time_prepare", "time_update", "time_step", "tokens_per_second")
 CURVES = (("reward", "reward"), ("accuracy", "sampled accuracy"), ("eval_accuracy", "greedy eval accuracy"),
           ("length_correct", "length (correct)"), ("length_incorrect", "length (incorrect)"),
           ("entropy", "entropy"), ("kl_ref", "KL to reference"), ("clip_fraction", "clip fraction"))
@@ -113,39 +112,48 @@ class RunDirectory:
         self.primary = True         # until ``create``: no JAX call before jax.distributed starts
         self.checkpoints = self.tensorboard = self.wandb = None
 
-    def create(self, tokenizer) -> None:
-        """Make the directory and its checkpoint manager; a new run's experiment.json and tokenizer."""
+    def create(self) -> None:
+        """Make the directory and its checkpoint manager."""
         self.primary = multihost.is_primary()
         self.directory.mkdir(parents=True, exist_ok=True)
         self.checkpoints = Checkpoints(self.directory / "checkpoints")
-        if self.primary and not self.resume:
-            (self.directory / "experiment.json").write_text(json.dumps(dataclasses.asdict(self.exp), indent=2,
-                                                                       default=str))
-            tokenizer.save_pretrained(self.directory / "tokenizer")
 
-    def open_writers(self, start_step: int) -> None:
-        """The metric writers the experiment enables; a resumed run's TensorBoard events after
-        ``start_step`` (those of steps the checkpoint does not cover) are discarded."""
+    def start(self, tokenizer, start_step: int) -> None:
+        """Open the metric writers the experiment enables; then a new run writes its experiment.json,
+        tokenizer and an empty metrics.jsonl (leftovers of a run that never checkpointed are not its),
+        and a resumed one drops the metric lines after ``start_step``. TensorBoard discards earlier
+        events after ``start_step`` (a new run: all of them). A W&B run keeps its id in
+        ``wandb_run_id``, so a resumed run continues it (W&B ignores re-logged steps at or below the
+        last one it has)."""
         if not self.primary:
             return
         logging = self.exp.logging
-        if logging.tensorboard:
-            from tensorboardX import SummaryWriter
-            self.tensorboard = SummaryWriter(str(self.directory), purge_step=start_step + 1 if self.resume else None)
         if logging.wandb:
             import wandb
-            self.wandb = wandb.init(project=logging.wandb_project, name=self.directory.name, dir=str(self.directory),
-                                    config=resolved(self.exp), resume="allow", id=_wandb_id(self.directory))
+            id_file = self.directory / "wandb_run_id"
+            run_id = id_file.read_text().strip() if self.resume and id_file.exists() else wandb.util.generate_id()
+            try:
+                self.wandb = wandb.init(project=logging.wandb_project, name=self.directory.name, id=run_id,
+                                        dir=str(self.directory), config=resolved(self.exp),
+                                        resume="allow" if self.resume else "never")
+            except Exception as error:      # no login, no network, a bad project: the user's setting
+                raise ConfigError(f"logging.wandb: wandb.init failed ({error}); log in, or set "
+                                  "WANDB_MODE=offline, or logging.wandb=false") from None
+            id_file.write_text(run_id)
+        if logging.tensorboard:
+            from tensorboardX import SummaryWriter
+            self.tensorboard = SummaryWriter(str(self.directory), purge_step=start_step + 1 if self.resume else 0)
+        if self.resume:
+            kept = [r for r in self.records() if r["step"] <= start_step]
+            self.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            return
+        (self.directory / "experiment.json").write_text(json.dumps(dataclasses.asdict(self.exp), indent=2,
+                                                                   default=str))
+        tokenizer.save_pretrained(self.directory / "tokenizer")
+        self.metrics_path.write_text("")
 
     def records(self) -> list[dict]:
         return read_records(self.directory)
-
-    def truncate_metrics(self, last_step: int) -> None:
-        """Keep the lines of steps <= ``last_step`` (those a checkpoint covers)."""
-        if not self.primary:
-            return
-        kept = [r for r in self.records() if r["step"] <= last_step]
-        self.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
 
     def log(self, record: dict) -> None:
         """One step's record to metrics.jsonl and to each enabled writer (numbers only there)."""
@@ -169,17 +177,12 @@ class RunDirectory:
             hf.save(policy, self.directory / "final", tokenizer_dir=self.directory / "tokenizer")
             plot(self.records(), self.directory / "curves.png", self.exp.name)
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         for writer in (self.checkpoints, self.tensorboard):
             if writer is not None:
                 writer.close()
         if self.wandb is not None:
-            self.wandb.finish()
-
-
-def _wandb_id(directory: pathlib.Path) -> str:
-    """A Weights & Biases run id fixed by the directory, so a resumed run continues the same W&B run."""
-    return hashlib.sha1(str(directory.absolute()).encode()).hexdigest()[:16]
+            self.wandb.finish(exit_code=1 if failed else 0)
 
 
 def plot(records: list[dict], path, title: str) -> None:

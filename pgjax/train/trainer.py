@@ -30,7 +30,6 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -49,6 +48,7 @@ from pgjax.train.run_dir import Checkpoints, RunDirectory
 from pgjax.train.sft import demonstrations, sft_step
 
 STAT_KEYS = ("reward", "correct", "length", "truncated", "kept")
+TIMING_KEYS = ("time_sample", "time_prepare", "time_update", "time_step", "tokens_per_second")
 
 
 class Callback:
@@ -74,7 +74,7 @@ def _user_error(what: str, build):
     """``build()``, with a user's mistake in ``what`` (a bad option, a missing or malformed file) as ConfigError."""
     try:
         return build()
-    except (ValueError, TypeError, KeyError, FileNotFoundError) as error:
+    except (ValueError, TypeError, KeyError, OSError) as error:
         raise ConfigError(f"{what}: {error}") from None
 
 
@@ -82,7 +82,7 @@ class Trainer:
     """The task, tokenizer, policy, optimizer state, learner and step count of one experiment."""
 
     def __init__(self, exp: Experiment):
-        multihost.initialize(exp.distributed)          # before any other JAX call
+        _user_error("distributed", lambda: multihost.initialize(exp.distributed))   # before any other JAX call
         self.exp = exp
         self.mesh = _user_error("mesh", lambda: make_mesh(exp.mesh))
         validate(exp, self.mesh)
@@ -99,11 +99,12 @@ class Trainer:
         self.learner = Learner(policy, self.algorithm, exp.rollout.samples_per_prompt, exp.update,
                                make_optimizer(exp.optim), critic_optimizer, use_reference, self.mesh)
         self.reward_fn = self._reward_function()
-        self.eos_ids = (hf.eos_token_ids(exp.model.path, self.tokenizer) if exp.model.path
-                        else (self.tokenizer.eos_token_id,))
+        self.eos_ids = (_user_error("model.path", lambda: hf.eos_token_ids(exp.model.path, self.tokenizer))
+                        if exp.model.path else (self.tokenizer.eos_token_id,))
         self.state = self.learner.init_state(policy, jax.random.PRNGKey(exp.seed))
         self.step_count = 0
-        self.started = False        # the warm start and step-0 evaluation are done (or restored)
+        self.warm_started = not exp.warm_start.steps      # nothing to do, or done (or restored)
+        self.started = False        # the step-0 evaluation is logged (or the run restored): fit goes on from here
 
     def _tokenizer(self):
         """The task's own tokenizer, else the checkpoint's (``model.path``)."""
@@ -116,7 +117,7 @@ class Trainer:
         return _user_error("model.path", lambda: hf.load_tokenizer(self.exp.model.path))
 
     def _check_widths(self) -> None:
-        """The held-out prompts fit ``rollout.max_prompt_tokens`` and, with a warm start, their
+        """The evaluation prompts fit ``rollout.max_prompt_tokens`` and, with a warm start, their
         demonstrations fit ``rollout.max_new_tokens`` (ConfigError otherwise)."""
         exp = self.exp
         examples = self.task.examples(exp.eval_prompts, seed=stream_seed(exp.seed, "eval", 0))
@@ -153,12 +154,14 @@ class Trainer:
     def warm_start(self) -> None:
         """``warm_start.steps`` supervised steps on fresh demonstrations (seeded per step, sharded like
         the RL update; each process encodes its rows of each batch); the optimizer state, reference
-        policy and critic then start from the warm-started policy. Does nothing once started."""
+        policy and critic then start from the warm-started policy. Does nothing when done already, after
+        a step or a restore."""
         ws, exp = self.exp.warm_start, self.exp
-        if self.started or not ws.steps:
+        if self.warm_started or self.step_count:
             return
         optimizer = make_optimizer(ws.optim)
-        params = shard(jax.tree.map(jnp.copy, self.state.params), self.mesh)   # sft_step donates its input
+        params = shard(self.state.params, self.mesh)     # sft_step donates it: the state is rebuilt below
+        self.state = None                                # and only the supervised state is held meanwhile
         opt_state = optimizer.init(params)
         for step in range(ws.steps):
             examples = self.task.examples(ws.batch_size, seed=stream_seed(exp.seed, "warm_start", step))
@@ -169,6 +172,7 @@ class Trainer:
             if (step % 50 == 0 or step == ws.steps - 1) and multihost.is_primary():
                 print(f"warm start {step + 1}/{ws.steps}: loss {float(loss):.3f}", file=sys.stderr)
         self.state = self.learner.init_state(self.learner.policy(params), jax.random.PRNGKey(exp.seed))
+        self.warm_started = True
 
     def step(self, callbacks=()) -> dict:
         """One RL step (sample, score, update) on the step's prompts; returns its record: rollout
@@ -186,7 +190,11 @@ class Trainer:
         rollout = jax.block_until_ready(self.learner.prepare(self.state, rollout, self.hparams))
         observed = {}
         for callback in callbacks:
-            observed.update(callback.before_update(self, rollout, examples, stats) or {})
+            for key, value in (callback.before_update(self, rollout, examples, stats) or {}).items():
+                if key in RECORD_KEYS:
+                    raise ValueError(f"{type(callback).__name__}.before_update returned {key!r}, a key of the "
+                                     "step's own record: name it differently")
+                observed[key] = float(value)
         t2 = time.perf_counter()
         self.state, metrics = self.learner.update(self.state, rollout, self.hparams)
         metrics = jax.device_get(metrics)
@@ -197,8 +205,9 @@ class Trainer:
         return {"step": self.step_count, **step_record(stats, metrics, times), **observed}
 
     def evaluate(self) -> float:
-        """Greedy accuracy on ``eval_prompts`` held-out examples (a fixed seed apart from training);
-        each process scores its rows."""
+        """Greedy accuracy on ``eval_prompts`` evaluation examples, the same at every call (drawn from
+        the task with a seed stream of their own; generated tasks rarely repeat a training prompt, a
+        dataset file's are drawn from the same file); each process scores its rows."""
         exp = self.exp
         examples = multihost.process_share(
             self.task.examples(exp.eval_prompts, seed=stream_seed(exp.seed, "eval", 0)), self.mesh)
@@ -216,15 +225,21 @@ class Trainer:
 
     def restore(self, checkpoints: Checkpoints, step: int | None = None) -> None:
         """The state and step count of a checkpoint (default: the newest), on this trainer's mesh."""
-        self.state, record = checkpoints.restore(self.state, step)
-        self.step_count, self.started = record["step"], True
+        try:
+            self.state, record = checkpoints.restore(self.state, step)
+        except (ValueError, KeyError) as error:
+            raise ConfigError(f"the checkpoint in {checkpoints.directory} does not fit this experiment's training "
+                              f"state (a changed model, algorithm or optimizer?): {str(error)[:300]}") from None
+        self.step_count, self.started, self.warm_started = record["step"], True, True
 
     def fit(self, run: RunDirectory | None = None, callbacks=(), progress: bool = True) -> None:
         """Train to ``steps``: a fresh trainer first runs the warm start and logs the step-0 evaluation;
         then each step, with evaluation every ``eval_every`` steps and at the end. With a ``run``
         directory every record is logged and a checkpoint written every ``checkpoint_every`` steps
         and at the end; ``callbacks`` see every step."""
-        exp = self.exp
+        exp, callbacks = self.exp, tuple(callbacks)
+        if run is not None and run.checkpoints is None:
+            raise ValueError("fit(run): call run.create() and run.start(...) first (as train() does)")
         if not self.started:
             self.warm_start()
             self._emit({"step": 0, "eval_accuracy": self.evaluate()}, run)
@@ -252,6 +267,11 @@ class Trainer:
         """The trained policy into ``run``'s ``final/`` (every process takes part in the gather)."""
         params = multihost.gather(self.state.params)
         run.export(self.learner.policy(params))
+
+
+RECORD_KEYS = ("step", "reward", "accuracy", "length", "length_correct", "length_incorrect", "truncated", "kept",
+               "policy_loss", "clip_fraction", "grad_norm", "entropy", "kl_ref", "kl_old", "value_loss",
+               "eval_accuracy", *TIMING_KEYS)
 
 
 def step_record(stats: dict, metrics: dict, times: dict) -> dict:
@@ -284,15 +304,16 @@ def train(exp: Experiment, resume: bool = False, progress: bool = True, callback
     the newest checkpoint, dropping metric lines written after it."""
     run = RunDirectory(exp, resume)
     trainer = Trainer(exp)
-    run.create(trainer.tokenizer)
+    run.create()
     try:
         if resume:
             trainer.restore(run.checkpoints)
-            run.truncate_metrics(trainer.step_count)
             print(f"resumed {run.directory} at step {trainer.step_count}", file=sys.stderr)
-        run.open_writers(trainer.step_count)
+        run.start(trainer.tokenizer, trainer.step_count)
         trainer.fit(run, callbacks, progress)
         trainer.export(run)
-    finally:
-        run.close()
+    except BaseException:
+        run.close(failed=True)
+        raise
+    run.close()
     return run.directory
