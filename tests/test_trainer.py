@@ -135,6 +135,13 @@ def test_metrics_reach_jsonl_tensorboard_and_wandb_with_the_same_values(tmp_path
             checked += 1
     assert checked >= 38 and {"reward", "eval_accuracy", "kl_ref", "time_step", "mean_advantage"} <= set(events)
 
+    run_id = (directory / "wandb_run_id").read_text()           # a resumed run continues the same W&B run
+    train(experiment_lib.override(exp, ["steps=3"]), resume=True, progress=False)
+    assert (directory / "wandb_run_id").read_text() == run_id
+    assert {pathlib.Path(f).name for f in glob.glob(f"{directory}/wandb/offline-run-*/*.wandb")} == {f"run-{run_id}.wandb"}
+    assert [r["step"] for r in read_records(directory)] == [0, 1, 2, 3]
+    assert sorted(read_events(directory)["reward"]) == [1, 2, 3]
+
 
 def test_progress_off_a_terminal_prints_a_line_every_so_often_not_every_step():
     stream = io.StringIO()

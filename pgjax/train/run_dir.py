@@ -21,6 +21,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import uuid
 
 import jax
 import orbax.checkpoint as ocp
@@ -131,7 +132,7 @@ class RunDirectory:
         if logging.wandb:
             import wandb
             id_file = self.directory / "wandb_run_id"
-            run_id = id_file.read_text().strip() if self.resume and id_file.exists() else wandb.util.generate_id()
+            run_id = id_file.read_text().strip() if self.resume and id_file.exists() else uuid.uuid4().hex[:16]
             try:
                 self.wandb = wandb.init(project=logging.wandb_project, name=self.directory.name, id=run_id,
                                         dir=str(self.directory), config=resolved(self.exp),
