@@ -9,6 +9,14 @@ from pgjax.core import Batch, token_logprobs
 VOCAB = 5
 
 
+def simulated_devices(count: int) -> str:
+    """XLA_FLAGS for ``count`` simulated CPU devices. On a 2-core machine the devices' threads can wait
+    long for each other inside a collective; XLA aborts such a wait after 40 s by default, which made
+    the sharding test fail now and then, so the abort comes only after 10 minutes."""
+    return (f"--xla_force_host_platform_device_count={count} --xla_cpu_collective_call_terminate_timeout_seconds=600"
+            " --xla_cpu_collective_call_warn_stuck_timeout_seconds=120")
+
+
 def make_batch(seed: int, prompts: int = 3, group_size: int = 4, length: int = 6, *, dtype=jnp.float32):
     """A batch of P * K rows with varied response lengths (one empty response, one full,
     i.e. truncated), binary rewards with one all-equal group, and behaviour / reference

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from conftest import simulated_devices
 from pgjax.models import hf
 from pgjax.train.trainer import TIMING_KEYS
 
@@ -38,7 +39,7 @@ ROOT = pathlib.Path(__file__).parent.parent
 
 def launch(file, directory, devices: int, *extra, process: int | None = None):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+           "XLA_FLAGS": simulated_devices(devices)}
     env.pop("JAX_COORDINATOR_ADDRESS", None)
     log = open(pathlib.Path(directory).parent / f"{pathlib.Path(directory).name}-{process or 0}.log", "w")
     return subprocess.Popen([sys.executable, "-m", "pgjax.run", str(file), "--no-progress",

@@ -78,7 +78,8 @@ def check_meshes():
 
 @pytest.mark.slow
 def test_sharded_update_and_sampling_equal_the_single_device_run():
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    from conftest import simulated_devices
+    env = {**os.environ, "XLA_FLAGS": simulated_devices(8), "JAX_PLATFORMS": "cpu"}
     done = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count(" ok") == len(MESHES)
