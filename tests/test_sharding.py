@@ -78,9 +78,12 @@ def check_meshes():
 
 @pytest.mark.slow
 def test_sharded_update_and_sampling_equal_the_single_device_run():
-    from conftest import simulated_devices
+    from conftest import XLA_COLLECTIVE_HANG, simulated_devices
     env = {**os.environ, "XLA_FLAGS": simulated_devices(8), "JAX_PLATFORMS": "cpu"}
-    done = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900)
+    for _ in range(3):       # only XLA's CPU collective hang (see simulated_devices) is retried
+        done = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900)
+        if done.returncode == 0 or XLA_COLLECTIVE_HANG not in done.stderr:
+            break
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count(" ok") == len(MESHES)
 
