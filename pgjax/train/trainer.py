@@ -89,6 +89,7 @@ class Trainer:
         self.algorithm = exp.algorithm_preset()
         self.hparams = self.algorithm.hparams
         self.task = _user_error("task", lambda: make_task(exp.task.name, **exp.task.options()))
+        _user_error("task", lambda: self.task.examples(1, seed=0))     # a malformed dataset fails here, first
         self.tokenizer = self._tokenizer()
         self._check_widths()
         policy = self._policy()
@@ -117,11 +118,9 @@ class Trainer:
 
     def _check_widths(self) -> None:
         """The evaluation prompts fit ``rollout.max_prompt_tokens`` and, with a warm start, their
-        demonstrations fit ``rollout.max_new_tokens`` (ConfigError otherwise; drawing them also reads a
-        dataset file, whose errors are ConfigErrors too)."""
+        demonstrations fit ``rollout.max_new_tokens`` (ConfigError otherwise)."""
         exp = self.exp
-        examples = _user_error("task", lambda: self.task.examples(exp.eval_prompts,
-                                                                  seed=stream_seed(exp.seed, "eval", 0)))
+        examples = self.task.examples(exp.eval_prompts, seed=stream_seed(exp.seed, "eval", 0))
         try:
             encode_prompts(self.tokenizer, [e["prompt"] for e in examples], exp.rollout.max_prompt_tokens)
         except ValueError as error:
