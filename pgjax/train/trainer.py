@@ -91,6 +91,7 @@ class Trainer:
         self.task = _user_error("task", lambda: make_task(exp.task.name, **exp.task.options()))
         _user_error("task", lambda: self.task.examples(1, seed=0))     # a malformed dataset fails here, first
         self.tokenizer = self._tokenizer()
+        self.eval_examples = self.task.examples(exp.eval_prompts, seed=stream_seed(exp.seed, "eval", 0))
         self._check_widths()
         policy = self._policy()
         spec = self.algorithm.spec
@@ -120,7 +121,7 @@ class Trainer:
         """The evaluation prompts fit ``rollout.max_prompt_tokens`` and, with a warm start, their
         demonstrations fit ``rollout.max_new_tokens`` (ConfigError otherwise)."""
         exp = self.exp
-        examples = self.task.examples(exp.eval_prompts, seed=stream_seed(exp.seed, "eval", 0))
+        examples = self.eval_examples
         try:
             encode_prompts(self.tokenizer, [e["prompt"] for e in examples], exp.rollout.max_prompt_tokens)
         except ValueError as error:
@@ -209,8 +210,7 @@ class Trainer:
         the task with a seed stream of their own; generated tasks rarely repeat a training prompt, a
         dataset file's are drawn from the same file); each process scores its rows."""
         exp = self.exp
-        examples = multihost.process_share(
-            self.task.examples(exp.eval_prompts, seed=stream_seed(exp.seed, "eval", 0)), self.mesh)
+        examples = multihost.process_share(self.eval_examples, self.mesh)
         scored = sample_and_score(self.policy, self.tokenizer, examples, exp.rollout.max_prompt_tokens,
                                   jax.random.PRNGKey(0), exp.rollout.sampling(self.eos_ids, pad_id(self.tokenizer),
                                                                               greedy=True),
