@@ -2,8 +2,10 @@
 
 Parses the arguments, loads and overrides the experiment, and hands it to
 ``pgjax.train.trainer.train`` (the training loop itself lives in ``pgjax.train``). A mistake in
-the configuration is printed as one or two plain lines and exits with status 2, before anything
-is written to disk.
+the configuration (or a run directory in use, a changed experiment on resume, no intact checkpoint)
+is printed as one or two plain lines and exits with status 2, before anything is written to disk; a
+run stopped by a non-finite reward or repeated non-finite updates exits with status 1, its last
+checkpoint intact.
 """
 from __future__ import annotations
 
@@ -14,14 +16,16 @@ from pgjax.parallel import multihost
 from pgjax.train import experiment as experiment_lib
 from pgjax.train.experiment import ConfigError
 from pgjax.train.run_dir import read_records
-from pgjax.train.trainer import train
+from pgjax.train.trainer import RunStopped, train
 
 
 def _epilog() -> str:
     lines = ["sections of an experiment (--set <section>.<field>=value; --print-config lists every key):"]
     lines += [f"  {name:<13} {summary}" for name, summary in experiment_lib.sections().items()]
     lines += ["  hparams       the algorithm's traced hyperparameters (core.HParams), e.g. hparams.kl_coef=0.01",
-              "", "exit status: 0 done, 2 a configuration error (nothing was written)"]
+              "", "exit status: 0 done, 1 stopped by a non-finite reward or update (the last checkpoint is intact),",
+              "             2 a configuration error, a run directory in use or nothing intact to resume (nothing "
+              "was written)"]
     return "\n".join(lines)
 
 
@@ -31,7 +35,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("experiment", help="an experiment file defining experiment() -> Experiment")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config field by its dotted key (repeatable)")
-    parser.add_argument("--resume", action="store_true", help="continue the run from its newest checkpoint")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run from its newest intact checkpoint (the experiment must be unchanged "
+                             "but for steps, evaluation, checkpoint and logging settings, mesh and micro-batches)")
+    parser.add_argument("--resume-with-changes", action="store_true",
+                        help="--resume with a changed experiment; the changes are recorded in changes.jsonl")
+    parser.add_argument("--no-fallback", action="store_true",
+                        help="with --resume, stop if the newest checkpoint is damaged instead of going back to the "
+                             "newest intact one")
     parser.add_argument("--print-config", action="store_true",
                         help="print every key with the value this run would use, and exit")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
@@ -45,10 +56,14 @@ def main(argv=None) -> int:
         if args.print_config:
             print("\n".join(f"{key} = {value!r}" for key, value in experiment_lib.resolved(exp).items()))
             return 0
-        directory = train(exp, resume=args.resume, progress=not args.no_progress)
+        directory = train(exp, resume=args.resume, progress=not args.no_progress,
+                          accept_changes=args.resume_with_changes, fallback=not args.no_fallback)
     except ConfigError as error:
         print(f"pgjax.run: error: {error}", file=sys.stderr)
         return 2
+    except RunStopped as error:
+        print(f"pgjax.run: stopped: {error}", file=sys.stderr)
+        return 1
     if multihost.is_primary():
         evals = [r for r in read_records(directory) if r.get("eval_accuracy") is not None]
         print(f"greedy eval accuracy: start {evals[0]['eval_accuracy']:.3f} -> end {evals[-1]['eval_accuracy']:.3f}"

@@ -60,9 +60,19 @@ def test_uncomputable_rewards_are_zero_never_nan():
     out = flaky(["p"] * 4, ["raise", "nan", "inf", "ok"])
     assert out.dtype == np.float32 and out.shape == (4,)
     np.testing.assert_array_equal(out, [0, 0, 0, 0.5])
-    # a custom batched function returning NaN is sanitised by combine; a wrong shape is a bug
+    # a custom batched function's NaN passes through combine, to the one check before training
     nan_fn = lambda prompts, completions, **_: np.array([np.nan, 1.0])  # noqa: E731
-    np.testing.assert_array_equal(R.combine((nan_fn, 2.0))(["a", "b"], ["x", "y"]), [0, 2])
+    total = R.combine((nan_fn, 2.0), R.format_reward("x"))
+    summed = total(["a", "b"], ["x", "y"])
+    np.testing.assert_array_equal(summed, [np.nan, 2.0])
+    with pytest.raises(R.RewardError, match=r"reward function 2 \* <lambda> \+ format_reward returned nan for row 0 "
+                                            r"of 2 \(1 non-finite; prompt 'a', completion 'x'\).*nonfinite_rewards='mask'"):
+        R.finite_rewards(summed, R.reward_name(total), ["a", "b"], ["x", "y"])
+    cleaned, bad = R.finite_rewards(summed, "r", ["a", "b"], ["x", "y"], nonfinite="mask")
+    np.testing.assert_array_equal(cleaned, [0.0, 2.0])
+    np.testing.assert_array_equal(bad, [True, False])
+    with pytest.raises(ValueError, match="nonfinite must be one of"):
+        R.finite_rewards(summed, "r", ["a", "b"], ["x", "y"], nonfinite="zero")
     with pytest.raises(ValueError, match="shape"):
         R.combine(lambda p, c, **_: np.zeros(3))(["a"], ["x"])
     # empty batch

@@ -2,12 +2,7 @@
 gradient accumulation is exact, the rollout options do what they say, and bad input fails early."""
 import dataclasses
 import json
-import os
 import pathlib
-import signal
-import subprocess
-import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -95,56 +90,6 @@ def comparable(path) -> list[dict]:
     """The metric lines without wall-clock timings."""
     records = [json.loads(line) for line in pathlib.Path(path).read_text().splitlines()]
     return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in records]
-
-
-RESUME_EXPERIMENT = """
-from pgjax.train.experiment import Experiment, ModelSection, WarmStartSection
-from pgjax.train.rollout import RolloutConfig
-
-def experiment():
-    return Experiment(name="resume", algorithm="grpo", steps=12, prompts_per_step=4, eval_every=1,
-                      eval_prompts=64, checkpoint_every=3,
-                      model=ModelSection(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=1, head_dim=16),
-                      warm_start=WarmStartSection(steps=3, batch_size=8),
-                      rollout=RolloutConfig(samples_per_prompt=4, max_prompt_tokens=8, max_new_tokens=6))
-"""
-
-
-def start_run(file, directory, *extra):
-    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).parent.parent)}
-    return subprocess.Popen([sys.executable, "-m", "pgjax.run", str(file), "--no-progress",
-                             "--set", f"run_dir={directory}", *extra], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-@pytest.mark.slow
-def test_a_run_killed_with_sigkill_resumes_to_the_same_metrics_and_parameters(tmp_path):
-    file = tmp_path / "resume.py"
-    file.write_text(RESUME_EXPERIMENT)
-    whole = start_run(file, tmp_path / "whole")
-    killed = start_run(file, tmp_path / "killed")
-    metrics = tmp_path / "killed" / "metrics.jsonl"
-    deadline = time.time() + 300
-    while time.time() < deadline and killed.poll() is None:
-        if metrics.exists() and any(json.loads(x)["step"] >= 4 for x in metrics.read_text().splitlines()[:-1]):
-            killed.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.005)
-    killed.wait()
-    assert killed.returncode == -signal.SIGKILL, killed.stdout.read()
-    assert not (tmp_path / "killed" / "final").exists()
-    resumed = start_run(file, tmp_path / "killed", "--resume")
-    assert resumed.wait() == 0, resumed.stdout.read()
-    assert whole.wait() == 0, whole.stdout.read()
-    assert comparable(metrics) == comparable(tmp_path / "whole" / "metrics.jsonl")
-    from test_trainer import read_events      # TensorBoard keeps one value per step: the killed run's
-    events = read_events(tmp_path / "killed")   # events after the checkpoint are purged on resume
-    records = [json.loads(line) for line in metrics.read_text().splitlines()]
-    assert events["reward"] == pytest.approx({r["step"]: r["reward"] for r in records if "reward" in r})
-    a = hf.load(tmp_path / "whole" / "final")
-    b = hf.load(tmp_path / "killed" / "final")
-    jax.tree.map(np.testing.assert_array_equal, nnx.state(a), nnx.state(b))
 
 
 def tiny_learner(algorithm, update, group_size=4, optimizer=None):

@@ -75,6 +75,12 @@ def is_primary() -> bool:
     return jax.process_index() == 0
 
 
+def barrier(name: str) -> None:
+    """Wait until every process reaches the barrier ``name`` (nothing to wait for with one process)."""
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(name)
+
+
 def process_rows(rows: int, mesh: Mesh) -> slice:
     """The rows of a ``rows``-row global batch that this process's devices hold (and feed)."""
     check_batch(rows, mesh, "global batch")

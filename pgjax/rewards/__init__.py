@@ -46,6 +46,8 @@ from pgjax.rewards.arithmetic import (
     trailing_scratch_reward,
 )
 from pgjax.rewards.base import (
+    NONFINITE_POLICIES,
+    RewardError,
     RewardFn,
     Task,
     WeightedSum,
@@ -53,6 +55,7 @@ from pgjax.rewards.base import (
     batch_fields,
     check_columns,
     combine,
+    finite_rewards,
     format_reward,
     per_example,
     reward_name,
@@ -73,10 +76,10 @@ from pgjax.rewards.tokenizer import EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID, char
 
 __all__ = [
     "TASKS", "accepted_options", "ArithmeticTask", "CountdownTask", "EOS_ID", "JsonlMathTask", "MixedArithmeticTask", "PAD_ID",
-    "RewardFn", "SPECIAL_TOKENS",
+    "NONFINITE_POLICIES", "RewardError", "RewardFn", "SPECIAL_TOKENS",
     "ScratchpadArithmeticTask", "Task", "UNK_ID", "WeightedSum", "answers_equal", "arithmetic_reward",
     "as_rewards", "batch_fields", "char_tokenizer", "check_columns", "combine", "countdown_reward",
-    "evaluate_expression", "extract_answer", "format_reward", "import_object", "is_arithmetic_answer", "is_countdown_solution",
+    "evaluate_expression", "extract_answer", "finite_rewards", "format_reward", "import_object", "is_arithmetic_answer", "is_countdown_solution",
     "is_scratchpad_answer", "load_jsonl", "make_task", "math_reward", "normalize_answer",
     "parse_number", "per_example", "reference_answer", "reward_name", "scratchpad_reward", "task_factory",
     "trailing_scratch_reward",

@@ -11,9 +11,13 @@ needs by name and ignores the rest, so one ``**fields`` dict can feed several.
 
 Rules, the same for every reward in this package:
 - a reward that cannot be computed (malformed completion, unparsable answer,
-  division by zero, any exception while scoring one row) is 0.0 for that row;
-  rewards are never NaN or infinite and scoring never raises for a bad
-  completion;
+  division by zero, any exception while scoring one row) is 0.0 for that row:
+  a row rule wrapped by ``per_example`` never yields NaN or infinity and
+  never raises for a bad completion;
+- a batched function's raw output is taken as it is (``as_rewards`` checks
+  its shape only), and ``finite_rewards`` is the one check of what reaches
+  training: a NaN or infinite reward is a ``RewardError`` naming the function
+  and the row, or, where the caller asks for it, a masked row;
 - a batch whose prompts, completions and field columns differ in length, or a
   missing field, is a caller's bug and raises (ValueError / TypeError).
 """
@@ -81,15 +85,39 @@ def check_columns(prompts: Sequence[str], completions: Sequence[str], fields: Ma
     return n
 
 
+class RewardError(ValueError):
+    """A reward function returned something training cannot use (a NaN or infinite reward)."""
+
+
 def as_rewards(values, n: int, name: str = "reward") -> np.ndarray:
-    """``values`` as float32 ``[n]``, with NaN / inf replaced by 0.0 (the uncomputable-reward rule).
+    """``values`` as float32 ``[n]``, NaN and infinities kept (``finite_rewards`` decides about them).
 
     A result of the wrong shape is a bug in the reward function and raises ValueError.
     """
     out = np.asarray(values, dtype=np.float64)
     if out.shape != (n,):
         raise ValueError(f"{name} returned shape {out.shape}, expected ({n},)")
-    return np.where(np.isfinite(out), out, 0.0).astype(np.float32)
+    return out.astype(np.float32)
+
+
+NONFINITE_POLICIES = ("error", "mask")
+
+
+def finite_rewards(rewards: np.ndarray, name: str, prompts: Sequence[str], completions: Sequence[str],
+                   nonfinite: str = "error") -> tuple[np.ndarray, np.ndarray]:
+    """(rewards with non-finite entries set to 0, the boolean mask of those rows) for ``nonfinite="mask"``;
+    with ``"error"`` a non-finite reward raises RewardError naming ``name``, the first such row, its
+    prompt and completion. The one validation of raw reward outputs before training uses them."""
+    if nonfinite not in NONFINITE_POLICIES:
+        raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, got {nonfinite!r}")
+    bad = ~np.isfinite(rewards)
+    if bad.any() and nonfinite == "error":
+        row = int(np.argmax(bad))
+        raise RewardError(f"reward function {name} returned {rewards[row]} for row {row} of {len(rewards)} "
+                          f"({int(bad.sum())} non-finite; prompt {prompts[row]!r:.60}, completion "
+                          f"{completions[row]!r:.60}); fix it, or set rollout.nonfinite_rewards='mask' to leave "
+                          "such samples out of the update")
+    return np.where(bad, 0.0, rewards).astype(np.float32), bad
 
 
 def per_example(fn: Callable[..., float]) -> RewardFn:
@@ -155,7 +183,12 @@ class WeightedSum:
     def __call__(self, prompts: Sequence[str], completions: Sequence[str], **fields: Sequence) -> np.ndarray:
         parts = self.components(prompts, completions, **fields)
         total = sum((w * parts[name].astype(np.float64) for name, _, w in self.terms), np.zeros(len(completions)))
-        return as_rewards(total, len(completions), "combined reward")
+        return as_rewards(total, len(completions), self.__name__)
+
+    @property
+    def __name__(self) -> str:
+        """``correct + 0.1 * format_reward``: how the sum is named in messages."""
+        return " + ".join(name if w == 1 else f"{w:g} * {name}" for name, _, w in self.terms)
 
     @property
     def weights(self) -> dict[str, float]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib.util
+import json
 import math
 import pathlib
 import types
@@ -93,7 +94,8 @@ class TaskSection:
     shares, tagged by difficulty), ``scratchpad_arithmetic`` (``digits``, ``ops``, ``max_scratch``: the
     demonstrations' longest free text, ``working``: ``before`` or ``after`` the answer), ``countdown``
     (``count`` numbers) or ``jsonl_math`` (a user's JSONL file at ``path``, ``prompt_field``,
-    ``answer_field``, scored by the math verifier). ``reward``: the import path of your own reward
+    ``answer_field``, scored by the math verifier; every record is checked before training starts,
+    ``skip_invalid`` leaves bad records out and prints how many instead of stopping). ``reward``: the import path of your own reward
     function (``fn(prompts, completions, **fields)``) to train on instead of the task's verifier
     (accuracy is still the verifier's); ``format_weight`` adds the task's format reward."""
     name: str = "arithmetic"
@@ -105,6 +107,7 @@ class TaskSection:
     path: str = ""
     prompt_field: str = "question"
     answer_field: str = "answer"
+    skip_invalid: bool = False
     reward: str = ""
     format_weight: float = 0.0
 
@@ -229,10 +232,24 @@ def validate(exp: Experiment, mesh) -> None:
                           f"{exp.task.name!r}, which takes {', '.join(accepted) or 'no options'}")
     if exp.model.path and not (pathlib.Path(exp.model.path) / "config.json").is_file():
         raise ConfigError(f"model.path={exp.model.path!r}: no Hugging Face checkpoint there (config.json missing)")
+    _check_context(exp)
     if exp.task.name == "jsonl_math" and not pathlib.Path(exp.task.path).is_file():
         raise ConfigError(f"task.path={exp.task.path!r}: no such dataset file (jsonl_math reads a JSONL file)")
     if exp.logging.wandb and importlib.util.find_spec("wandb") is None:
         raise ConfigError("logging.wandb=True needs the wandb package: pip install -e '.[wandb]'")
+
+
+def _check_context(exp: Experiment) -> None:
+    """A prompt and its response fit the context of the checkpoint at ``model.path``
+    (``max_position_embeddings`` of its config.json; a model built here has no limit but memory)."""
+    if not exp.model.path:
+        return
+    config = json.loads((pathlib.Path(exp.model.path) / "config.json").read_text())
+    context = config.get("max_position_embeddings")
+    width = exp.rollout.max_prompt_tokens + exp.rollout.max_new_tokens
+    if context and width > context:
+        raise ConfigError(f"rollout.max_prompt_tokens + rollout.max_new_tokens = {width} exceeds the model's context "
+                          f"of {context} tokens (max_position_embeddings in {exp.model.path}/config.json)")
 
 
 def _changed_options(section: TaskSection) -> list[str]:

@@ -13,6 +13,12 @@ from the whole minibatch (``core.loss_normalizer``), so accumulating
 micro-batches gives exactly the gradient of the undivided minibatch. Advantages
 and value targets are computed once, on the whole rollout, before the update.
 
+Finite or skipped: an optimizer step whose policy loss, gradient norm, critic loss or
+resulting state (parameters, optimizer moments) holds a NaN or infinity is not applied:
+the state stays as it was and the step counts in the ``skipped_updates`` metric (its loss
+metrics are left out, so the means are over the applied steps). ``max_skipped_steps``
+consecutive RL steps with every update skipped stop a run (``Trainer.fit``).
+
 Sharding: a ``Learner`` works on a device mesh (``parallel.mesh``; default the
 trivial one-device mesh, the same code path). The state's parameters and
 optimizer moments are placed by the logical-axis ``RULES`` (FSDP and/or tensor
@@ -48,16 +54,19 @@ from pgjax.train.critic import ValueModel
 class UpdateConfig:
     """epochs over each rollout; optimizer steps (minibatches) per epoch; gradient-accumulation
     micro-batches per step; ``temperature`` of the scored policy (the sampling temperature);
-    ``value_clip`` of the critic loss (0 = off); ``chunk_size`` of the chunked log-probs."""
+    ``value_clip`` of the critic loss (0 = off); ``chunk_size`` of the chunked log-probs;
+    ``max_skipped_steps``: consecutive RL steps whose every update was non-finite (and skipped)
+    that stop a run."""
     epochs: int = 1
     minibatches: int = 1
     micro_batches: int = 1
     temperature: float = 1.0
     value_clip: float = 0.2
     chunk_size: int = 1024
+    max_skipped_steps: int = 3
 
     def __post_init__(self):
-        for name in ("epochs", "minibatches", "micro_batches", "chunk_size"):
+        for name in ("epochs", "minibatches", "micro_batches", "chunk_size", "max_skipped_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         for name, ok, valid in (("temperature", self.temperature > 0, "> 0"),
@@ -209,17 +218,22 @@ class Learner:
 
     def _step(self, state: TrainState, rollout: Rollout, rows, hp: core.HParams):
         """(``_optimizer_step``, jitted, state donated) One optimizer step of the policy (and the
-        critic) on the minibatch ``rows`` of the rollout (whole groups)."""
+        critic) on the minibatch ``rows`` of the rollout (whole groups); not applied (the state
+        returned unchanged, ``skipped_updates`` = 1) when any loss, the gradient norm or the new
+        state is not finite."""
         minibatch = jax.tree.map(lambda x: x[rows], rollout)
         grads, metrics = self._gradient(state.params, minibatch, hp)
         metrics["grad_norm_max"] = optax.tree.norm(grads)
-        metrics["optimizer_steps"] = jnp.ones(())
         updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
-        state = state.replace(params=optax.apply_updates(state.params, updates), opt_state=opt_state)
+        new = state.replace(params=optax.apply_updates(state.params, updates), opt_state=opt_state)
         if self.uses_critic:
-            state, metrics["value_loss"] = self._critic_step(state, self._micro_batches(minibatch),
-                                                             core.loss_normalizer(minibatch.mask, self.group_size))
-        return state, metrics
+            new, metrics["value_loss"] = self._critic_step(new, self._micro_batches(minibatch),
+                                                           core.loss_normalizer(minibatch.mask, self.group_size))
+        finite = all_finite((metrics["policy_loss"], metrics["grad_norm_max"], metrics.get("value_loss"), new))
+        metrics = {key: jnp.where(finite, value, _identity(key)) for key, value in metrics.items()}
+        metrics["optimizer_steps"] = finite.astype(jnp.float32)
+        metrics["skipped_updates"] = 1.0 - metrics["optimizer_steps"]
+        return jax.tree.map(lambda updated, kept: jnp.where(finite, updated, kept), new, state), metrics
 
     def _gradient(self, params, minibatch: Rollout, hp: core.HParams):
         """(``policy_gradient``, jitted) Gradient of the algorithm's loss over the whole minibatch
@@ -256,6 +270,12 @@ class Learner:
         updates, opt_state = self.critic_optimizer.update(grads, state.critic_opt_state, state.critic_params)
         return (state.replace(critic_params=optax.apply_updates(state.critic_params, updates),
                               critic_opt_state=opt_state), metrics["value_loss"])
+
+
+def all_finite(tree) -> jax.Array:
+    """True when every floating-point entry of ``tree`` is finite (a scalar bool array)."""
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
 
 
 def _prompt_length(part: Rollout) -> int:

@@ -17,7 +17,7 @@ from pgjax import core
 from pgjax.models.transformer import CausalLM
 from pgjax.parallel.mesh import single_device_mesh
 from pgjax.parallel.multihost import to_global, to_host
-from pgjax.rewards import batch_fields
+from pgjax.rewards import NONFINITE_POLICIES, as_rewards, batch_fields, finite_rewards, reward_name
 from pgjax.sample import Decoding, Samples, SamplingConfig, generate
 from pgjax.train.learner import Rollout
 
@@ -34,6 +34,11 @@ class RolloutConfig(Decoding):
     overlong_buffer, overlong_penalty: DAPO's soft overlong punishment: a response
       longer than ``max_new_tokens - overlong_buffer`` loses up to ``overlong_penalty``,
       linearly over the buffer (0 = off).
+    nonfinite_rewards: what a NaN or infinite reward from a reward function does:
+      ``"error"`` (default) stops with a ``RewardError`` naming the function and the row;
+      ``"mask"`` leaves that sample's prompt group out of the update (a group baseline
+      needs all K rewards; for ReMax the greedy reward counts too) and counts the
+      non-finite rows in the step's ``nonfinite_rewards``.
     """
     samples_per_prompt: int = 8
     max_prompt_tokens: int = 16
@@ -41,6 +46,7 @@ class RolloutConfig(Decoding):
     mask_truncated: bool = False
     overlong_buffer: int = 0
     overlong_penalty: float = 1.0
+    nonfinite_rewards: str = "error"
 
     def __post_init__(self):
         super().__post_init__()
@@ -49,7 +55,8 @@ class RolloutConfig(Decoding):
                  ("overlong_buffer", 0 <= self.overlong_buffer < self.max_new_tokens,
                   f"in [0, max_new_tokens={self.max_new_tokens}) (0: off)"),
                  ("overlong_penalty", self.overlong_penalty >= 0 and math.isfinite(self.overlong_penalty),
-                  "finite and >= 0")]
+                  "finite and >= 0"),
+                 ("nonfinite_rewards", self.nonfinite_rewards in NONFINITE_POLICIES, f"one of {NONFINITE_POLICIES}")]
         for name, ok, valid in rules:
             if not ok:
                 raise ValueError(f"{name} must be {valid}, got {getattr(self, name)!r}")
@@ -105,30 +112,37 @@ def repeat_examples(examples: list[dict], k: int) -> tuple[list[str], dict]:
 class Scored:
     """Sampled responses, decoded and scored. ``samples``: the sampler's global arrays; ``response``
     [R, N], ``lengths``, ``truncated`` [R]: this process's rows on the host; ``completions``: their
-    text; ``scores``: each scorer's rewards [R]; ``prompts``, ``fields``: what the scorers were given."""
+    text; ``scores``: each scorer's rewards [R] (0 where non-finite); ``nonfinite`` [R]: the rows a
+    scorer gave a NaN or infinite reward; ``prompts``, ``fields``: what the scorers were given."""
     samples: Samples
     response: np.ndarray
     lengths: np.ndarray
     truncated: np.ndarray
     completions: list[str]
     scores: dict[str, np.ndarray]
+    nonfinite: np.ndarray
     prompts: list[str]
     fields: dict
 
 
 def sample_and_score(policy: CausalLM, tokenizer, examples: list[dict], prompt_width: int, key,
-                     sampling: SamplingConfig, scorers: dict, mesh: Mesh) -> Scored:
+                     sampling: SamplingConfig, scorers: dict, mesh: Mesh, nonfinite: str = "error") -> Scored:
     """The one path from prompts to rewards: encode ``examples``' prompts (left-padded to
     ``prompt_width``), sample ``sampling.n`` responses each, decode them (stop tokens stripped) and
-    score them with every ``scorers[name](prompts, completions, **fields)``. Rollouts, greedy
+    score them with every ``scorers[name](prompts, completions, **fields)``, each output checked by
+    ``rewards.finite_rewards`` (``nonfinite``: ``"error"`` or ``"mask"``). Rollouts, greedy
     baselines and evaluation all go through here. ``examples`` are this process's rows."""
     tokens, mask = encode_prompts(tokenizer, [e["prompt"] for e in examples], prompt_width)
     samples = generate(policy, tokens, mask, key, sampling, mesh)
     response, lengths, truncated = to_host((samples.response, samples.lengths, samples.truncated), mesh)
     completions = decode_responses(tokenizer, response, lengths, sampling.eos_ids)
     prompts, fields = repeat_examples(examples, sampling.n)
-    scores = {name: np.asarray(fn(prompts, completions, **fields), np.float32) for name, fn in scorers.items()}
-    return Scored(samples, response, lengths, truncated, completions, scores, prompts, fields)
+    scores, bad = {}, np.zeros(len(completions), bool)
+    for name, fn in scorers.items():
+        raw = as_rewards(fn(prompts, completions, **fields), len(completions), reward_name(fn))
+        scores[name], rows = finite_rewards(raw, reward_name(fn), prompts, completions, nonfinite)
+        bad |= rows
+    return Scored(samples, response, lengths, truncated, completions, scores, bad, prompts, fields)
 
 
 def collect(policy: CausalLM, tokenizer, examples: list[dict], reward_fn, correct_fn, key,
@@ -139,7 +153,9 @@ def collect(policy: CausalLM, tokenizer, examples: list[dict], reward_fn, correc
     ``reward_fn`` gives the training reward, ``correct_fn`` the task's verifier
     (1 = correct), both ``fn(prompts, completions, **fields)``. With
     ``greedy_baseline`` (ReMax) one greedy response per prompt is scored too.
-    ``eos_ids`` end a response (default: the tokenizer's EOS).
+    ``eos_ids`` end a response (default: the tokenizer's EOS). A row with a non-finite
+    reward raises ``RewardError``, or with ``config.nonfinite_rewards="mask"`` masks its
+    prompt group (``stats["nonfinite"]`` marks the row).
 
     On a ``mesh`` (default: one device) ``examples`` are this process's share of the
     step's prompts (``multihost.process_rows``): the Rollout is global (split over
@@ -149,26 +165,30 @@ def collect(policy: CausalLM, tokenizer, examples: list[dict], reward_fn, correc
     mesh = single_device_mesh() if mesh is None else mesh
     k, pad = config.samples_per_prompt, pad_id(tokenizer)
     scored = sample_and_score(policy, tokenizer, examples, config.max_prompt_tokens, key,
-                              config.sampling(eos_ids, pad), {"correct": correct_fn, "reward": reward_fn}, mesh)
+                              config.sampling(eos_ids, pad), {"correct": correct_fn, "reward": reward_fn}, mesh,
+                              config.nonfinite_rewards)
     lengths, truncated = scored.lengths, scored.truncated
     rewards = scored.scores["reward"] + overlong_penalty(lengths, config.max_new_tokens, config.overlong_buffer,
                                                          config.overlong_penalty)
-    keep = np.ones(len(rewards), bool)
+    nonfinite = scored.nonfinite
+    greedy_rewards = None
+    if greedy_baseline:
+        greedy = sample_and_score(policy, tokenizer, examples, config.max_prompt_tokens, key,
+                                  config.sampling(eos_ids, pad, greedy=True), {"reward": reward_fn}, mesh,
+                                  config.nonfinite_rewards)
+        greedy_rewards = np.repeat(greedy.scores["reward"], k)
+        nonfinite = nonfinite | np.repeat(greedy.nonfinite, k)
+    keep = ~np.repeat(nonfinite.reshape(-1, k).any(1), k)     # a group baseline needs all K rewards
     if config.mask_truncated:
         keep &= ~truncated
     if config.filter_equal_groups:
         groups = rewards.reshape(-1, k)
         keep &= np.repeat(groups.max(1) > groups.min(1), k)
-    greedy_rewards = None
-    if greedy_baseline:
-        greedy = sample_and_score(policy, tokenizer, examples, config.max_prompt_tokens, key,
-                                  config.sampling(eos_ids, pad, greedy=True), {"reward": reward_fn}, mesh)
-        greedy_rewards = np.repeat(greedy.scores["reward"], k)
     response_mask = (np.arange(scored.response.shape[1]) < lengths[:, None]).astype(np.float32)
     host = to_global({"mask": response_mask * keep[:, None], "rewards": rewards, "greedy_rewards": greedy_rewards},
                      mesh)
     rollout = Rollout(tokens=scored.samples.tokens, attention_mask=scored.samples.attention_mask,
                       batch=core.Batch(logp=None, group_size=k, **host))
     stats = {"reward": rewards, "correct": scored.scores["correct"], "length": lengths, "truncated": truncated,
-             "kept": keep, "completions": scored.completions, "prompts": scored.prompts}
+             "kept": keep, "nonfinite": nonfinite, "completions": scored.completions, "prompts": scored.prompts}
     return rollout, stats

@@ -38,17 +38,22 @@ from pgjax.models import hf
 from pgjax.models.transformer import CausalLM
 from pgjax.parallel import multihost
 from pgjax.parallel.mesh import make_mesh, shard
-from pgjax.rewards import combine, format_reward, import_object, make_task
+from pgjax.rewards import RewardError, combine, format_reward, import_object, make_task
 from pgjax.train.experiment import ConfigError, Experiment, validate
-from pgjax.train.learner import Learner, Rollout
+from pgjax.train.learner import Learner, Rollout, all_finite
 from pgjax.train.optim import make_optimizer
 from pgjax.train.progress import Progress
 from pgjax.train.rollout import collect, encode_prompts, pad_id, sample_and_score
 from pgjax.train.run_dir import Checkpoints, RunDirectory
 from pgjax.train.sft import demonstrations, sft_step
 
-STAT_KEYS = ("reward", "correct", "length", "truncated", "kept")
+STAT_KEYS = ("reward", "correct", "length", "truncated", "kept", "nonfinite")
 TIMING_KEYS = ("time_sample", "time_prepare", "time_update", "time_step", "tokens_per_second")
+
+
+class RunStopped(RuntimeError):
+    """Training cannot go on: a reward function's NaN or infinity, repeated non-finite updates, or a
+    non-finite state about to be saved. Nothing non-finite was written; the last checkpoint is intact."""
 
 
 class Callback:
@@ -62,6 +67,9 @@ class Callback:
 
     def after_step(self, trainer: Trainer, record: dict) -> None:
         """After each RL step of ``fit``, with its record (evaluation included when one was due)."""
+
+
+_all_finite = jax.jit(all_finite)
 
 
 def stream_seed(seed: int, stream: str, index: int) -> int:
@@ -91,6 +99,7 @@ class Trainer:
         self.task = _user_error("task", lambda: make_task(exp.task.name, **exp.task.options()))
         _user_error("task", lambda: self.task.examples(1, seed=0))     # a malformed dataset fails here, first
         self.tokenizer = self._tokenizer()
+        self._check_dataset()
         self.eval_examples = self.task.examples(exp.eval_prompts, seed=stream_seed(exp.seed, "eval", 0))
         self._check_widths()
         policy = self._policy()
@@ -104,6 +113,7 @@ class Trainer:
                         if exp.model.path else (self.tokenizer.eos_token_id,))
         self.state = self.learner.init_state(policy, jax.random.PRNGKey(exp.seed))
         self.step_count = 0
+        self.skipped_in_a_row = 0    # consecutive steps whose every update was non-finite (and skipped)
         self.warm_started = not exp.warm_start.steps      # nothing to do, or done (or restored)
         self.started = False        # the step-0 evaluation is logged (or the run restored): fit goes on from here
 
@@ -116,6 +126,16 @@ class Trainer:
             raise ConfigError(f"task.name={self.exp.task.name!r} has no tokenizer of its own: set model.path to a "
                               "checkpoint directory with one")
         return _user_error("model.path", lambda: hf.load_tokenizer(self.exp.model.path))
+
+    def _check_dataset(self) -> None:
+        """A dataset task's prompts all fit ``rollout.max_prompt_tokens`` (``fit_prompts``: ConfigError
+        naming the file, line and field, or with ``task.skip_invalid`` the record left out); a summary
+        of what was left out is printed."""
+        if hasattr(self.task, "fit_prompts"):
+            _user_error("task", lambda: self.task.fit_prompts(self.tokenizer, self.exp.rollout.max_prompt_tokens))
+        summary = self.task.summary() if hasattr(self.task, "summary") else None
+        if summary and multihost.is_primary():
+            print(f"dataset {summary}", file=sys.stderr)
 
     def _check_widths(self) -> None:
         """The evaluation prompts fit ``rollout.max_prompt_tokens`` and, with a warm start, their
@@ -181,10 +201,13 @@ class Trainer:
         exp, mesh = self.exp, self.mesh
         t0 = time.perf_counter()
         examples = self.task.examples(exp.prompts_per_step, seed=stream_seed(exp.seed, "train", self.step_count))
-        rollout, stats = collect(self.policy, self.tokenizer, multihost.process_share(examples, mesh), self.reward_fn,
-                                 self.task.reward_fn, jax.random.fold_in(self.state.key, 1), exp.rollout,
-                                 greedy_baseline=self.algorithm.spec.baseline == "greedy", eos_ids=self.eos_ids,
-                                 mesh=mesh)
+        try:
+            rollout, stats = collect(self.policy, self.tokenizer, multihost.process_share(examples, mesh),
+                                     self.reward_fn, self.task.reward_fn, jax.random.fold_in(self.state.key, 1),
+                                     exp.rollout, greedy_baseline=self.algorithm.spec.baseline == "greedy",
+                                     eos_ids=self.eos_ids, mesh=mesh)
+        except RewardError as error:
+            raise RunStopped(f"step {self.step_count + 1}: {error}") from None
         stats = multihost.gather_rows({k: stats[k] for k in STAT_KEYS},
                                       exp.prompts_per_step * exp.rollout.samples_per_prompt, mesh)
         t1 = time.perf_counter()
@@ -202,6 +225,8 @@ class Trainer:
         t3 = time.perf_counter()
         self.step_count += 1
         self.started = True
+        all_skipped = metrics["skipped_updates"] == exp.update.epochs * exp.update.minibatches
+        self.skipped_in_a_row = self.skipped_in_a_row + 1 if all_skipped else 0
         times = {"time_sample": t1 - t0, "time_prepare": t2 - t1, "time_update": t3 - t2, "time_step": t3 - t0}
         return {"step": self.step_count, **step_record(stats, metrics, times), **observed}
 
@@ -214,22 +239,27 @@ class Trainer:
         scored = sample_and_score(self.policy, self.tokenizer, examples, exp.rollout.max_prompt_tokens,
                                   jax.random.PRNGKey(0), exp.rollout.sampling(self.eos_ids, pad_id(self.tokenizer),
                                                                               greedy=True),
-                                  {"correct": self.task.reward_fn}, self.mesh)
+                                  {"correct": self.task.reward_fn}, self.mesh, exp.rollout.nonfinite_rewards)
         correct = np.asarray(scored.scores["correct"] == 1.0, np.float32)
         return float(np.mean(multihost.gather_rows(correct, exp.eval_prompts, self.mesh)))
 
+    def _check_finite(self, what: str) -> None:
+        """RunStopped, before ``what`` is written, when the state holds a NaN or infinity."""
+        if not bool(_all_finite(self.state)):
+            raise RunStopped(f"the training state at step {self.step_count} is not finite: {what} was not written "
+                             "(the previous checkpoints are kept)")
+
     def save(self, checkpoints: Checkpoints) -> None:
-        """A checkpoint of the state at the current step (every process writes its shards)."""
+        """A checkpoint of the state at the current step (every process writes its shards); never of a
+        non-finite state (RunStopped)."""
+        self._check_finite(f"the checkpoint of step {self.step_count}")
         checkpoints.save(self.step_count, self.state, {"step": self.step_count,
                                                        "data_position": self.step_count * self.exp.prompts_per_step})
 
-    def restore(self, checkpoints: Checkpoints, step: int | None = None) -> None:
-        """The state and step count of a checkpoint (default: the newest), on this trainer's mesh."""
-        try:
-            self.state, record = checkpoints.restore(self.state, step)
-        except (ValueError, KeyError) as error:
-            raise ConfigError(f"the checkpoint in {checkpoints.directory} does not fit this experiment's training "
-                              f"state (a changed model, algorithm or optimizer?): {str(error)[:300]}") from None
+    def restore(self, checkpoints: Checkpoints, step: int | None = None, fallback: bool = True) -> None:
+        """The state and step count of a checkpoint (default: the newest intact one, see
+        ``Checkpoints.restore``), on this trainer's mesh; ConfigError when none fits or is intact."""
+        self.state, record = checkpoints.restore(self.state, step, fallback)
         self.step_count, self.started, self.warm_started = record["step"], True, True
 
     def fit(self, run: RunDirectory | None = None, callbacks=(), progress: bool = True) -> None:
@@ -255,6 +285,12 @@ class Trainer:
             bar.update(record)
             self._emit(record, run, checkpoint=self.step_count % exp.checkpoint_every == 0
                        or self.step_count == exp.steps)
+            if self.skipped_in_a_row >= exp.update.max_skipped_steps:
+                raise RunStopped(f"steps {self.step_count - self.skipped_in_a_row + 1}..{self.step_count}: every "
+                                 "update had a non-finite loss, gradient or result and was skipped "
+                                 f"(update.max_skipped_steps={exp.update.max_skipped_steps}); the parameters are "
+                                 f"those of step {self.step_count - self.skipped_in_a_row}. Lower optim.lr, check "
+                                 "the rewards' scale, or raise update.max_skipped_steps")
         bar.close()
 
     def _emit(self, record: dict, run: RunDirectory | None, checkpoint: bool = True) -> None:
@@ -264,50 +300,61 @@ class Trainer:
                 self.save(run.checkpoints)
 
     def export(self, run: RunDirectory) -> None:
-        """The trained policy into ``run``'s ``final/`` (every process takes part in the gather)."""
+        """The trained policy into ``run``'s ``final/`` (every process takes part in the gather); never a
+        non-finite one (RunStopped)."""
+        self._check_finite("final/")
         params = multihost.gather(self.state.params)
         run.export(self.learner.policy(params))
 
 
 RECORD_KEYS = ("step", "reward", "accuracy", "length", "length_correct", "length_incorrect", "truncated", "kept",
-               "policy_loss", "clip_fraction", "grad_norm", "entropy", "kl_ref", "kl_old", "value_loss",
+               "nonfinite_rewards", "skipped_updates", "policy_loss", "clip_fraction", "grad_norm", "entropy",
+               "kl_ref", "kl_old", "value_loss",
                "eval_accuracy", *TIMING_KEYS)
 
 
 def step_record(stats: dict, metrics: dict, times: dict) -> dict:
-    """The record of one step: rollout statistics, finalized loss metrics (per optimizer step where
-    they are sums), timing."""
+    """The record of one step: rollout statistics, finalized loss metrics (per applied optimizer step
+    where they are sums; None when every update was skipped), timing."""
     correct = stats["correct"] == 1.0
     lengths = stats["length"].astype(float)
     fm = {k: float(v) for k, v in core.finalize_metrics(metrics).items()}
-    steps = fm.pop("optimizer_steps")
+    steps = fm.pop("optimizer_steps")       # the applied ones: skipped updates add nothing to the sums
     out = {
         "reward": float(stats["reward"].mean()), "accuracy": float(correct.mean()),
         "length": float(lengths.mean()),
         "length_correct": float(lengths[correct].mean()) if correct.any() else None,
         "length_incorrect": float(lengths[~correct].mean()) if (~correct).any() else None,
         "truncated": float(stats["truncated"].mean()), "kept": float(stats["kept"].mean()),
-        "policy_loss": fm.pop("policy_loss") / steps, "clip_fraction": fm["clip_fraction"],
-        "grad_norm": fm["grad_norm_max"], "entropy": fm.get("entropy_mean"),
-        "kl_ref": fm.get("ref_kl_mean"), "kl_old": fm["approx_kl_mean"],
+        "nonfinite_rewards": int(stats["nonfinite"].sum()), "skipped_updates": int(fm.pop("skipped_updates")),
     }
+    losses = {"policy_loss": fm.pop("policy_loss") / max(steps, 1), "clip_fraction": fm["clip_fraction"],
+              "grad_norm": fm["grad_norm_max"], "entropy": fm.get("entropy_mean"),
+              "kl_ref": fm.get("ref_kl_mean"), "kl_old": fm["approx_kl_mean"]}
     if "value_loss" in fm:
-        out["value_loss"] = fm["value_loss"] / steps
+        losses["value_loss"] = fm["value_loss"] / max(steps, 1)
+    out.update({k: v if steps else None for k, v in losses.items()})
     generated = float(lengths.sum())
     out.update(times, tokens_per_second=generated / max(times["time_sample"], 1e-9))
     return out
 
 
-def train(exp: Experiment, resume: bool = False, progress: bool = True, callbacks=()) -> pathlib.Path:
+def train(exp: Experiment, resume: bool = False, progress: bool = True, callbacks=(), accept_changes: bool = False,
+          fallback: bool = True) -> pathlib.Path:
     """A whole run of ``exp`` in its run directory (``run_dir``); returns the directory. Every
-    configuration mistake raises ConfigError before anything is written; ``resume`` continues from
-    the newest checkpoint, dropping metric lines written after it."""
-    run = RunDirectory(exp, resume)
+    configuration mistake raises ConfigError before anything is written (as does a live run in the
+    same directory); ``resume`` continues from the newest intact checkpoint (``fallback=False``: the
+    newest, or a ConfigError if it is damaged), dropping metric lines written after it, and refuses an
+    experiment that changes the maths or the data unless ``accept_changes`` (see ``RunDirectory``).
+    A reward function's NaN, repeated non-finite updates or a non-finite state raise RunStopped with
+    the last checkpoint intact."""
+    run = RunDirectory(exp, resume, accept_changes, fallback)
+    resume = run.resume
     trainer = Trainer(exp)
     run.create()
     try:
         if resume:
-            trainer.restore(run.checkpoints)
+            trainer.restore(run.checkpoints, fallback=fallback)
             print(f"resumed {run.directory} at step {trainer.step_count}", file=sys.stderr)
         run.start(trainer.tokenizer, trainer.step_count)
         trainer.fit(run, callbacks, progress)
