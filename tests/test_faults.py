@@ -42,7 +42,8 @@ def experiment_file(tmp_path, **changes) -> pathlib.Path:
     extra = "".join(f", {k}={v}" for k, v in changes.items())
     file.write_text("import pathlib\nfrom test_train import EMIT_X, tiny_experiment\n"
                     "from pgjax.train.learner import UpdateConfig\nfrom pgjax.train.optim import OptimConfig\n\n"
-                    f"def experiment():\n    return tiny_experiment(pathlib.Path({str(tmp_path)!r}), task=EMIT_X{extra})\n")
+                    "def experiment():\n"
+                    f"    return tiny_experiment(pathlib.Path({str(tmp_path)!r}), task=EMIT_X{extra})\n")
     return file
 
 
@@ -233,9 +234,10 @@ def test_any_damaged_file_in_the_newest_checkpoint_is_reported_and_the_one_befor
 
 def test_a_resume_after_a_damaged_checkpoint_and_a_torn_metrics_line_gives_the_undamaged_runs_results(
         finished, tmp_path, capsys):
-    exp, directory = finished[:2]
+    directory = finished[1]
     exp, run = copy_of(finished, tmp_path)
-    biggest = max((p for p in (run / "checkpoints" / "4").rglob("*") if "/d/" in str(p)), key=lambda p: p.stat().st_size)
+    biggest = max((p for p in (run / "checkpoints" / "4").rglob("*") if "/d/" in str(p)),
+                  key=lambda p: p.stat().st_size)
     damage(biggest, "flip")
     untouched = snapshot(run)
     with pytest.raises(ConfigError, match=rf"checkpoint .*/checkpoints/4 is damaged \(state/.*{biggest.name} does "
@@ -386,8 +388,8 @@ GOOD = [json.dumps({"question": f"{a}+1=", "answer": a + 1}) for a in range(6)]
     (json.dumps({"question": "  ", "answer": 1}), "data.jsonl:4: field 'question': the prompt is empty"),
     (json.dumps({"question": "1=", "answer": None}), "data.jsonl:4: field 'answer': the answer is null"),
     ('{"question": "1=", "answer": NaN}', "data.jsonl:4: field 'answer': the non-standard JSON constant NaN"),
-    (json.dumps({"question": "1=", "answer": "#### "}), "data.jsonl:4: field 'answer': the answer cannot be scored"),
-    (json.dumps({"question": "1=", "answer": "\\boxed{1"}), "data.jsonl:4: field 'answer': the answer cannot be scored"),
+    *[(json.dumps({"question": "1=", "answer": answer}), "data.jsonl:4: field 'answer': the answer cannot be scored")
+      for answer in ("#### ", "\\boxed{1")],
 ])
 def test_a_bad_dataset_record_is_named_before_anything_is_written(tmp_path, checkpoint_dir, bad, message, capsys):
     exp = dataset_experiment(tmp_path, checkpoint_dir, GOOD[:3] + [bad] + GOOD[3:])

@@ -95,9 +95,10 @@ class TaskSection:
     demonstrations' longest free text, ``working``: ``before`` or ``after`` the answer), ``countdown``
     (``count`` numbers) or ``jsonl_math`` (a user's JSONL file at ``path``, ``prompt_field``,
     ``answer_field``, scored by the math verifier; every record is checked before training starts,
-    ``skip_invalid`` leaves bad records out and prints how many instead of stopping). ``reward``: the import path of your own reward
-    function (``fn(prompts, completions, **fields)``) to train on instead of the task's verifier
-    (accuracy is still the verifier's); ``format_weight`` adds the task's format reward."""
+    ``skip_invalid`` leaves bad records out and prints how many instead of stopping). ``reward``: the
+    import path of your own reward function (``fn(prompts, completions, **fields)``) to train on
+    instead of the task's verifier (accuracy is still the verifier's); ``format_weight`` adds the
+    task's format reward."""
     name: str = "arithmetic"
     digits: int = 2
     ops: str = "+"

@@ -63,14 +63,14 @@ class _Damaged(Exception):
     """A checkpoint that cannot be restored as written (the message says why)."""
 
 
-
 def _file_digests(folder: pathlib.Path) -> dict[str, list]:
     """``{relative path: [size, sha256]}`` of every file under ``folder`` but the file list itself."""
     out = {}
     for path in sorted(folder.rglob("*")):
         if path.is_file() and path.name != FILE_LIST:
             with path.open("rb") as f:
-                out[str(path.relative_to(folder))] = [path.stat().st_size, hashlib.file_digest(f, "sha256").hexdigest()]
+                digest = hashlib.file_digest(f, "sha256").hexdigest()
+            out[str(path.relative_to(folder))] = [path.stat().st_size, digest]
     return out
 
 
@@ -92,6 +92,7 @@ def _check_files(folder: pathlib.Path) -> None:
 
 
 def _key_name(entry) -> str:
+    """The name of one step of a pytree path (a dict key, an attribute, a sequence index)."""
     for attribute in ("key", "name", "idx"):
         if hasattr(entry, attribute):
             return str(getattr(entry, attribute))
@@ -105,20 +106,21 @@ def layout(tree) -> dict[str, tuple[tuple[int, ...], str]]:
     return {".".join(map(_key_name, path)): (tuple(leaf.shape), np.dtype(leaf.dtype).name) for path, leaf in leaves}
 
 
+def _describe(entry: tuple | None) -> str:
+    """``float32[32, 64]`` for a ``layout`` entry, ``absent`` for None."""
+    return "absent" if entry is None else f"{entry[1]}{list(entry[0])}"
+
+
 def _layout_difference(saved: dict, expected: dict, limit: int = 3) -> str:
     """One line naming the arrays whose shape or dtype differ between two ``layout``s."""
-    names = sorted(set(saved) | set(expected))
-    lines = []
-    for name in names:
-        a, b = saved.get(name), expected.get(name)
-        if a != b:
-            describe = lambda x: "absent" if x is None else f"{x[1]}{list(x[0])}"     # noqa: E731
-            lines.append(f"{name}: {describe(a)} in the checkpoint, {describe(b)} here")
+    lines = [f"{name}: {_describe(saved.get(name))} in the checkpoint, {_describe(expected.get(name))} here"
+             for name in sorted(set(saved) | set(expected)) if saved.get(name) != expected.get(name)]
     more = f"; and {len(lines) - limit} more" if len(lines) > limit else ""
     return "; ".join(lines[:limit]) + more
 
 
 def _one_line(error: BaseException) -> str:
+    """``Type: message`` of an exception on one line, at most 200 characters of message."""
     text = " ".join(str(error).split()) or type(error).__name__
     return f"{type(error).__name__}: {text[:200]}"
 
@@ -151,11 +153,9 @@ class Checkpoints:
     def restore(self, like, step: int | None = None, fallback: bool = True):
         """(state, record) of ``step`` (default: the newest intact one), shaped like the pytree ``like``.
 
-        Each candidate is verified: its files must be those written (``pgjax_files.json``), its arrays
-        must have ``like``'s layout (otherwise ConfigError naming the arrays that differ: the experiment
-        changed, an older checkpoint would not fit either) and it must restore without error. A damaged one is reported in one
-        line on stderr and moved to ``damaged_checkpoints/``, and the next older one is tried; with
-        ``fallback=False`` (or an explicit ``step``) a damaged checkpoint is a ConfigError instead."""
+        Each candidate is verified (``_verified``). A damaged one is reported in one line on stderr and
+        moved to ``damaged_checkpoints/``, and the next older one is tried; with ``fallback=False`` (or
+        an explicit ``step``) a damaged checkpoint is a ConfigError instead."""
         candidates = [step] if step is not None else sorted(self.manager.all_steps(), reverse=True)
         if not candidates:
             raise ConfigError(f"no complete checkpoint in {self.directory}")
@@ -176,6 +176,10 @@ class Checkpoints:
         raise ConfigError(f"no intact checkpoint in {self.directory}: {'; '.join(damaged)}")
 
     def _verified(self, like, step: int):
+        """(state, record) of checkpoint ``step``: _Damaged unless its files are those written
+        (``pgjax_files.json``), it restores without error and its record names the step; ConfigError
+        naming the arrays that differ when its arrays do not have ``like``'s layout (the experiment
+        changed: an older checkpoint would not fit either)."""
         _check_files(self.directory / str(step))
         expected = layout(like)
         try:
