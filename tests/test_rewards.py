@@ -231,7 +231,8 @@ def test_every_task_builds_from_an_experiment_task_section():
     assert build(TaskSection(name="arithmetic_mix", digits=3)) == R.MixedArithmeticTask(digits=3)
     assert build(TaskSection(name="countdown", count=4)) == R.CountdownTask(count=4)
     assert build(TaskSection(name="jsonl_math", path="x.jsonl", prompt_field="q")) == R.JsonlMathTask("x.jsonl", "q")
-    assert set(R.TASKS) == {"arithmetic", "arithmetic_mix", "scratchpad_arithmetic", "countdown", "jsonl_math"}
+    assert set(R.TASKS) == {"arithmetic", "arithmetic_mix", "scratchpad_arithmetic", "countdown", "jsonl_math",
+                            "word_math"}
 
 
 def user_task(digits, path="", **options):

@@ -25,8 +25,11 @@ Tasks (``examples(n, seed)`` -> dicts with ``prompt``, the demonstration
   the last ``':'``);
 - ``MixedArithmeticTask``: 1-, 2-, ..., n-digit sums in equal shares, tagged with their ``difficulty``;
 - ``CountdownTask``: ``"3 5 7>22:"`` -> ``"3*5+7"`` (each number once, + - * /);
-- ``JsonlMathTask``: a user's GSM8K / MATH style JSONL file, ``math_reward``.
-The built-in tasks have character-level tokenizers (``char_tokenizer``);
+- ``JsonlMathTask``: a user's GSM8K / MATH style JSONL file, ``math_reward``;
+- ``WordMathTask``: English arithmetic for a chat model (``"What is 23 + 48? ..."`` and word problems),
+  answered in ``\\boxed{}``, 1..n-digit operands tagged with their ``difficulty``.
+``JsonlMathTask`` and ``WordMathTask`` use the model's tokenizer (``tokenizer()`` is None); the
+others have character-level tokenizers (``char_tokenizer``);
 save one beside a checkpoint with ``tok.save_pretrained(dir)`` and read it
 back with ``pgjax.models.hf.load_tokenizer(dir)``. ``make_task(name, **options)`` builds a task of
 the registry ``TASKS`` or a user's own by import path (``registry``).
@@ -72,6 +75,14 @@ from pgjax.rewards.math_answers import (
 )
 from pgjax.rewards.registry import TASKS, accepted_options, import_object, make_task, task_factory
 from pgjax.rewards.tokenizer import EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID, char_tokenizer
+from pgjax.rewards.word_math import (
+    WordMathTask,
+    boxed_answer_reward,
+    final_answer,
+    is_word_math_answer,
+    word_math_format_reward,
+    word_math_reward,
+)
 
 
 __all__ = [
@@ -83,5 +94,6 @@ __all__ = [
     "is_arithmetic_answer", "is_countdown_solution",
     "is_scratchpad_answer", "load_jsonl", "make_task", "math_reward", "normalize_answer",
     "parse_number", "per_example", "reference_answer", "reward_name", "scratchpad_reward", "task_factory",
-    "trailing_scratch_reward",
+    "trailing_scratch_reward", "WordMathTask", "boxed_answer_reward", "final_answer", "is_word_math_answer",
+    "word_math_format_reward", "word_math_reward",
 ]

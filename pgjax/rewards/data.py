@@ -226,15 +226,17 @@ class JsonlMathTask:
             return None
         return f"{self.path}: {len(data.records)} records, {len(data.skipped)} skipped ({_listing(data.skipped)})"
 
-    def fit_prompts(self, tokenizer, max_tokens: int) -> None:
-        """Check that every prompt has 1..``max_tokens`` tokens (``tokenizer(prompts,
+    def fit_prompts(self, tokenizer, max_tokens: int, render=None) -> None:
+        """Check that every prompt, as ``render`` turns the list of prompts into the model's input texts
+        (default: unchanged; a chat template), has 1..``max_tokens`` tokens (``tokenizer(texts,
         add_special_tokens=False)["input_ids"]``): ValueError naming the file, line, field, token
         count and limit for the first that does not, or with ``skip_invalid`` leave those out
         (ValueError if none is left). ``examples`` then draws from the records kept."""
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         data = self._data
-        ids = tokenizer([r["prompt"] for r in data.records], add_special_tokens=False)["input_ids"]
+        prompts = [r["prompt"] for r in data.records]
+        ids = tokenizer(prompts if render is None else render(prompts), add_special_tokens=False)["input_ids"]
         keep = []
         for i, (lineno, tokens) in enumerate(zip(data.lines, ids)):
             if 1 <= len(tokens) <= max_tokens:

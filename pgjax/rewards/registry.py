@@ -16,10 +16,12 @@ from pgjax.rewards.arithmetic import ArithmeticTask, MixedArithmeticTask, Scratc
 from pgjax.rewards.base import Task
 from pgjax.rewards.countdown import CountdownTask
 from pgjax.rewards.data import JsonlMathTask
+from pgjax.rewards.word_math import WordMathTask
 
 TASKS: dict[str, Callable[..., Task]] = {
     "arithmetic": ArithmeticTask, "arithmetic_mix": MixedArithmeticTask,
-    "scratchpad_arithmetic": ScratchpadArithmeticTask, "countdown": CountdownTask, "jsonl_math": JsonlMathTask}
+    "scratchpad_arithmetic": ScratchpadArithmeticTask, "countdown": CountdownTask, "jsonl_math": JsonlMathTask,
+    "word_math": WordMathTask}
 
 
 def import_object(path: str, key: str):

@@ -86,6 +86,9 @@ class ModelSection:
         return ModelConfig(vocab_size=vocab_size, **fields)
 
 
+CHAT_TEMPLATE = ("auto", "none")
+
+
 @dataclasses.dataclass(frozen=True)
 class TaskSection:
     """``name``: a task of ``pgjax.rewards.TASKS`` or the import path ``package.module:factory`` of
@@ -93,12 +96,17 @@ class TaskSection:
     ``arithmetic`` (``digits``, ``ops``), ``arithmetic_mix`` (1..``digits``-digit operands in equal
     shares, tagged by difficulty), ``scratchpad_arithmetic`` (``digits``, ``ops``, ``max_scratch``: the
     demonstrations' longest free text, ``working``: ``before`` or ``after`` the answer), ``countdown``
-    (``count`` numbers) or ``jsonl_math`` (a user's JSONL file at ``path``, ``prompt_field``,
-    ``answer_field``, scored by the math verifier; every record is checked before training starts,
-    ``skip_invalid`` leaves bad records out and prints how many instead of stopping). ``reward``: the
-    import path of your own reward function (``fn(prompts, completions, **fields)``) to train on
-    instead of the task's verifier (accuracy is still the verifier's); ``format_weight`` adds the
-    task's format reward."""
+    (``count`` numbers), ``word_math`` (English arithmetic and word problems for instruct models,
+    answer in ``\\boxed{}``: ``digits``, ``ops``, ``word_share`` of word problems, ``answer_from``
+    ``boxed_or_last_number`` or ``boxed``) or ``jsonl_math`` (a user's JSONL file at ``path``,
+    ``prompt_field``, ``answer_field``, scored by the math verifier; every record is checked before
+    training starts, ``skip_invalid`` leaves bad records out and prints how many instead of
+    stopping). ``reward``: the import path of your own reward function (``fn(prompts, completions,
+    **fields)``) to train on instead of the task's verifier (accuracy is still the verifier's);
+    ``format_weight`` adds the task's format reward. ``chat_template``: ``auto`` puts each prompt
+    through the tokenizer's chat template when it has one (as the user's turn, after
+    ``system_prompt`` if set; responses then also stop at the template's end-of-turn token),
+    ``none`` gives the model the prompt as plain text."""
     name: str = "arithmetic"
     digits: int = 2
     ops: str = "+"
@@ -109,17 +117,23 @@ class TaskSection:
     prompt_field: str = "question"
     answer_field: str = "answer"
     skip_invalid: bool = False
+    word_share: float = 0.5
+    answer_from: str = "boxed_or_last_number"
     reward: str = ""
     format_weight: float = 0.0
+    chat_template: str = "auto"
+    system_prompt: str = ""
 
     def __post_init__(self):
         _require(bool(self.name), "task.name", self.name, "a registered task or package.module:factory")
+        _require(self.chat_template in CHAT_TEMPLATE, "task.chat_template", self.chat_template,
+                 f"one of {', '.join(CHAT_TEMPLATE)}")
         _require(math.isfinite(self.format_weight), "task.format_weight", self.format_weight, "a finite number")
 
     def options(self) -> dict:
         """The fields a task factory may take, by name."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name not in ("name", "reward", "format_weight")}
+                if f.name not in ("name", "reward", "format_weight", "chat_template", "system_prompt")}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -72,9 +72,43 @@ def pad_id(tokenizer) -> int:
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
-def encode_prompts(tokenizer, prompts: list[str], width: int) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids and mask [P, width], left-padded with the tokenizer's pad id; too long raises."""
-    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+@dataclasses.dataclass(frozen=True)
+class PromptFormat:
+    """How a task's prompt (the user's message) becomes the text the model continues. With ``chat``
+    the tokenizer's chat template renders an optional ``system_prompt`` turn, the user turn and the
+    opening of the assistant's turn (``add_generation_prompt``); without, the prompt is the text.
+    Rewards always see the task's own prompt and the decoded assistant text, never the template."""
+    chat: bool = False
+    system_prompt: str = ""
+
+    def render(self, tokenizer, prompts: list[str]) -> list[str]:
+        """The model's input text for each prompt."""
+        if not self.chat:
+            return list(prompts)
+        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        return [tokenizer.apply_chat_template(system + [{"role": "user", "content": p}], add_generation_prompt=True,
+                                              tokenize=False) for p in prompts]
+
+
+PLAIN = PromptFormat()
+
+
+def end_of_turn_ids(tokenizer) -> tuple[int, ...]:
+    """The token that closes an assistant turn in the tokenizer's chat template (``<|im_end|>`` for
+    ChatML, ``<|eot_id|>`` for Llama 3): the first token after an assistant message's text, when it
+    is one of the tokenizer's added (special) tokens; () when there is none."""
+    marker = "Xq7Z"
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "1"}, {"role": "assistant", "content": marker}],
+                                         tokenize=False)
+    after = tokenizer(text[text.rindex(marker) + len(marker):], add_special_tokens=False)["input_ids"]
+    return (after[0],) if after and after[0] in tokenizer.added_tokens_decoder else ()
+
+
+def encode_prompts(tokenizer, prompts: list[str], width: int, prompt_format: PromptFormat = PLAIN
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids and mask [P, width] of the prompts as ``prompt_format`` renders them, left-padded
+    with the tokenizer's pad id; too long raises."""
+    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompt_format.render(tokenizer, prompts)]
     longest = max(map(len, ids))
     if longest > width or min(map(len, ids)) == 0:
         raise ValueError(f"prompts must have 1..{width} tokens (max_prompt_tokens); got up to {longest}")
@@ -126,13 +160,14 @@ class Scored:
 
 
 def sample_and_score(policy: CausalLM, tokenizer, examples: list[dict], prompt_width: int, key,
-                     sampling: SamplingConfig, scorers: dict, mesh: Mesh, nonfinite: str = "error") -> Scored:
-    """The one path from prompts to rewards: encode ``examples``' prompts (left-padded to
-    ``prompt_width``), sample ``sampling.n`` responses each, decode them (stop tokens stripped) and
+                     sampling: SamplingConfig, scorers: dict, mesh: Mesh, nonfinite: str = "error",
+                     prompt_format: PromptFormat = PLAIN) -> Scored:
+    """The one path from prompts to rewards: encode ``examples``' prompts (rendered by
+    ``prompt_format``, left-padded to ``prompt_width``), sample ``sampling.n`` responses each, decode them (stop tokens stripped) and
     score them with every ``scorers[name](prompts, completions, **fields)``, each output checked by
     ``rewards.finite_rewards`` (``nonfinite``: ``"error"`` or ``"mask"``). Rollouts, greedy
     baselines and evaluation all go through here. ``examples`` are this process's rows."""
-    tokens, mask = encode_prompts(tokenizer, [e["prompt"] for e in examples], prompt_width)
+    tokens, mask = encode_prompts(tokenizer, [e["prompt"] for e in examples], prompt_width, prompt_format)
     samples = generate(policy, tokens, mask, key, sampling, mesh)
     response, lengths, truncated = to_host((samples.response, samples.lengths, samples.truncated), mesh)
     completions = decode_responses(tokenizer, response, lengths, sampling.eos_ids)
@@ -146,14 +181,15 @@ def sample_and_score(policy: CausalLM, tokenizer, examples: list[dict], prompt_w
 
 
 def collect(policy: CausalLM, tokenizer, examples: list[dict], reward_fn, correct_fn, key,
-            config: RolloutConfig, greedy_baseline: bool = False, eos_ids=None, mesh: Mesh | None = None
-            ) -> tuple[Rollout, dict]:
+            config: RolloutConfig, greedy_baseline: bool = False, eos_ids=None, mesh: Mesh | None = None,
+            prompt_format: PromptFormat = PLAIN) -> tuple[Rollout, dict]:
     """Sample, decode and score K responses per example; the Rollout and per-row statistics.
 
     ``reward_fn`` gives the training reward, ``correct_fn`` the task's verifier
     (1 = correct), both ``fn(prompts, completions, **fields)``. With
     ``greedy_baseline`` (ReMax) one greedy response per prompt is scored too.
-    ``eos_ids`` end a response (default: the tokenizer's EOS). A row with a non-finite
+    ``eos_ids`` end a response (default: the tokenizer's EOS); ``prompt_format`` renders
+    the prompts (a chat template, see ``PromptFormat``). A row with a non-finite
     reward raises ``RewardError``, or with ``config.nonfinite_rewards="mask"`` masks its
     prompt group (``stats["nonfinite"]`` marks the row).
 
@@ -166,7 +202,7 @@ def collect(policy: CausalLM, tokenizer, examples: list[dict], reward_fn, correc
     k, pad = config.samples_per_prompt, pad_id(tokenizer)
     scored = sample_and_score(policy, tokenizer, examples, config.max_prompt_tokens, key,
                               config.sampling(eos_ids, pad), {"correct": correct_fn, "reward": reward_fn}, mesh,
-                              config.nonfinite_rewards)
+                              config.nonfinite_rewards, prompt_format)
     lengths, truncated = scored.lengths, scored.truncated
     rewards = scored.scores["reward"] + overlong_penalty(lengths, config.max_new_tokens, config.overlong_buffer,
                                                          config.overlong_penalty)
@@ -175,7 +211,7 @@ def collect(policy: CausalLM, tokenizer, examples: list[dict], reward_fn, correc
     if greedy_baseline:
         greedy = sample_and_score(policy, tokenizer, examples, config.max_prompt_tokens, key,
                                   config.sampling(eos_ids, pad, greedy=True), {"reward": reward_fn}, mesh,
-                                  config.nonfinite_rewards)
+                                  config.nonfinite_rewards, prompt_format)
         greedy_rewards = np.repeat(greedy.scores["reward"], k)
         nonfinite = nonfinite | np.repeat(greedy.nonfinite, k)
     keep = ~np.repeat(nonfinite.reshape(-1, k).any(1), k)     # a group baseline needs all K rewards

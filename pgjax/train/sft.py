@@ -2,8 +2,8 @@
 
   L(theta) = - sum_{b,t} m_bt log pi_theta(a_bt | s_bt) / sum_{b,t} m_bt
 
-over the demonstration tokens (the answer and its EOS) of each batch, the
-prompt given. One jitted AdamW step per batch.
+over the demonstration tokens (the answer and its end token: EOS, or the chat
+template's end of turn) of each batch, the prompt given. One jitted AdamW step per batch.
 """
 from __future__ import annotations
 
@@ -16,18 +16,22 @@ import optax
 from flax import nnx
 
 from pgjax.models.scoring import response_logprobs
-from pgjax.train.rollout import encode_prompts, pad_id
+from pgjax.train.rollout import PLAIN, PromptFormat, encode_prompts, pad_id
 
 
-def demonstrations(tokenizer, examples: list[dict], prompt_width: int, response_width: int):
-    """tokens, attention_mask [B, W + N] and the response mask [B, N] of prompt + answer + EOS."""
-    prompt_tokens, prompt_mask = encode_prompts(tokenizer, [e["prompt"] for e in examples], prompt_width)
+def demonstrations(tokenizer, examples: list[dict], prompt_width: int, response_width: int,
+                   prompt_format: PromptFormat = PLAIN, end_id: int | None = None):
+    """tokens, attention_mask [B, W + N] and the response mask [B, N] of prompt (rendered by
+    ``prompt_format``) + answer + ``end_id`` (default: EOS)."""
+    end_id = tokenizer.eos_token_id if end_id is None else end_id
+    prompt_tokens, prompt_mask = encode_prompts(tokenizer, [e["prompt"] for e in examples], prompt_width,
+                                                prompt_format)
     response = np.full((len(examples), response_width), pad_id(tokenizer), np.int32)
     mask = np.zeros((len(examples), response_width), np.int32)
     for row, example in enumerate(examples):
-        ids = tokenizer(example["answer"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        ids = tokenizer(example["answer"], add_special_tokens=False)["input_ids"] + [end_id]
         if len(ids) > response_width:
-            raise ValueError(f"demonstration {example['answer']!r} needs {len(ids)} tokens with EOS; "
+            raise ValueError(f"demonstration {example['answer']!r} needs {len(ids)} tokens with its end token; "
                              f"max_new_tokens is {response_width}")
         response[row, :len(ids)], mask[row, :len(ids)] = ids, 1
     return (np.concatenate([prompt_tokens, response], 1), np.concatenate([prompt_mask, mask], 1),

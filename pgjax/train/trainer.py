@@ -43,7 +43,8 @@ from pgjax.train.experiment import ConfigError, Experiment, validate
 from pgjax.train.learner import Learner, Rollout, all_finite
 from pgjax.train.optim import make_optimizer
 from pgjax.train.progress import Progress
-from pgjax.train.rollout import collect, encode_prompts, pad_id, sample_and_score
+from pgjax.train.rollout import (PromptFormat, collect, encode_prompts, end_of_turn_ids, pad_id,
+                                 sample_and_score)
 from pgjax.train.run_dir import Checkpoints, RunDirectory
 from pgjax.train.sft import demonstrations, sft_step
 
@@ -99,6 +100,8 @@ class Trainer:
         self.task = _user_error("task", lambda: make_task(exp.task.name, **exp.task.options()))
         _user_error("task", lambda: self.task.examples(1, seed=0))     # a malformed dataset fails here, first
         self.tokenizer = self._tokenizer()
+        self.prompt_format = self._prompt_format()
+        self.eos_ids, self.end_id = self._stop_tokens()
         self._check_dataset()
         self.eval_examples = self.task.examples(exp.eval_prompts, seed=stream_seed(exp.seed, "eval", 0))
         self._check_widths()
@@ -109,8 +112,6 @@ class Trainer:
         self.learner = Learner(policy, self.algorithm, exp.rollout.samples_per_prompt, exp.update,
                                make_optimizer(exp.optim), critic_optimizer, use_reference, self.mesh)
         self.reward_fn = self._reward_function()
-        self.eos_ids = (_user_error("model.path", lambda: hf.eos_token_ids(exp.model.path, self.tokenizer))
-                        if exp.model.path else (self.tokenizer.eos_token_id,))
         self.state = self.learner.init_state(policy, jax.random.PRNGKey(exp.seed))
         self.step_count = 0
         self.skipped_in_a_row = 0    # consecutive steps whose every update was non-finite (and skipped)
@@ -127,12 +128,34 @@ class Trainer:
                               "checkpoint directory with one")
         return _user_error("model.path", lambda: hf.load_tokenizer(self.exp.model.path))
 
+    def _prompt_format(self) -> PromptFormat:
+        """Prompts through the tokenizer's chat template (``task.chat_template=auto`` and the tokenizer
+        has one), else plain; ConfigError for a system prompt without a template."""
+        t = self.exp.task
+        chat = t.chat_template == "auto" and getattr(self.tokenizer, "chat_template", None) is not None
+        if t.system_prompt and not chat:
+            why = "task.chat_template='none'" if t.chat_template == "none" else "the tokenizer has no chat template"
+            raise ConfigError(f"task.system_prompt is set but the prompts are plain text ({why})")
+        return PromptFormat(chat=chat, system_prompt=t.system_prompt)
+
+    def _stop_tokens(self) -> tuple[tuple[int, ...], int]:
+        """The tokens that end a response (the tokenizer's EOS, the checkpoint's generation_config
+        ones and, with a chat template, its end of turn) and the one that ends a demonstration (the
+        end of turn, else EOS)."""
+        path = self.exp.model.path
+        eos_ids = (_user_error("model.path", lambda: hf.eos_token_ids(path, self.tokenizer)) if path
+                   else (self.tokenizer.eos_token_id,))
+        turn_end = end_of_turn_ids(self.tokenizer) if self.prompt_format.chat else ()
+        return tuple(dict.fromkeys(turn_end + eos_ids)), (turn_end or eos_ids)[0]
+
     def _check_dataset(self) -> None:
         """A dataset task's prompts all fit ``rollout.max_prompt_tokens`` (``fit_prompts``: ConfigError
         naming the file, line and field, or with ``task.skip_invalid`` the record left out); a summary
         of what was left out is printed."""
         if hasattr(self.task, "fit_prompts"):
-            _user_error("task", lambda: self.task.fit_prompts(self.tokenizer, self.exp.rollout.max_prompt_tokens))
+            render = lambda prompts: self.prompt_format.render(self.tokenizer, prompts)     # noqa: E731
+            _user_error("task", lambda: self.task.fit_prompts(self.tokenizer, self.exp.rollout.max_prompt_tokens,
+                                                              render))
         summary = self.task.summary() if hasattr(self.task, "summary") else None
         if summary and multihost.is_primary():
             print(f"dataset {summary}", file=sys.stderr)
@@ -143,12 +166,14 @@ class Trainer:
         exp = self.exp
         examples = self.eval_examples
         try:
-            encode_prompts(self.tokenizer, [e["prompt"] for e in examples], exp.rollout.max_prompt_tokens)
+            encode_prompts(self.tokenizer, [e["prompt"] for e in examples], exp.rollout.max_prompt_tokens,
+                           self.prompt_format)
         except ValueError as error:
             raise ConfigError(f"rollout.max_prompt_tokens={exp.rollout.max_prompt_tokens}: {error}") from None
         if exp.warm_start.steps:
             try:
-                demonstrations(self.tokenizer, examples, exp.rollout.max_prompt_tokens, exp.rollout.max_new_tokens)
+                demonstrations(self.tokenizer, examples, exp.rollout.max_prompt_tokens, exp.rollout.max_new_tokens,
+                               self.prompt_format, self.end_id)
             except ValueError as error:
                 raise ConfigError(f"rollout.max_new_tokens={exp.rollout.max_new_tokens}: {error}") from None
 
@@ -187,7 +212,8 @@ class Trainer:
         for step in range(ws.steps):
             examples = self.task.examples(ws.batch_size, seed=stream_seed(exp.seed, "warm_start", step))
             batch = demonstrations(self.tokenizer, multihost.process_share(examples, self.mesh),
-                                   exp.rollout.max_prompt_tokens, exp.rollout.max_new_tokens)
+                                   exp.rollout.max_prompt_tokens, exp.rollout.max_new_tokens, self.prompt_format,
+                                   self.end_id)
             params, opt_state, loss = sft_step(self.learner.graphdef, optimizer, params, opt_state,
                                                *multihost.to_global(batch, self.mesh))
             if (step % 50 == 0 or step == ws.steps - 1) and multihost.is_primary():
@@ -205,7 +231,7 @@ class Trainer:
             rollout, stats = collect(self.policy, self.tokenizer, multihost.process_share(examples, mesh),
                                      self.reward_fn, self.task.reward_fn, jax.random.fold_in(self.state.key, 1),
                                      exp.rollout, greedy_baseline=self.algorithm.spec.baseline == "greedy",
-                                     eos_ids=self.eos_ids, mesh=mesh)
+                                     eos_ids=self.eos_ids, mesh=mesh, prompt_format=self.prompt_format)
         except RewardError as error:
             raise RunStopped(f"step {self.step_count + 1}: {error}") from None
         stats = multihost.gather_rows({k: stats[k] for k in STAT_KEYS},
@@ -239,7 +265,8 @@ class Trainer:
         scored = sample_and_score(self.policy, self.tokenizer, examples, exp.rollout.max_prompt_tokens,
                                   jax.random.PRNGKey(0), exp.rollout.sampling(self.eos_ids, pad_id(self.tokenizer),
                                                                               greedy=True),
-                                  {"correct": self.task.reward_fn}, self.mesh, exp.rollout.nonfinite_rewards)
+                                  {"correct": self.task.reward_fn}, self.mesh, exp.rollout.nonfinite_rewards,
+                                  self.prompt_format)
         correct = np.asarray(scored.scores["correct"] == 1.0, np.float32)
         return float(np.mean(multihost.gather_rows(correct, exp.eval_prompts, self.mesh)))
 

@@ -1,0 +1,213 @@
+"""Natural-language arithmetic for an instruct model: ``"What is 23 + 48? ..."`` -> ``"... \\boxed{71}."``.
+
+A generated task for a pretrained chat model, which brings its own tokenizer
+(``tokenizer()`` is None; the chat template is applied elsewhere): each prompt
+is an English user message, either a bare expression (``"What is 23 + 48?"``)
+or a one-step word problem (apples, coins, pages, ...), followed by
+``INSTRUCTION`` (put the final answer in ``\\boxed{}``). The demonstration is
+one short line, ``"23 + 48 = 71. The answer is \\boxed{71}."``.
+
+Difficulty mix: example ``i`` has difficulty ``d = i % digits + 1`` (equal
+shares of 1, 2, ..., ``digits``); ``d`` is the number of digits of the larger
+operand, the other operand has 1..``d`` digits (uniform); a one-digit
+operand is 2-9. The operator is drawn uniformly from ``ops``
+(``"+-*"``); a difference is always the larger minus the smaller, so every
+target is a non-negative integer. Each prompt is a word problem with
+probability ``word_share`` (default 0.5), its template drawn from those of the
+operator, else a bare expression.
+
+Answers: the verifier reads the last ``\\boxed{}`` with non-blank content,
+or, with ``answer_from="boxed_or_last_number"`` (the default) and no such box,
+the last number of the text, since an untrained model rarely boxes;
+``answer_from="boxed"`` reads boxes only. The format reward asks for exactly
+one boxed number at the end (``FORMAT_PATTERN``). Whether a response ended
+properly (EOS / end of turn rather than cut off at ``max_new_tokens``) is not
+visible to a reward function, which sees the decoded text with EOS stripped:
+that is the rollout's ``mask_truncated`` / overlong penalty
+(``pgjax.train.rollout``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from pgjax.rewards.arithmetic import _validate_arithmetic
+from pgjax.rewards.base import format_reward, per_example
+
+INSTRUCTION = "Put your final answer within \\boxed{}."
+ANSWER_FROM = ("boxed_or_last_number", "boxed")
+SYMBOLS = {"+": "+", "-": "-", "*": "×"}
+NAMES = ("Mia", "Leo", "Ana", "Sam", "Zoe", "Omar", "Lily", "Ben")
+
+# {name}, {a}, {b}: the first and second operand; a difference always has a >= b.
+EXPRESSION_TEMPLATES = ("What is {a} {sym} {b}?", "Calculate {a} {sym} {b}.", "Compute {a} {sym} {b}.")
+WORD_TEMPLATES = {
+    "+": ("{name} has {a} apples and picks {b} more. How many apples does {name} have now?",
+          "{name} read {a} pages on Monday and {b} pages on Tuesday. How many pages did {name} read in all?",
+          "A shop sold {a} pens in the morning and {b} pens in the afternoon. How many pens did it sell?"),
+    "-": ("{name} had {a} coins and spent {b} of them. How many coins does {name} have left?",
+          "A baker made {a} cookies and sold {b}. How many cookies are left?",
+          "A book has {a} pages. {name} has read {b} of them. How many pages are left to read?"),
+    "*": ("There are {a} boxes with {b} pencils in each box. How many pencils are there in total?",
+          "A garden has {a} rows of {b} flowers. How many flowers are in the garden?",
+          "{name} buys {a} bags with {b} marbles in each. How many marbles does {name} buy?"),
+}
+
+_NUMBER_BODY = r"(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"  # 71, 1,104 (thousands commas), 2.5
+# Exactly one \boxed, holding only a number (spaces around it allowed), then only whitespace, punctuation
+# (. , ; : ! ?), closing brackets, $ or * (markdown bold), or the LaTeX math closers \) and \].
+FORMAT_PATTERN = r"(?s)(?:(?!\\boxed).)*\\boxed\s*\{\s*-?" + _NUMBER_BODY + r"\s*\}(?:[\s.,;:!?)\]$*]|\\[)\]])*"
+_NUMBER = re.compile(r"(?:(?<![\w)])-)?" + _NUMBER_BODY)  # "-" is a sign unless after a letter, digit or ")"
+_BRACE = re.compile(r"\\boxed\s*\{|\{|\}")
+_MAX_NUMBER_CHARS = 64  # a longer "number" is not an answer (and too long for Fraction() to be cheap)
+
+
+def boxed_contents(text: str) -> list[str]:
+    """The contents of every ``\\boxed{...}`` of ``text`` in order of their opening; nested braces are kept,
+    and a box whose braces never close (a truncated response) is skipped."""
+    open_groups, boxes = [], []  # open_groups: (is a box, index after its "{") of each unclosed "{"
+    for match in _BRACE.finditer(text):
+        if match.group() != "}":
+            open_groups.append((match.group() != "{", match.end()))
+        elif open_groups:
+            is_box, start = open_groups.pop()
+            if is_box:
+                boxes.append((start, text[start:match.start()]))
+    return [content for _, content in sorted(boxes)]
+
+
+def _value(number: str) -> Fraction | None:
+    """The exact value of a matched number (thousands commas dropped); None if over 64 characters."""
+    return Fraction(number.replace(",", "")) if len(number) <= _MAX_NUMBER_CHARS else None
+
+
+def box_value(content: str) -> Fraction | None:
+    """The value of a box's content: its only number, whatever text surrounds it (``71``, ``1,104``,
+    ``x = 71``, ``71 apples``, ``\\$71``); None when it holds no number or more than one (``23 + 48``)."""
+    numbers = _NUMBER.findall(content)
+    return _value(numbers[0]) if len(numbers) == 1 else None
+
+
+def last_number(text: str) -> Fraction | None:
+    """The value of the last number of ``text`` (``-25``, ``1,104``, ``2.5``), or None if there is none.
+
+    A ``-`` is a sign unless it follows a letter, digit or ``)``: ``"5-3=2"`` holds 5, 3 and 2.
+    """
+    numbers = _NUMBER.findall(text)
+    return _value(numbers[-1]) if numbers else None
+
+
+def final_answer(completion: str, answer_from: str = "boxed_or_last_number") -> Fraction | None:
+    """The answer a completion gives, or None.
+
+    Rule: ``box_value`` of the last ``\\boxed{}`` whose content is not blank (empty boxes such as
+    ``"The answer is \\boxed{}."`` are passed over); with no such box, the last number of the whole
+    text for ``answer_from="boxed_or_last_number"``, and None for ``answer_from="boxed"``.
+    """
+    if answer_from not in ANSWER_FROM:
+        raise ValueError(f"answer_from must be one of {ANSWER_FROM}, got {answer_from!r}")
+    boxes = [content for content in boxed_contents(completion) if content.strip()]
+    if boxes:
+        return box_value(boxes[-1])
+    return last_number(completion) if answer_from == "boxed_or_last_number" else None
+
+
+def is_word_math_answer(completion: str, target: int, answer_from: str = "boxed_or_last_number") -> bool:
+    """True iff ``final_answer(completion, answer_from)`` equals the integer ``target``."""
+    value = final_answer(completion, answer_from)
+    return value is not None and value == int(target)
+
+
+@per_example
+def word_math_reward(prompt: str, completion: str, *, target, **_) -> float:
+    """Row rule: 1.0 if the completion's answer is ``target`` (field), else 0.0; the answer is the last
+    non-blank ``\\boxed{}``, else the last number of the text (``answer_from="boxed_or_last_number"``)."""
+    return float(is_word_math_answer(completion, target, "boxed_or_last_number"))
+
+
+@per_example
+def boxed_answer_reward(prompt: str, completion: str, *, target, **_) -> float:
+    """Row rule: 1.0 if the last non-blank ``\\boxed{}`` of the completion holds ``target`` (field), else
+    0.0; an unboxed answer scores 0.0 (``answer_from="boxed"``)."""
+    return float(is_word_math_answer(completion, target, "boxed"))
+
+
+# 1.0 where the stripped completion holds exactly one \boxed{}, whose content is a number (-?, digits with
+# optional thousands commas and decimals, spaces around it), followed by nothing but whitespace,
+# . , ; : ! ? ) ] $ * or \) \]; else 0.0. The text before the box is free. (The trainer's format term,
+# format_reward(task.format_pattern), is the same function.)
+word_math_format_reward = format_reward(FORMAT_PATTERN)
+
+
+def _operands(d: int, rng: np.random.Generator) -> tuple[int, int]:
+    """(larger, smaller) operands: the larger has exactly ``d`` digits, the other a uniform 1..``d`` digits;
+    each is uniform over the numbers of its digit count, 2-9 for one digit (no "1 pages", no "× 1")."""
+    first = int(rng.integers(max(2, 10 ** (d - 1)), 10 ** d))
+    e = int(rng.integers(1, d + 1))
+    second = int(rng.integers(max(2, 10 ** (e - 1)), 10 ** e))
+    return max(first, second), min(first, second)
+
+
+def _value_of(a: int, op: str, b: int) -> int:
+    return a + b if op == "+" else a - b if op == "-" else a * b
+
+
+@dataclasses.dataclass(frozen=True)
+class WordMathTask:
+    """English arithmetic prompts for a chat model, answered in ``\\boxed{}`` (see the module docstring).
+
+    ``digits``: the hardest difficulty (operands of up to ``digits`` digits; difficulties 1..``digits`` in
+    equal shares); ``ops``: operators drawn uniformly (a subset of ``"+-*"``); ``answer_from``: where the
+    verifier reads the answer (``ANSWER_FROM``); ``word_share``: the probability of a word problem rather
+    than a bare expression. ``tokenizer()`` is None: use the model's tokenizer.
+
+    Example: ``{"prompt": "What is 23 + 48? Put your final answer within \\boxed{}.",
+    "answer": "23 + 48 = 71. The answer is \\boxed{71}.", "target": 71, "difficulty": 2, "op": "+"}``.
+    """
+
+    digits: int = 2
+    ops: str = "+-*"
+    answer_from: str = "boxed_or_last_number"
+    word_share: float = 0.5
+    name: str = dataclasses.field(default="word_math", init=False)
+    format_pattern: str = dataclasses.field(default=FORMAT_PATTERN, init=False)
+
+    def __post_init__(self):
+        _validate_arithmetic(self.digits, self.ops)
+        if self.answer_from not in ANSWER_FROM:
+            raise ValueError(f"answer_from must be one of {ANSWER_FROM}, got {self.answer_from!r}")
+        if not 0.0 <= self.word_share <= 1.0:
+            raise ValueError(f"word_share must be in [0, 1], got {self.word_share!r}")
+
+    @property
+    def reward_fn(self):
+        return word_math_reward if self.answer_from == "boxed_or_last_number" else boxed_answer_reward
+
+    def tokenizer(self):
+        """None: the task is for a pretrained model, which brings its own tokenizer."""
+        return None
+
+    def examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
+        """``n`` examples, a deterministic function of ``seed``; example ``i`` has difficulty ``i % digits + 1``."""
+        rng = np.random.default_rng(seed)
+        return [self._example(i % self.digits + 1, rng) for i in range(n)]
+
+    def _example(self, difficulty: int, rng: np.random.Generator) -> dict[str, Any]:
+        """One example of the given difficulty: operator, operands (larger first for ``-``, else in random
+        order), form (word problem with probability ``word_share``), template and name, drawn in that order."""
+        op = self.ops[int(rng.integers(len(self.ops)))]
+        a, b = _operands(difficulty, rng)
+        if op != "-" and rng.integers(2):
+            a, b = b, a
+        templates = WORD_TEMPLATES[op] if rng.random() < self.word_share else EXPRESSION_TEMPLATES
+        template = templates[int(rng.integers(len(templates)))]
+        name = NAMES[int(rng.integers(len(NAMES)))]
+        value = _value_of(a, op, b)
+        question = template.format(a=a, b=b, sym=SYMBOLS[op], name=name)
+        return {"prompt": f"{question} {INSTRUCTION}",
+                "answer": f"{a} {SYMBOLS[op]} {b} = {value}. The answer is \\boxed{{{value}}}.",
+                "target": value, "difficulty": difficulty, "op": op}

@@ -1,0 +1,121 @@
+"""Prompts through a chat template: the rendered text, the end-of-turn token, rollouts that stop
+there with the template's tokens outside the response, and rewards that see only the task's prompt
+and the assistant's text."""
+import json
+
+import jax
+import numpy as np
+import pytest
+import tokenizers
+import transformers
+from flax import nnx
+
+from pgjax.models import hf
+from pgjax.models.transformer import CausalLM, ModelConfig
+from pgjax.rewards import per_example
+from pgjax.train import experiment as experiment_lib
+from pgjax.train.experiment import ConfigError, TaskSection
+from pgjax.train.rollout import PLAIN, PromptFormat, RolloutConfig, collect, encode_prompts, end_of_turn_ids
+from pgjax.train.trainer import Trainer
+from test_train import tiny_experiment
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def chatml_tokenizer(template=CHATML):
+    """A character tokenizer with ChatML's two special tokens (and an <eos> that is not the end of turn)."""
+    chars = "0123456789+-=? abcdefghijklmnopqrstuvwxyz\n"
+    vocab = {"<pad>": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate(chars)}}
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<pad>"))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Split("", "isolated")
+    tokenizer.decoder = tokenizers.decoders.Fuse()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<eos>", pad_token="<pad>",
+                                                additional_special_tokens=["<|im_start|>", "<|im_end|>"])
+    fast.chat_template = template
+    return fast
+
+
+def test_a_prompt_is_rendered_as_the_user_turn_after_the_system_prompt():
+    tokenizer = chatml_tokenizer()
+    assert PromptFormat(chat=True, system_prompt="be brief").render(tokenizer, ["1+2=?"]) == [
+        "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\n1+2=?<|im_end|>\n<|im_start|>assistant\n"]
+    assert PromptFormat(chat=True).render(tokenizer, ["x"]) == ["<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"]
+    assert PLAIN.render(tokenizer, ["x"]) == ["x"]
+    tokens, mask = encode_prompts(tokenizer, ["x"], 24, PromptFormat(chat=True))
+    start = tokenizer.convert_tokens_to_ids("<|im_start|>")
+    assert mask.sum() == 1 + 4 + 1 + 1 + 1 + 1 + 1 + 9 + 1 and tokens[0, 4] == start     # "user", "assistant"
+    with pytest.raises(ValueError, match="prompts must have 1..8 tokens"):
+        encode_prompts(tokenizer, ["x"], 8, PromptFormat(chat=True))        # the template's tokens count
+
+
+def test_the_end_of_turn_token_is_found_in_the_template():
+    tokenizer = chatml_tokenizer()
+    assert end_of_turn_ids(tokenizer) == (tokenizer.convert_tokens_to_ids("<|im_end|>"),)
+    plain_end = chatml_tokenizer("{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
+    assert end_of_turn_ids(plain_end) == ()
+
+
+def test_a_rollout_stops_at_the_end_of_turn_and_rewards_see_only_the_assistant_text():
+    tokenizer = chatml_tokenizer()
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    config = ModelConfig(family="qwen3", vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8)
+    policy = CausalLM(config, nnx.Rngs(0))      # random: about one response in three samples the end of turn
+    seen = {}
+
+    @per_example
+    def record(prompt, completion, **_):
+        seen.setdefault("pairs", []).append((prompt, completion))
+        return 0.0
+
+    examples = [{"prompt": f"{a}+1=?", "answer": str(a + 1)} for a in range(4)]
+    rollout, stats = collect(policy, tokenizer, examples, record, record, jax.random.PRNGKey(0),
+                             RolloutConfig(samples_per_prompt=8, max_prompt_tokens=24, max_new_tokens=24),
+                             eos_ids=(end, tokenizer.eos_token_id), prompt_format=PromptFormat(chat=True))
+    response = np.asarray(rollout.tokens)[:, 24:]
+    lengths = stats["length"]
+    stopped = [i for i in range(32) if lengths[i] and response[i, lengths[i] - 1] == end]
+    assert len(stopped) >= 4                                # some responses ended their turn
+    mask = np.asarray(rollout.mask)
+    for i in range(32):
+        assert mask[i].sum() == lengths[i] and (mask[i, :lengths[i]] == 1).all()
+        assert end not in response[i, :max(lengths[i] - 1, 0)]                 # nothing after the first stop
+    prompts, completions = zip(*seen["pairs"][:32], strict=True)
+    assert list(prompts) == [e["prompt"] for e in examples for _ in range(8)]   # the task's prompt, no template
+    for i in stopped:
+        assert completions[i] == tokenizer.decode(response[i, :lengths[i] - 1])   # without the end of turn
+        assert "<|im_end|>" not in completions[i]
+
+
+def checkpoint_with_chat_template(directory, tokenizer):
+    config = ModelConfig(family="qwen3", vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8)
+    hf.save(CausalLM(config, nnx.Rngs(0)), directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def test_the_trainer_renders_prompts_and_stops_at_the_end_of_turn(tmp_path):
+    tokenizer = chatml_tokenizer()
+    model = checkpoint_with_chat_template(tmp_path / "model", tokenizer)
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{a}+1=?", "answer": a + 1}) + "\n" for a in range(8)))
+    base = tiny_experiment(tmp_path, model=experiment_lib.ModelSection(path=str(model)),
+                           task=TaskSection(name="jsonl_math", path=str(data), system_prompt="be brief"),
+                           rollout=RolloutConfig(samples_per_prompt=2, max_prompt_tokens=48, max_new_tokens=4))
+    trainer = Trainer(base)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert trainer.prompt_format == PromptFormat(chat=True, system_prompt="be brief")
+    assert trainer.eos_ids[0] == end and tokenizer.eos_token_id in trainer.eos_ids and trainer.end_id == end
+    record = trainer.step()
+    assert record["step"] == 1 and record["skipped_updates"] == 0
+    plain = Trainer(experiment_lib.override(base, ["task.chat_template=none", "task.system_prompt="]))
+    assert plain.prompt_format == PLAIN and plain.eos_ids == (tokenizer.eos_token_id,)
+    with pytest.raises(ConfigError, match=r"task.system_prompt is set but the prompts are plain text "
+                                          r"\(task.chat_template='none'\)"):
+        Trainer(experiment_lib.override(base, ["task.chat_template=none"]))
+    with pytest.raises(ConfigError, match="rollout.max_prompt_tokens=20"):   # the template's tokens count
+        Trainer(experiment_lib.override(base, ["rollout.max_prompt_tokens=20"]))
+    with pytest.raises(ConfigError, match="task.chat_template='chatml' is invalid: one of auto, none"):
+        experiment_lib.override(base, ["task.chat_template=chatml"])
