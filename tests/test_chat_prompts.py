@@ -15,7 +15,8 @@ from pgjax.models.transformer import CausalLM, ModelConfig
 from pgjax.rewards import per_example
 from pgjax.train import experiment as experiment_lib
 from pgjax.train.experiment import ConfigError, TaskSection
-from pgjax.train.rollout import PLAIN, PromptFormat, RolloutConfig, collect, encode_prompts, end_of_turn_ids
+from pgjax.train.rollout import (PLAIN, PromptFormat, RolloutConfig, collect, encode_prompts, end_of_turn_ids,
+                                 prompt_format_for, stop_tokens)
 from pgjax.train.trainer import Trainer
 from test_train import tiny_experiment
 
@@ -47,6 +48,20 @@ def test_a_prompt_is_rendered_as_the_user_turn_after_the_system_prompt():
     assert mask.sum() == 1 + 4 + 1 + 1 + 1 + 1 + 1 + 9 + 1 and tokens[0, 4] == start     # "user", "assistant"
     with pytest.raises(ValueError, match="prompts must have 1..8 tokens"):
         encode_prompts(tokenizer, ["x"], 8, PromptFormat(chat=True))        # the template's tokens count
+
+
+def test_the_prompt_format_and_stop_tokens_follow_the_tokenizer_and_the_task_options(tmp_path):
+    tokenizer = chatml_tokenizer()
+    assert prompt_format_for(tokenizer, "auto", "S") == PromptFormat(chat=True, system_prompt="S")
+    assert prompt_format_for(tokenizer, "none") == PLAIN
+    no_template = chatml_tokenizer(None)
+    assert prompt_format_for(no_template, "auto") == PLAIN
+    with pytest.raises(ValueError, match=r"system_prompt is set .* \(the tokenizer has no chat template\)"):
+        prompt_format_for(no_template, "auto", "S")
+    end, eos = tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos, 7]}))
+    assert stop_tokens(tokenizer, PromptFormat(chat=True), [tmp_path]) == ((end, eos, 7), end)
+    assert stop_tokens(tokenizer, PLAIN, [tmp_path, ""]) == ((eos, 7), eos)
 
 
 def test_the_end_of_turn_token_is_found_in_the_template():

@@ -34,8 +34,8 @@ def test_core_imports_only_core_and_does_no_io():
                 assert name not in IO_CALLS, f"{path.name} calls {name}()"
 
 
-LAYERS = {"core": 0, "theory": 1, "models": 1, "parallel": 1, "sample": 2, "rewards": 2, "train": 3, "run": 4,
-          "compare": 4, "demo": 4}
+LAYERS = {"core": 0, "theory": 1, "models": 1, "parallel": 1, "sample": 2, "rewards": 2, "train": 3, "eval": 3,
+          "run": 4, "compare": 4, "demo": 4}
 
 
 def test_imports_only_point_down_the_layers():

@@ -14,6 +14,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from pgjax import core
+from pgjax.models import hf
 from pgjax.models.transformer import CausalLM
 from pgjax.parallel.mesh import single_device_mesh
 from pgjax.parallel.multihost import to_global, to_host
@@ -102,6 +103,26 @@ def end_of_turn_ids(tokenizer) -> tuple[int, ...]:
                                          tokenize=False)
     after = tokenizer(text[text.rindex(marker) + len(marker):], add_special_tokens=False)["input_ids"]
     return (after[0],) if after and after[0] in tokenizer.added_tokens_decoder else ()
+
+
+def prompt_format_for(tokenizer, chat_template: str = "auto", system_prompt: str = "") -> PromptFormat:
+    """The prompts through the tokenizer's chat template when ``chat_template`` is ``auto`` and it has
+    one (after ``system_prompt``), else plain text (``none``); ValueError for a system prompt without a
+    template."""
+    chat = chat_template == "auto" and getattr(tokenizer, "chat_template", None) is not None
+    if system_prompt and not chat:
+        why = "task.chat_template='none'" if chat_template == "none" else "the tokenizer has no chat template"
+        raise ValueError(f"task.system_prompt is set but the prompts are plain text ({why})")
+    return PromptFormat(chat=chat, system_prompt=system_prompt)
+
+
+def stop_tokens(tokenizer, prompt_format: PromptFormat, checkpoints=()) -> tuple[tuple[int, ...], int]:
+    """The tokens that end a response (with a chat template its end of turn, then the tokenizer's EOS
+    and every ``eos_token_id`` of the ``checkpoints``' generation_config.json) and the one that ends a
+    demonstration (the end of turn, else EOS)."""
+    turn_end = end_of_turn_ids(tokenizer) if prompt_format.chat else ()
+    eos = [tokenizer.eos_token_id, *(i for d in checkpoints if d for i in hf.eos_token_ids(d, tokenizer))]
+    return tuple(dict.fromkeys((*turn_end, *eos))), (turn_end or eos)[0]
 
 
 def encode_prompts(tokenizer, prompts: list[str], width: int, prompt_format: PromptFormat = PLAIN

@@ -34,6 +34,7 @@ import numpy as np
 from flax import nnx
 
 from pgjax import core
+from pgjax.eval import evaluate
 from pgjax.models import hf
 from pgjax.models.transformer import CausalLM
 from pgjax.parallel import multihost
@@ -43,8 +44,7 @@ from pgjax.train.experiment import ConfigError, Experiment, validate
 from pgjax.train.learner import Learner, Rollout, all_finite
 from pgjax.train.optim import make_optimizer
 from pgjax.train.progress import Progress
-from pgjax.train.rollout import (PromptFormat, collect, encode_prompts, end_of_turn_ids, pad_id,
-                                 sample_and_score)
+from pgjax.train.rollout import collect, encode_prompts, prompt_format_for, stop_tokens
 from pgjax.train.run_dir import Checkpoints, RunDirectory
 from pgjax.train.sft import demonstrations, sft_step
 
@@ -100,8 +100,11 @@ class Trainer:
         self.task = _user_error("task", lambda: make_task(exp.task.name, **exp.task.options()))
         _user_error("task", lambda: self.task.examples(1, seed=0))     # a malformed dataset fails here, first
         self.tokenizer = self._tokenizer()
-        self.prompt_format = self._prompt_format()
-        self.eos_ids, self.end_id = self._stop_tokens()
+        t = exp.task
+        self.prompt_format = _user_error("task", lambda: prompt_format_for(self.tokenizer, t.chat_template,
+                                                                            t.system_prompt))
+        self.eos_ids, self.end_id = _user_error("model.path", lambda: stop_tokens(self.tokenizer, self.prompt_format,
+                                                                                  [exp.model.path]))
         self._check_dataset()
         self.eval_examples = self.task.examples(exp.eval_prompts, seed=stream_seed(exp.seed, "eval", 0))
         self._check_widths()
@@ -127,26 +130,6 @@ class Trainer:
             raise ConfigError(f"task.name={self.exp.task.name!r} has no tokenizer of its own: set model.path to a "
                               "checkpoint directory with one")
         return _user_error("model.path", lambda: hf.load_tokenizer(self.exp.model.path))
-
-    def _prompt_format(self) -> PromptFormat:
-        """Prompts through the tokenizer's chat template (``task.chat_template=auto`` and the tokenizer
-        has one), else plain; ConfigError for a system prompt without a template."""
-        t = self.exp.task
-        chat = t.chat_template == "auto" and getattr(self.tokenizer, "chat_template", None) is not None
-        if t.system_prompt and not chat:
-            why = "task.chat_template='none'" if t.chat_template == "none" else "the tokenizer has no chat template"
-            raise ConfigError(f"task.system_prompt is set but the prompts are plain text ({why})")
-        return PromptFormat(chat=chat, system_prompt=t.system_prompt)
-
-    def _stop_tokens(self) -> tuple[tuple[int, ...], int]:
-        """The tokens that end a response (the tokenizer's EOS, the checkpoint's generation_config
-        ones and, with a chat template, its end of turn) and the one that ends a demonstration (the
-        end of turn, else EOS)."""
-        path = self.exp.model.path
-        eos_ids = (_user_error("model.path", lambda: hf.eos_token_ids(path, self.tokenizer)) if path
-                   else (self.tokenizer.eos_token_id,))
-        turn_end = end_of_turn_ids(self.tokenizer) if self.prompt_format.chat else ()
-        return tuple(dict.fromkeys(turn_end + eos_ids)), (turn_end or eos_ids)[0]
 
     def _check_dataset(self) -> None:
         """A dataset task's prompts all fit ``rollout.max_prompt_tokens`` (``fit_prompts``: ConfigError
@@ -259,16 +242,14 @@ class Trainer:
     def evaluate(self) -> float:
         """Greedy accuracy on ``eval_prompts`` evaluation examples, the same at every call (drawn from
         the task with a seed stream of their own; generated tasks rarely repeat a training prompt, a
-        dataset file's are drawn from the same file); each process scores its rows."""
+        dataset file's are drawn from the same file); ``pgjax.eval.evaluate``'s greedy pass, each
+        process scoring its rows."""
         exp = self.exp
-        examples = multihost.process_share(self.eval_examples, self.mesh)
-        scored = sample_and_score(self.policy, self.tokenizer, examples, exp.rollout.max_prompt_tokens,
-                                  jax.random.PRNGKey(0), exp.rollout.sampling(self.eos_ids, pad_id(self.tokenizer),
-                                                                              greedy=True),
-                                  {"correct": self.task.reward_fn}, self.mesh, exp.rollout.nonfinite_rewards,
-                                  self.prompt_format)
-        correct = np.asarray(scored.scores["correct"] == 1.0, np.float32)
-        return float(np.mean(multihost.gather_rows(correct, exp.eval_prompts, self.mesh)))
+        results = evaluate(self.policy, self.tokenizer, self.task, self.eval_examples, samples=0,
+                           decoding=exp.rollout, max_prompt_tokens=exp.rollout.max_prompt_tokens,
+                           eos_ids=self.eos_ids, key=jax.random.PRNGKey(0), mesh=self.mesh,
+                           nonfinite=exp.rollout.nonfinite_rewards, prompt_format=self.prompt_format)
+        return results["metrics"]["greedy_accuracy"]["value"]
 
     def _check_finite(self, what: str) -> None:
         """RunStopped, before ``what`` is written, when the state holds a NaN or infinity."""
