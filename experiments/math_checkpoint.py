@@ -6,8 +6,9 @@ with its tokenizer) and a GSM8K / MATH style JSONL file; nothing is downloaded:
     python -m pgjax.run experiments/math_checkpoint.py \\
         --set model.path=/models/Qwen2.5-0.5B-Instruct --set task.path=/data/gsm8k_train.jsonl
 
-Prompts are the dataset's ``question`` field as is (put any chat template or
-"put the final answer in \\boxed{}" instruction into the file); answers are
+Prompts are the dataset's ``question`` field, put through the checkpoint's chat
+template when it has one (put any "put the final answer in \\boxed{}"
+instruction into the file, or into ``task.system_prompt``); answers are
 compared by ``pgjax.rewards.math_reward`` (final ``\\boxed{}`` / ``####`` / last
 number, numerically and symbolically), plus 0.1 x the format reward for a
 ``\\boxed{}`` answer. No supervised warm start: the checkpoint is the start.

