@@ -526,11 +526,12 @@ def test_smollm_rollouts_stop_at_the_end_of_turn_and_rewards_see_only_the_assist
                              RolloutConfig(samples_per_prompt=2, max_prompt_tokens=80, max_new_tokens=48,
                                            temperature=0.7), eos_ids=eos_ids, prompt_format=prompt_format)
     tokens, lengths = np.asarray(rollout.tokens), stats["length"]
-    first = tokens[0, :80][np.asarray(rollout.attention_mask)[0, :80] > 0][:3]
-    assert tokenizer.decode(first) == "<|im_start|>user\n"          # the template renders the prompt
+    prompt = tokenizer.decode(tokens[0, :80][np.asarray(rollout.attention_mask)[0, :80] > 0])
+    assert prompt.startswith("<|im_start|>system\n")       # SmolLM2's template adds its default system turn
+    assert prompt.endswith(f"<|im_start|>user\n{examples[0]['prompt']}<|im_end|>\n<|im_start|>assistant\n")
     response = tokens[:, 80:]
     ended = [i for i in range(8) if lengths[i] and response[i, lengths[i] - 1] == im_end]
-    assert len(ended) >= 4, lengths                              # an instruct model ends its turn
+    assert ended and all(lengths[i] == 48 for i in range(8) if i not in ended), lengths   # ended, or cut short
     np.testing.assert_array_equal(np.asarray(rollout.mask).sum(1), lengths)
     prompts, completions = zip(*seen[:8], strict=True)
     assert list(prompts) == [e["prompt"] for e in examples for _ in range(2)]

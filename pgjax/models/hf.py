@@ -91,7 +91,7 @@ def _read_safetensors(directory: pathlib.Path) -> dict:
         path = directory / name
         if not path.exists():
             raise FileNotFoundError(f"{path} is listed in the index but missing")
-        with jax.default_device(jax.devices("cpu")[0]):
+        with jax.default_device(jax.local_devices(backend="cpu")[0]):     # this process's own CPU
             tensors.update((k, np.asarray(v)) for k, v in load_file(str(path)).items())
     return tensors
 
