@@ -25,7 +25,7 @@ Which 95% interval goes with which metric:
     values they can take.
 
 Held-out prompts: the command line draws ``task.examples(P, seed=stream_seed(seed, "eval", 0))``, the
-Trainer's formula (``pgjax.train.trainer``). On a run directory ``seed``, ``P`` (``eval_prompts``), the
+Trainer's formula (``pgjax.train.experiment.stream_seed``). On a run directory ``seed``, ``P`` (``eval_prompts``), the
 task, ``max_prompt_tokens`` and ``max_new_tokens`` default to the run's ``experiment.json``, so the
 prompts are exactly those the run evaluated on during training (a dataset task's records are first
 fitted to the run's ``max_prompt_tokens``, as the Trainer does), rendered the same way (``rollout.prompt_format_for``)
@@ -49,7 +49,7 @@ from pgjax.parallel import multihost
 from pgjax.parallel.mesh import single_device_mesh
 from pgjax.rewards import format_reward, make_task
 from pgjax.sample import Decoding, SamplingConfig
-from pgjax.train.experiment import ConfigError, Experiment, ModelSection, TaskSection, override
+from pgjax.train.experiment import ConfigError, Experiment, ModelSection, TaskSection, override, stream_seed
 from pgjax.train.rollout import (PLAIN, PromptFormat, RolloutConfig, pad_id, prompt_format_for, sample_and_score,
                                  stop_tokens)
 
@@ -276,7 +276,6 @@ def _ks(text: str | None, samples: int) -> tuple[int, ...]:
 def prepare(args: argparse.Namespace) -> dict:
     """Everything ``evaluate`` and the report need from the command line: the model, tokenizer, task,
     held-out examples and settings (ValueError / OSError for bad input, before any sampling)."""
-    from pgjax.train.trainer import stream_seed     # here, not above: the Trainer is to import this module
     ks = _ks(args.k, args.samples)
     model_dir, run = locate_model(args.model)
     if run is None and not args.task:

@@ -26,6 +26,8 @@ import pathlib
 import types
 import typing
 
+import numpy as np
+
 from pgjax import core
 from pgjax.models.transformer import FAMILIES, ModelConfig
 from pgjax.parallel.mesh import MeshConfig, check_batch
@@ -209,6 +211,12 @@ class Experiment:
             return dataclasses.replace(algo, hparams=algo.hparams.replace(**self.hparams))
         except ValueError as error:
             raise ConfigError(f"hparams: {error}") from None
+
+
+def stream_seed(seed: int, stream: str, index: int) -> int:
+    """Independent deterministic integer seeds for the data streams of a run (``train``, ``eval``,
+    ``warm_start``), one per step."""
+    return int(np.random.SeedSequence([seed, sum(map(ord, stream)), index]).generate_state(1)[0])
 
 
 def validate(exp: Experiment, mesh) -> None:

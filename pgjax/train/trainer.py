@@ -40,7 +40,7 @@ from pgjax.models.transformer import CausalLM
 from pgjax.parallel import multihost
 from pgjax.parallel.mesh import make_mesh, shard
 from pgjax.rewards import RewardError, combine, format_reward, import_object, make_task
-from pgjax.train.experiment import ConfigError, Experiment, validate
+from pgjax.train.experiment import ConfigError, Experiment, stream_seed, validate
 from pgjax.train.learner import Learner, Rollout, all_finite
 from pgjax.train.optim import make_optimizer
 from pgjax.train.progress import Progress
@@ -71,12 +71,6 @@ class Callback:
 
 
 _all_finite = jax.jit(all_finite)
-
-
-def stream_seed(seed: int, stream: str, index: int) -> int:
-    """Independent deterministic integer seeds for the data streams of a run (``train``, ``eval``,
-    ``warm_start``), one per step."""
-    return int(np.random.SeedSequence([seed, sum(map(ord, stream)), index]).generate_state(1)[0])
 
 
 def _user_error(what: str, build):
