@@ -51,6 +51,11 @@ class Task(Protocol):
     ``format_pattern`` is a regular expression a well-formed completion fully
     matches (for ``format_reward``). ``tokenizer()`` is the task's own
     tokenizer, or None where the model's tokenizer is to be used.
+
+    Optional, for a task over a finite set of records (``JsonlMathTask``):
+    ``fit_prompts(tokenizer, max_tokens, render)`` checks (or, by the task's
+    own option, drops) prompts too long for the model, and ``summary()`` says
+    in one line what was left out; the Trainer calls them when present.
     """
 
     name: str
