@@ -13,6 +13,7 @@ from flax import nnx
 
 from pgjax import core
 from pgjax.models import hf
+from pgjax.models.scoring import response_logprobs
 from pgjax.models.transformer import CausalLM, ModelConfig
 from pgjax.rewards import char_tokenizer, per_example
 from pgjax.sample import SamplingConfig, generate
@@ -139,6 +140,28 @@ def test_minibatches_split_whole_groups_and_each_is_one_optimizer_step():
         UpdateConfig(minibatches=3).check(4)
 
 
+@pytest.mark.parametrize("algorithm", ["dr_grpo", "grpo", "ppo"])
+def test_on_policy_updates_skip_old_logprobs_and_give_the_recomputed_update(algorithm):
+    """One epoch of one minibatch: pi_old is the policy being differentiated, so prepare skips the
+    old log-probs (old_logp None: stop_gradient(logp), rho = 1) unless the KL sits in the reward
+    (PPO's k1 penalty reads them); the update equals the one with recomputed old log-probs."""
+    results = []
+    for recompute in (False, True):
+        policy, algo, learner = tiny_learner(algorithm, UpdateConfig(recompute_old_logprobs=recompute))
+        hp = algo.hparams.replace(kl_coef=0.0) if algorithm == "grpo" else algo.hparams
+        state = learner.init_state(policy, jax.random.PRNGKey(0))
+        rollout = learner.prepare(state, sampled_rollout(policy), hp)
+        assert (rollout.batch.old_logp is None) == (not recompute and algorithm != "ppo")
+        state, metrics = learner.update(state, rollout, hp)
+        results.append((rollout.batch.advantages, state.params, float(metrics["policy_loss"])))
+    (adv, params, loss), (adv_r, params_r, loss_r) = results
+    np.testing.assert_allclose(np.asarray(adv), np.asarray(adv_r), atol=1e-6)
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), params, params_r)
+    assert loss == pytest.approx(loss_r, abs=1e-6)
+    assert tiny_learner(algorithm, UpdateConfig(epochs=2))[2].needs_old_logp
+    assert tiny_learner(algorithm, UpdateConfig(minibatches=2))[2].needs_old_logp
+
+
 def test_prepare_matches_the_core_functions_on_the_same_batch():
     policy, algo, learner = tiny_learner("ppo", UpdateConfig())
     state = learner.init_state(policy, jax.random.PRNGKey(0))
@@ -161,9 +184,11 @@ def test_token_weights_and_the_gradient_split_into_shares_of_rows():
     state = learner.init_state(policy, jax.random.PRNGKey(0))
     rollout = learner.prepare(state, sampled_rollout(policy), hp)
     got = rollout.batch
-    batch = core.Batch(mask=got.mask, rewards=got.rewards, logp=got.old_logp, old_logp=got.old_logp,
+    assert got.old_logp is None                                     # on-policy: prepare skips them
+    logp = response_logprobs(policy, rollout.tokens, rollout.attention_mask, 4)[0]
+    batch = core.Batch(mask=got.mask, rewards=got.rewards, logp=logp, old_logp=logp,
                        advantages=got.advantages, group_size=4)
-    np.testing.assert_allclose(np.asarray(learner.token_weights(rollout, hp)),
+    np.testing.assert_allclose(np.asarray(learner.token_weights(state, rollout, hp)),
                                np.asarray(core.token_weights(algo.spec, batch, hp)), atol=1e-7)
     first = jnp.asarray(np.arange(16) < 8, jnp.float32)[:, None]
     parts = [learner.policy_gradient(state, rollout.with_mask(rollout.mask * m), hp) for m in (first, 1 - first)]

@@ -26,9 +26,13 @@ parallel), rollouts are split over ``data`` x ``fsdp``, and ``prepare`` and the
 optimizer step are jitted with these as explicit input and output shardings,
 the state donated. Arrays passed in with another placement are moved.
 
-Old log-probs: ``old_logp`` is recomputed teacher-forced with the parameters
-that sampled the rollout (the same function the loss differentiates), so the
-ratio is 1 up to float rounding at the first minibatch; the sampler's own
+Old log-probs: when the update cannot leave the policy that sampled the rollout
+(one epoch of one minibatch) and the KL term is not in the reward, pi_old is the
+policy being differentiated, so ``prepare`` skips them (``old_logp`` None: the loss
+uses stop_gradient(logp), rho = 1 exactly, the same gradient; one forward pass
+fewer per step). Otherwise ``old_logp`` is recomputed teacher-forced with the
+parameters that sampled the rollout (the same function the loss differentiates),
+so the ratio is 1 up to float rounding at the first minibatch; the sampler's own
 ``policy_logprobs`` equal it to ~1e-6 at temperature 1 (tests/test_sampler.py).
 """
 from __future__ import annotations
@@ -56,7 +60,9 @@ class UpdateConfig:
     micro-batches per step; ``temperature`` of the scored policy (the sampling temperature);
     ``value_clip`` of the critic loss (0 = off); ``chunk_size`` of the chunked log-probs;
     ``max_skipped_steps``: consecutive RL steps whose every update was non-finite (and skipped)
-    that stop a run."""
+    that stop a run; ``recompute_old_logprobs``: compute the old log-probs even when the update
+    is on-policy (one epoch of one minibatch, no KL in the reward), where they are skipped
+    (``Learner.needs_old_logp``; the same loss and gradient, one forward pass more)."""
     epochs: int = 1
     minibatches: int = 1
     micro_batches: int = 1
@@ -64,6 +70,7 @@ class UpdateConfig:
     value_clip: float = 0.2
     chunk_size: int = 1024
     max_skipped_steps: int = 3
+    recompute_old_logprobs: bool = False
 
     def __post_init__(self):
         for name in ("epochs", "minibatches", "micro_batches", "chunk_size", "max_skipped_steps"):
@@ -138,6 +145,8 @@ class Learner:
         self.optimizer, self.critic_optimizer = optimizer, critic_optimizer
         self.uses_critic = algorithm.spec.baseline == "value"
         self.use_reference = use_reference
+        self.needs_old_logp = (update.recompute_old_logprobs or update.epochs > 1 or update.minibatches > 1
+                               or algorithm.spec.kl_placement == "reward")
         if self.uses_critic and critic_optimizer is None:
             raise ValueError(f"{algorithm.spec.name} needs a critic optimizer")
         self.critic_graphdef = (nnx.graphdef(nnx.eval_shape(lambda: ValueModel.from_policy(policy)))
@@ -151,7 +160,8 @@ class Learner:
         self.policy_gradient = jax.jit(lambda state, rollout, hp: self._gradient(state.params, rollout, hp)[0],
                                        in_shardings=(self.state_sharding, batch, same),
                                        out_shardings=self.state_sharding.params)
-        self.token_weights = jax.jit(self._token_weights, in_shardings=(batch, same), out_shardings=batch)
+        self.token_weights = jax.jit(self._token_weights, in_shardings=(self.state_sharding, batch, same),
+                                     out_shardings=batch)
         self._optimizer_step = jax.jit(self._step, in_shardings=(self.state_sharding, batch, same, same),
                                        out_shardings=(self.state_sharding, same), donate_argnums=0)
 
@@ -181,13 +191,14 @@ class Learner:
         return critic.response_values(part.tokens, part.attention_mask, _prompt_length(part))
 
     def _prepare(self, state: TrainState, rollout: Rollout, hp: core.HParams) -> Rollout:
-        """(``prepare``, jitted) Old and reference log-probs, critic values, advantages and value
-        targets of a rollout."""
-        old_logp, _ = self._logprobs(state.params, rollout)
+        """(``prepare``, jitted) Old (only when ``needs_old_logp``) and reference log-probs, critic
+        values, advantages and value targets of a rollout."""
+        old_logp = self._logprobs(state.params, rollout)[0] if self.needs_old_logp else None
         ref_logp = self._logprobs(state.ref_params, rollout)[0] if self.use_reference else None
         values = bootstrap = None
         if self.uses_critic:
             values, bootstrap = self._values(state.critic_params, rollout)
+        # advantages never read logp itself (only the behaviour log-probs, with the KL in the reward)
         batch = self._batch(rollout, old_logp).replace(old_logp=old_logp, ref_logp=ref_logp, values=values,
                                                        bootstrap=bootstrap)
         targets = core.value_targets(self.spec, batch, hp) if self.uses_critic else None
@@ -246,10 +257,13 @@ class Learner:
 
         return _accumulate(jax.grad(policy_loss, has_aux=True), params, self._micro_batches(minibatch))
 
-    def _token_weights(self, rollout: Rollout, hp: core.HParams):
+    def _token_weights(self, state: TrainState, rollout: Rollout, hp: core.HParams):
         """(``token_weights``, jitted) c_bt = -d loss / d log pi_bt of a prepared rollout at its old
-        log-probs (the first minibatch's point: rho = 1), ``[B, N]``."""
-        return core.token_weights(self.spec, self._batch(rollout, rollout.batch.old_logp), hp,
+        log-probs (the first minibatch's point: rho = 1; the log-probs of ``state`` when ``prepare``
+        skipped them), ``[B, N]``."""
+        old_logp = rollout.batch.old_logp
+        logp = self._logprobs(state.params, rollout)[0] if old_logp is None else old_logp
+        return core.token_weights(self.spec, self._batch(rollout, logp), hp,
                                   core.loss_normalizer(rollout.mask, self.group_size))
 
     def _micro_batches(self, minibatch: Rollout) -> Rollout:
