@@ -9,6 +9,7 @@ from pgjax.core import token_logprobs
 from pgjax.models.scoring import response_logprobs
 from pgjax.models.transformer import CausalLM, ModelConfig
 from pgjax.sample import SamplingConfig, generate, sampling_logprobs
+from pgjax.sample.sampler import stage_sizes
 
 VOCAB = 48
 
@@ -75,6 +76,9 @@ def test_kv_cache_logits_equal_the_full_forward(model):
         got.append(np.asarray(logits))
     got = np.concatenate(got, 1)
     np.testing.assert_allclose(got[full_mask > 0], want[full_mask > 0], atol=1e-5)
+    last, _ = nnx.jit(lambda m, t, k, c: m.decode(t, k, c, 0, last_only=True))(
+        model, jnp.asarray(prompts), key_mask, model.init_cache(3, 13))
+    np.testing.assert_allclose(np.asarray(last)[:, 0], want[:, 5], atol=1e-5)   # the prefill's last position
 
 
 def test_greedy_equals_step_by_step_argmax_of_the_full_forward(model):
@@ -142,6 +146,24 @@ def test_the_loop_stops_once_every_row_has_ended(qwen):
     samples = generate(qwen, prompts, mask, jax.random.key(6), config)
     assert not samples.truncated.any()
     assert int(samples.lengths.max()) < 30
+
+
+def test_compacting_the_decode_batch_gives_the_same_samples(qwen):
+    """Halving the decode batch once at most half its rows are unfinished changes the work, not the
+    samples: each row draws its own uniforms, whichever slot it sits in."""
+    prompts, mask = left_padded_prompts()
+    eos = tuple(range(0, VOCAB, 5))
+    full, compacted = (generate(qwen, prompts, mask, jax.random.key(9),
+                                SamplingConfig(max_new_tokens=24, eos_ids=eos, n=16, compaction=c)) for c in (0, 3))
+    assert stage_sizes(48, 3) == (48, 24, 12) and stage_sizes(64, 3) == (64, 32, 16, 8)
+    assert stage_sizes(64, 0) == (64,) and stage_sizes(12, 3) == (12,)
+    lengths = np.asarray(full.lengths)
+    last_stage = min(t for t in range(24) if (lengths > t).sum() <= 12)   # step where <= 12 rows are left
+    assert lengths.max() > last_stage + 2                      # ... and the 12-row stage decoded some steps
+    for name in ("response", "response_mask", "lengths", "truncated", "tokens", "attention_mask"):
+        np.testing.assert_array_equal(np.asarray(getattr(compacted, name)), np.asarray(getattr(full, name)), name)
+    for name in ("logprobs", "policy_logprobs"):
+        np.testing.assert_allclose(np.asarray(getattr(compacted, name)), np.asarray(getattr(full, name)), atol=1e-5)
 
 
 def test_the_same_key_gives_the_same_samples_and_rows_follow_the_group_layout(qwen):

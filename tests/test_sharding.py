@@ -37,6 +37,10 @@ def check_meshes():
     prompts = np.random.default_rng(0).integers(2, 64, (8, 5))
     sampling = SamplingConfig(max_new_tokens=6, eos_ids=(1,), n=4)
     samples = generate(policy, prompts, np.ones_like(prompts), jax.random.key(0), sampling)
+    ragged = SamplingConfig(max_new_tokens=6, eos_ids=tuple(range(1, 32)), n=4)   # the decode batch shrinks
+    ragged_samples = generate(policy, prompts, np.ones_like(prompts), jax.random.key(0), ragged)
+    lengths = np.asarray(ragged_samples.lengths)
+    assert (lengths > 3).sum() <= 8 and lengths.max() > 4                          # ... to 8 rows, then decodes
     rollout = Rollout(tokens=samples.tokens, attention_mask=samples.attention_mask,
                       batch=core.Batch(mask=samples.response_mask, logp=None, group_size=4,
                                        rewards=(samples.response == 7).sum(1).astype(np.float32)))
@@ -59,9 +63,10 @@ def check_meshes():
         close = lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
         jax.tree.map(close, got, want)
         sharded_policy = nnx.merge(nnx.graphdef(policy), mesh_lib.shard(nnx.state(policy), mesh))
-        sharded = generate(sharded_policy, prompts, np.ones_like(prompts), jax.random.key(0), sampling, mesh=mesh)
-        assert sharded.tokens.sharding.is_equivalent_to(mesh_lib.batch_sharding(mesh), 2), sharded.tokens.sharding
-        np.testing.assert_array_equal(np.asarray(sharded.tokens), np.asarray(samples.tokens))
+        for config, single in ((sampling, samples), (ragged, ragged_samples)):
+            sharded = generate(sharded_policy, prompts, np.ones_like(prompts), jax.random.key(0), config, mesh=mesh)
+            assert sharded.tokens.sharding.is_equivalent_to(mesh_lib.batch_sharding(mesh), 2), sharded.tokens.sharding
+            np.testing.assert_array_equal(np.asarray(sharded.tokens), np.asarray(single.tokens))
         print("mesh", sizes, "ok", flush=True)
 
     from pgjax.train.experiment import ConfigError, Experiment

@@ -258,15 +258,17 @@ class CausalLM(nnx.Module):
         zeros = jnp.zeros(shape, jnp.dtype(c.compute_dtype))
         return tuple((zeros, zeros) for _ in range(c.num_hidden_layers))
 
-    def decode(self, tokens, key_mask, cache, index):
+    def decode(self, tokens, key_mask, cache, index, *, last_only: bool = False):
         """Logits [B, T, V] of ``tokens`` [B, T] placed at cache slots index..index+T-1, and the new cache.
 
         ``key_mask`` [B, S] marks the real slots of the whole cache (left padding 0);
         positions are counted from it, so they continue across prefill and decode.
         Equal to the no-cache forward of the concatenated sequence (a test checks).
+        ``last_only``: the last token's logits only, [B, 1, V] (a prefill needs no others:
+        T x V floats per row not computed).
         """
         hidden, cache = self._hidden(tokens, key_mask, cache, index)
-        return self.logits(hidden), cache
+        return self.logits(hidden[:, -1:] if last_only else hidden), cache
 
     def _hidden(self, tokens, key_mask, cache, index):
         positions = jax.lax.dynamic_slice_in_dim(positions_from_mask(key_mask), index, tokens.shape[1], axis=1)

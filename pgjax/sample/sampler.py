@@ -38,7 +38,7 @@ from jax.sharding import Mesh
 
 from pgjax.core import token_logprobs
 from pgjax.models.transformer import CausalLM
-from pgjax.parallel.mesh import check_batch, constrain
+from pgjax.parallel.mesh import batch_shards, check_batch, constrain
 from pgjax.parallel.multihost import to_global
 
 
@@ -74,11 +74,15 @@ class SamplingConfig(Decoding):
 
     ``eos_ids``: tokens that end a response (and are part of it); ``pad_id`` fills
     the response after it. ``n``: samples per prompt. ``greedy`` takes the argmax.
+    ``compaction``: how many times the decode batch may halve, once at most half its rows
+    are unfinished (to no fewer than 8 rows; ``stage_sizes``); 0 decodes every row to the end.
+    The samples are the same either way; each stage compiles its own decode step.
     """
     eos_ids: tuple[int, ...]
     pad_id: int = 0
     n: int = 1
     greedy: bool = False
+    compaction: int = 3
 
     def __post_init__(self):
         super().__post_init__()
@@ -87,6 +91,8 @@ class SamplingConfig(Decoding):
             raise ValueError("eos_ids must name at least one end-of-sequence token")
         if self.n < 1:
             raise ValueError(f"n (samples per prompt) must be >= 1, got {self.n}")
+        if self.compaction < 0:
+            raise ValueError(f"compaction (halvings of the decode batch) must be >= 0, got {self.compaction}")
 
 
 @flax.struct.dataclass
@@ -133,13 +139,12 @@ def sampling_logprobs(logits, temperature: float = 1.0, top_k: int = 0, top_p: f
     return logp
 
 
-def inverse_cdf_sample(key, logq) -> jax.Array:
-    """One draw per row from q = exp(logq) [R, V]: the first token whose cumulative mass reaches u q_total,
-    u ~ U(0, 1]. One uniform per row (``jax.random.categorical`` draws V Gumbels per row, ~4x slower on
-    CPU at V = 2048); tokens with q = 0 are never drawn."""
+def inverse_cdf_sample(u, logq) -> jax.Array:
+    """One draw per row from q = exp(logq) [R, V] given u ~ U(0, 1] [R, 1]: the first token whose
+    cumulative mass reaches u q_total. One uniform per row (``jax.random.categorical`` draws V Gumbels
+    per row, ~4x slower on CPU at V = 2048); tokens with q = 0 are never drawn."""
     cdf = jnp.cumsum(jnp.exp(logq), axis=-1)
-    u = (1.0 - jax.random.uniform(key, (logq.shape[0], 1))) * cdf[:, -1:]
-    return jnp.minimum(jnp.sum(cdf < u, axis=-1), logq.shape[-1] - 1)
+    return jnp.minimum(jnp.sum(cdf < u * cdf[:, -1:], axis=-1), logq.shape[-1] - 1)
 
 
 def generate(model: CausalLM, prompts, prompt_mask, key, config: SamplingConfig, mesh: Mesh | None = None
@@ -185,50 +190,94 @@ def _split_batch(tree, mesh):
     return jax.tree.map(one, tree)
 
 
+def stage_sizes(rows: int, halvings: int, mesh: Mesh | None = None, smallest: int = 8) -> tuple[int, ...]:
+    """Decode batch sizes: ``rows``, then halved up to ``halvings`` times while the half has at least
+    ``smallest`` rows and still splits over the mesh's batch devices."""
+    devices = 1 if mesh is None else batch_shards(mesh)
+    sizes = [rows]
+    while len(sizes) <= halvings and sizes[-1] % 2 == 0 and sizes[-1] // 2 >= max(smallest, devices) \
+            and (sizes[-1] // 2) % devices == 0:
+        sizes.append(sizes[-1] // 2)
+    return tuple(sizes)
+
+
+@flax.struct.dataclass
+class _Live:
+    """The decode batch: slot i holds row ``rows[i]`` of the output, with its KV cache, key mask and
+    last logits; ``done`` [R] is per output row (EOS emitted)."""
+    rows: jax.Array
+    cache: tuple
+    key_mask: jax.Array
+    last: jax.Array
+    done: jax.Array
+
+    def keep_alive_first(self, size: int, mesh) -> _Live:
+        """The first ``size`` slots after a stable sort that puts unfinished rows first."""
+        keep = jnp.argsort(self.done[self.rows], stable=True)[:size]
+        taken = jax.tree.map(lambda x: x[keep], (self.rows, self.cache, self.key_mask, self.last))
+        rows, cache, key_mask, last = _split_batch(taken, mesh)
+        return self.replace(rows=rows, cache=cache, key_mask=key_mask, last=last)
+
+
 @partial(jax.jit, static_argnames=("graphdef", "config", "mesh"))
 def _generate(graphdef, state, prompts, prompt_mask, key, config: SamplingConfig, mesh) -> Samples:
+    """Prefill once per prompt, copy the cache to its n rows, then decode in stages (``stage_sizes``):
+    a stage runs until at most the next stage's size of rows are unfinished, which then move to the
+    smaller batch (``_Live.keep_alive_first``). Each row draws its uniforms by its own index, so the
+    samples do not depend on the stages."""
     model = nnx.merge(graphdef, state)
     batch, width = prompts.shape
     budget, rows = config.max_new_tokens, batch * config.n
     key_mask = jnp.concatenate([prompt_mask, jnp.ones((batch, budget), jnp.int32)], axis=1)
     cache = _split_batch(model.init_cache(batch, width + budget), mesh)
-    logits, cache = model.decode(prompts, key_mask, cache, 0)
+    logits, cache = model.decode(prompts, key_mask, cache, 0, last_only=True)
     copies = partial(jnp.repeat, repeats=config.n, axis=0)
     cache, key_mask, last = _split_batch(jax.tree.map(copies, (cache, key_mask, logits[:, -1])), mesh)
     eos = jnp.asarray(config.eos_ids)
 
     truncates = config.top_k > 0 or config.top_p < 1
 
-    def pick(step, last):
-        """The next token, log q(token) and log softmax(logits / T)(token)."""
+    def pick(step, last, slot_rows):
+        """The next token, log q(token) and log softmax(logits / T)(token) of each slot."""
         logq = sampling_logprobs(last, config.temperature, config.top_k, config.top_p)
-        token = (jnp.argmax(last, axis=-1) if config.greedy
-                 else inverse_cdf_sample(jax.random.fold_in(key, step), logq))
+        if config.greedy:
+            token = jnp.argmax(last, axis=-1)
+        else:
+            u = 1.0 - jax.random.uniform(jax.random.fold_in(key, step), (rows, 1))
+            token = inverse_cdf_sample(u[slot_rows], logq)
         taken = jnp.take_along_axis(logq, token[:, None], axis=-1)[:, 0]
         logp = token_logprobs(last, token, config.temperature) if truncates else taken
         return token, jnp.zeros_like(taken) if config.greedy else taken, logp
 
     def body(carry):
-        step, cache, last, out, done = carry
-        token, logq, logp = pick(step, last)
-        alive = ~done
+        step, live, out = carry
+        token, logq, logp = pick(step, live.last, live.rows)
+        alive = ~live.done[live.rows]
         token = jnp.where(alive, token, config.pad_id)
         columns = (token, alive.astype(jnp.float32), jnp.where(alive, logq, 0.0), jnp.where(alive, logp, 0.0))
-        out = tuple(o.at[:, step].set(c) for o, c in zip(out, columns))
-        done = done | jnp.isin(token, eos)
-        logits, cache = model.decode(token[:, None], key_mask, cache, width + step)
-        return step + 1, _split_batch(cache, mesh), logits[:, -1], out, done
+        out = tuple(o.at[live.rows, step].set(c) for o, c in zip(out, columns))
+        done = live.done.at[live.rows].set(~alive | jnp.isin(token, eos))
+        logits, cache = model.decode(token[:, None], live.key_mask, live.cache, width + step)
+        live = live.replace(cache=_split_batch(cache, mesh), last=logits[:, -1], done=done)
+        return step + 1, live, out
 
-    def cond(carry):
-        step, *_, done = carry
-        return (step < budget) & ~jnp.all(done)
+    def running_while_more_than(size):
+        def cond(carry):
+            step, live, _ = carry
+            return (step < budget) & (jnp.sum(~live.done) > size)
+        return cond
 
     out = _split_batch((jnp.full((rows, budget), config.pad_id, jnp.int32),
                         *(jnp.zeros((rows, budget), jnp.float32),) * 3), mesh)
-    _, _, _, (response, response_mask, logq, logp), done = jax.lax.while_loop(
-        cond, body, (0, cache, last, out, jnp.zeros(rows, bool)))
+    live = _Live(rows=jnp.arange(rows), cache=cache, key_mask=key_mask, last=last, done=jnp.zeros(rows, bool))
+    carry = (0, live, out)
+    sizes = stage_sizes(rows, config.compaction, mesh)
+    for size, next_size in zip(sizes, (*sizes[1:], 0)):
+        step, live, out = jax.lax.while_loop(running_while_more_than(next_size), body, carry)
+        carry = (step, live.keep_alive_first(next_size, mesh) if next_size else live, out)
+    _, live, (response, response_mask, logq, logp) = carry
     prompts, prompt_mask = copies(prompts), copies(prompt_mask)
     return _split_batch(Samples(tokens=jnp.concatenate([prompts, response], axis=1),
                    attention_mask=jnp.concatenate([prompt_mask, response_mask.astype(jnp.int32)], axis=1),
                    response=response, response_mask=response_mask, logprobs=logq, policy_logprobs=logp,
-                   lengths=response_mask.sum(-1).astype(jnp.int32), truncated=~done), mesh)
+                   lengths=response_mask.sum(-1).astype(jnp.int32), truncated=~live.done), mesh)
