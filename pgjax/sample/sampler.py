@@ -203,20 +203,23 @@ def stage_sizes(rows: int, halvings: int, mesh: Mesh | None = None, smallest: in
 
 @flax.struct.dataclass
 class _Live:
-    """The decode batch: slot i holds row ``rows[i]`` of the output, with its KV cache, key mask and
-    last logits; ``done`` [R] is per output row (EOS emitted)."""
+    """The decode batch: slot i holds output row ``rows[i]``: its KV cache, key mask, last logits,
+    ``done`` (EOS emitted) and its ``out`` columns so far (response, mask, logq, logp [S, N])."""
     rows: jax.Array
     cache: tuple
     key_mask: jax.Array
     last: jax.Array
     done: jax.Array
+    out: tuple
 
     def keep_alive_first(self, size: int, mesh) -> _Live:
         """The first ``size`` slots after a stable sort that puts unfinished rows first."""
-        keep = jnp.argsort(self.done[self.rows], stable=True)[:size]
-        taken = jax.tree.map(lambda x: x[keep], (self.rows, self.cache, self.key_mask, self.last))
-        rows, cache, key_mask, last = _split_batch(taken, mesh)
-        return self.replace(rows=rows, cache=cache, key_mask=key_mask, last=last)
+        keep = jnp.argsort(self.done, stable=True)[:size]
+        return _split_batch(jax.tree.map(lambda x: x[keep], self), mesh)
+
+    def write_into(self, out: tuple, done) -> tuple:
+        """``out`` [R, N] and ``done`` [R] with this batch's rows written in."""
+        return tuple(o.at[self.rows].set(x) for o, x in zip(out, self.out)), done.at[self.rows].set(self.done)
 
 
 @partial(jax.jit, static_argnames=("graphdef", "config", "mesh"))
@@ -250,34 +253,38 @@ def _generate(graphdef, state, prompts, prompt_mask, key, config: SamplingConfig
         return token, jnp.zeros_like(taken) if config.greedy else taken, logp
 
     def body(carry):
-        step, live, out = carry
+        step, live = carry
         token, logq, logp = pick(step, live.last, live.rows)
-        alive = ~live.done[live.rows]
+        alive = ~live.done
         token = jnp.where(alive, token, config.pad_id)
         columns = (token, alive.astype(jnp.float32), jnp.where(alive, logq, 0.0), jnp.where(alive, logp, 0.0))
-        out = tuple(o.at[live.rows, step].set(c) for o, c in zip(out, columns))
-        done = live.done.at[live.rows].set(~alive | jnp.isin(token, eos))
+        out = tuple(o.at[:, step].set(c) for o, c in zip(live.out, columns))
         logits, cache = model.decode(token[:, None], live.key_mask, live.cache, width + step)
-        live = live.replace(cache=_split_batch(cache, mesh), last=logits[:, -1], done=done)
-        return step + 1, live, out
+        return step + 1, live.replace(cache=_split_batch(cache, mesh), last=logits[:, -1], out=out,
+                                      done=live.done | jnp.isin(token, eos))
 
     def running_while_more_than(size):
         def cond(carry):
-            step, live, _ = carry
+            step, live = carry
             return (step < budget) & (jnp.sum(~live.done) > size)
         return cond
 
-    out = _split_batch((jnp.full((rows, budget), config.pad_id, jnp.int32),
-                        *(jnp.zeros((rows, budget), jnp.float32),) * 3), mesh)
-    live = _Live(rows=jnp.arange(rows), cache=cache, key_mask=key_mask, last=last, done=jnp.zeros(rows, bool))
-    carry = (0, live, out)
+    def empty_out(n):
+        return _split_batch((jnp.full((n, budget), config.pad_id, jnp.int32),
+                             *(jnp.zeros((n, budget), jnp.float32),) * 3), mesh)
+
+    out, done = empty_out(rows), jnp.zeros(rows, bool)
+    live = _Live(rows=jnp.arange(rows), cache=cache, key_mask=key_mask, last=last, done=done, out=out)
+    step = 0
     sizes = stage_sizes(rows, config.compaction, mesh)
     for size, next_size in zip(sizes, (*sizes[1:], 0)):
-        step, live, out = jax.lax.while_loop(running_while_more_than(next_size), body, carry)
-        carry = (step, live.keep_alive_first(next_size, mesh) if next_size else live, out)
-    _, live, (response, response_mask, logq, logp) = carry
+        step, live = jax.lax.while_loop(running_while_more_than(next_size), body, (step, live))
+        out, done = live.write_into(out, done)
+        if next_size:
+            live = live.keep_alive_first(next_size, mesh)
+    response, response_mask, logq, logp = out
     prompts, prompt_mask = copies(prompts), copies(prompt_mask)
     return _split_batch(Samples(tokens=jnp.concatenate([prompts, response], axis=1),
                    attention_mask=jnp.concatenate([prompt_mask, response_mask.astype(jnp.int32)], axis=1),
                    response=response, response_mask=response_mask, logprobs=logq, policy_logprobs=logp,
-                   lengths=response_mask.sum(-1).astype(jnp.int32), truncated=~live.done), mesh)
+                   lengths=response_mask.sum(-1).astype(jnp.int32), truncated=~done), mesh)
