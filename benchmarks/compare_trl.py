@@ -31,8 +31,11 @@ after ``jax.block_until_ready``. TRL: a step is ``on_step_begin`` -> ``on_step_e
 log-probs, advantages); update = the rest of the step (loss forward + backward, clipping, AdamW).
 After ``--warmup`` steps (pgjax's compilation and TRL's first steps), each of the ``--steps`` timed
 TRL steps is followed by one pgjax step (from a ``TrainerCallback``, outside TRL's timing), so
-machine noise hits both alike; a time is the median over the timed steps. The ratio is TRL / pgjax
-seconds per step. Measure on an idle machine: under CPU contention torch's threads slow down far
+machine noise hits both alike; a time is the median over the timed steps. With ``--model`` (or
+``--separate``) the two do not share a process (a 135M model's two training states, references
+and compiled programs exceed 24 GB together): TRL runs alone in a child process, then pgjax,
+each for the same warm-up and timed steps, which also gives each side's peak RSS. The ratio is
+TRL / pgjax seconds per step. Measure on an idle machine: under CPU contention torch's threads slow down far
 more than XLA's, which inflates the ratio.
 
 How close to the machine's limit: the float32 matmul peak of this CPU is measured in the same run
@@ -45,13 +48,15 @@ token; scoring = one forward over every row (the reference model's); update = 3 
 + backward) over every row. Prompt lengths are the workload's mean.
 
 ``--memory`` runs each side alone in a child process (``--only pgjax`` / ``--only trl``, one
-warm-up step and one timed step) and reports its peak RSS (``ru_maxrss``). ``--json PATH`` saves
+warm-up step and one timed step) and reports its peak RSS (``ru_maxrss``). ``--compile-cache``
+times pgjax's first step (compilation included) in two fresh processes sharing a persistent
+compilation cache (``JAX_COMPILATION_CACHE_DIR``): empty, then warm. ``--json PATH`` saves
 everything printed, with the machine and versions.
 
     pip install -e ".[bench]"
     python benchmarks/compare_trl.py [--steps 20] [--warmup 2] [--torch-threads N]
     python benchmarks/compare_trl.py --model models/smollm2-135m-instruct --steps 3 --warmup 1 \\
-        --memory --json benchmarks/results/compare_trl_smollm2.json
+        --memory --compile-cache --json benchmarks/results/compare_trl_smollm2.json
 """
 import argparse
 import dataclasses
@@ -324,28 +329,78 @@ def model_flops(model, work: Workload, generated: float, prompt_tokens: float) -
     return {"sampling": sampling, "scoring": scoring, "update": 3 * scoring, "params": params}
 
 
-def child_peak_rss(args, side) -> float:
-    """Peak RSS (GiB) of ``side`` run alone for one warm-up and one timed step in a child process."""
-    argv = [a for a in sys.argv[1:] if a != "--memory"]
+def child(args, side, steps=1, env=None) -> dict:
+    """``side`` run alone in a child process for one warm-up step and ``steps`` timed steps: its peak
+    RSS (GiB) and the seconds of its first step."""
+    argv = [a for a in sys.argv[1:] if a not in ("--memory", "--compile-cache", "--separate")]
     for flag in ("--json", "--steps", "--warmup"):
         if flag in argv:
             i = argv.index(flag)
             del argv[i:i + 2]
-    out = subprocess.run([sys.executable, __file__, *argv, "--only", side, "--steps", "1", "--warmup", "1"],
-                         check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])["peak_rss_gib"]
+    out = subprocess.run([sys.executable, __file__, *argv, "--only", side, "--steps", str(steps), "--warmup", "1"],
+                         check=True, capture_output=True, text=True, env={**os.environ, **(env or {})}).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def compile_cache_first_steps(args) -> dict:
+    """pgjax's first step (seconds, compilation included) in a fresh process with an empty persistent
+    compilation cache (``JAX_COMPILATION_CACHE_DIR``), then in another process with the cache warm."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = {"JAX_COMPILATION_CACHE_DIR": cache}
+        return {state: child(args, "pgjax", 0, env)["first_step_s"] for state in ("cold", "warm")}
 
 
 def only(side, work, args):
-    """``--only``: run one side alone; print its peak RSS as the last line (JSON)."""
+    """``--only``: run one side alone for ``--warmup`` + ``--steps`` steps; print, as the last line
+    (JSON), its timed steps, the seconds of its first step and its peak RSS."""
     if side == "pgjax":
         step = PgjaxStep(work, args.seed)
-        for _ in range(args.warmup + args.steps):
+        started = time.perf_counter()
+        step()
+        first = time.perf_counter() - started
+        for _ in range(args.warmup - 1):
             step()
+        steps = [step() for _ in range(args.steps)]
     else:
         model = transformers.AutoModelForCausalLM.from_pretrained(work.directory, dtype=torch.float32)
-        run_trl(work, model, args)
-    print(json.dumps({"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20}))
+        first, steps = float("nan"), run_trl(work, model, args).trl
+    print(json.dumps({"steps": steps, "first_step_s": first,
+                      "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20}))
+
+
+def logits_gap(work: Workload) -> float:
+    """Max |logit difference| of pgjax and torch on two chat-rendered prompts (the same model?)."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(work.directory, dtype=torch.float32)
+    tokens, mask = encode_prompts(work.tokenizer, [e["prompt"] for e in work.examples(2, 1)], work.prompt_width,
+                                  work.prompt_format)
+    with torch.no_grad():
+        positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)     # left padding: count from the first token
+        expected = model(torch.from_numpy(tokens).long(), attention_mask=torch.from_numpy(mask).long(),
+                         position_ids=torch.from_numpy(positions).long()).logits.numpy()
+    real = mask.astype(bool)
+    return float(np.abs(np.asarray(hf.load(work.directory)(tokens, mask))[real] - expected[real]).max())
+
+
+def interleaved(work: Workload, args) -> tuple[dict, float]:
+    """Both sides in this process, each timed TRL step followed by a pgjax step: {name: steps}, and
+    pgjax's first-step seconds."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(work.directory, dtype=torch.float32)
+    pgjax_step = PgjaxStep(work, args.seed)
+    first = time.perf_counter()
+    pgjax_step()  # compiles
+    first_step = time.perf_counter() - first
+    for _ in range(args.warmup - 1):
+        pgjax_step()
+    timer = run_trl(work, model, args, pgjax_step)
+    return {"TRL GRPOTrainer": timer.trl, "pgjax": timer.pgjax}, first_step
+
+
+def separate(args) -> tuple[dict, float, dict]:
+    """Each side alone in a child process, TRL first: {name: steps}, pgjax's first-step seconds and
+    each side's peak RSS."""
+    trl_run, pgjax_run = child(args, "trl", args.steps), child(args, "pgjax", args.steps)
+    return ({"TRL GRPOTrainer": trl_run["steps"], "pgjax": pgjax_run["steps"]}, pgjax_run["first_step_s"],
+            {"TRL GRPOTrainer": trl_run["peak_rss_gib"], "pgjax": pgjax_run["peak_rss_gib"]})
 
 
 def parse(argv):
@@ -364,6 +419,10 @@ def parse(argv):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--torch-threads", type=int, default=None, help="default: torch's own (one per core)")
     parser.add_argument("--memory", action="store_true", help="also each side's peak RSS, alone in a child process")
+    parser.add_argument("--separate", action="store_true",
+                        help="time each side alone in its own process (always with --model: both do not fit)")
+    parser.add_argument("--compile-cache", action="store_true",
+                        help="also pgjax's first step with a cold and a warm persistent compilation cache")
     parser.add_argument("--only", choices=("pgjax", "trl"), help=argparse.SUPPRESS)
     parser.add_argument("--json", help="save the results here")
     return parser.parse_args(argv)
@@ -381,39 +440,34 @@ def main(argv=None):
         work = model_workload(args.model, args) if args.model else random_workload(scratch, args)
         if args.only:
             return only(args.only, work, args)
-        model = transformers.AutoModelForCausalLM.from_pretrained(work.directory, dtype=torch.float32)
-        pgjax_step = PgjaxStep(work, args.seed)
-        tokens, mask = encode_prompts(work.tokenizer, [e["prompt"] for e in work.examples(2, 1)], work.prompt_width,
-                                      work.prompt_format)
-        with torch.no_grad():
-            positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)     # left padding: count from the first token
-            expected = model(torch.from_numpy(tokens).long(), attention_mask=torch.from_numpy(mask).long(),
-                             position_ids=torch.from_numpy(positions).long()).logits
-        real = mask.astype(bool)
-        gap = float(np.abs(np.asarray(pgjax_step.model(tokens, mask))[real] - expected.numpy()[real]).max())
-        first = time.perf_counter()
-        pgjax_step()  # compiles
-        first_step = time.perf_counter() - first
-        for _ in range(args.warmup - 1):
-            pgjax_step()
-        timer = run_trl(work, model, args, pgjax_step)
+        gap = logits_gap(work)
+        separated = args.model is not None or args.separate
+        memory = None
+        if separated:
+            steps, first_step, memory = separate(args)
+        else:
+            steps, first_step = interleaved(work, args)
+            if args.memory:
+                memory = {name: child(args, side)["peak_rss_gib"]
+                          for name, side in (("TRL GRPOTrainer", "trl"), ("pgjax", "pgjax"))}
+        model = hf.load(work.directory)
     peak = matmul_peak()
     prompt_tokens = work.mean_prompt_tokens(args.warmup + args.steps)
-    rows = {"TRL GRPOTrainer": median_parts(timer.trl), "pgjax": median_parts(timer.pgjax)}
-    for r in rows.values():
-        flops = model_flops(pgjax_step.model, work, r["generated"], prompt_tokens)
+    rows = {name: median_parts(timed) for name, timed in steps.items()}
+    for name, r in rows.items():
+        flops = model_flops(model, work, r["generated"], prompt_tokens)
         r["mfu"] = {p: flops[p] / r[p] / max(peak.values()) for p in PARTS}
         r["mfu"]["step"] = sum(flops[p] for p in PARTS) / r["step"] / max(peak.values())
-    if args.memory:
-        for name, side in (("TRL GRPOTrainer", "trl"), ("pgjax", "pgjax")):
-            rows[name]["peak_rss_gib"] = child_peak_rss(args, side)
+        if memory:
+            r["peak_rss_gib"] = memory[name]
     header = (f"pgjax (jax {jax.__version__}) vs trl {trl.__version__} (torch {torch.__version__}, transformers "
               f"{transformers.__version__}); {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
               f"torch {torch.get_num_threads()} threads, load average {load:.2f} at the start; total run "
               f"{time.perf_counter() - started:.0f} s")
     setup = (f"{work.description}; float32; max |logit gap| pgjax vs torch {gap:.1e}; {work.prompts} prompts x "
              f"{work.samples} samples, ~{prompt_tokens:.0f}-token prompts, <= {work.new_tokens} new tokens; GRPO, "
-             f"beta {BETA}; median of {len(timer.trl)} steps after {args.warmup} warm-up steps, interleaved; "
+             f"beta {BETA}; median of {args.steps} steps after {args.warmup} warm-up steps, "
+             f"{'each side alone in its own process' if separated else 'interleaved'}; "
              f"pgjax's first step {first_step:.1f} s (compilation)")
     peak_line = (f"float32 matmul peak (2048^3): jnp.dot {peak['jnp.dot'] / 1e9:.0f} GFLOP/s, torch.mm "
                  f"{peak['torch.mm'] / 1e9:.0f} GFLOP/s; MFU = model FLOP/s / the faster")
@@ -426,12 +480,19 @@ def main(argv=None):
         table.append(f"| {name} | {r['step']:.2f} | {r['sampling']:.2f} | {r['scoring']:.2f} | {r['update']:.2f} "
                      f"| {trl_step / r['step']:.2f} | {r['generated']:.0f} | {r['mfu']['sampling']:.0%} "
                      f"| {r['mfu']['scoring']:.0%} | {r['mfu']['update']:.0%} | {rss} |")
-    print("\n".join([header, setup, peak_line, "", *table]))
+    lines = [header, setup, peak_line, "", *table]
+    print("\n".join(lines), flush=True)
+    cache = compile_cache_first_steps(args) if args.compile_cache else None    # may run out of memory: last
+    if cache:
+        lines.append(f"\npgjax's first step in a new process (compilation included): {cache['cold']:.1f} s with an "
+                     f"empty persistent compilation cache, {cache['warm']:.1f} s with it warm "
+                     "(JAX_COMPILATION_CACHE_DIR)")
+        print(lines[-1])
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump({"argv": sys.argv[1:], "header": header, "setup": setup, "matmul_peak_flops": peak,
-                       "gap": gap, "first_step_s": first_step, "prompt_tokens": prompt_tokens, "rows": rows,
+                       "gap": gap, "first_step_s": first_step, "compile_cache_first_step_s": cache, "prompt_tokens": prompt_tokens, "rows": rows,
                        "table": table, "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}},
                       f, indent=1)
 
