@@ -101,7 +101,8 @@ class BucketMeasures(Callback):
     def before_update(self, trainer, rollout, examples, stats) -> dict:
         learner, hp = trainer.learner, trainer.hparams
         difficulty = np.repeat([e["difficulty"] for e in examples], learner.group_size)
-        out = bucket_measures(learner.token_weights(rollout, hp), stats["correct"], difficulty, learner.group_size)
+        weights = learner.token_weights(trainer.state, rollout, hp)
+        out = bucket_measures(weights, stats["correct"], difficulty, learner.group_size)
         for d in DIFFICULTIES:
             only = rollout.with_mask(rollout.mask * jnp.asarray(difficulty == d, rollout.mask.dtype)[:, None])
             out[f"grad_norm_{d}"] = float(optax.tree.norm(learner.policy_gradient(trainer.state, only, hp)))
