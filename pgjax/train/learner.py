@@ -116,12 +116,14 @@ class Rollout:
     ``rewards`` [B], ``greedy_rewards`` (ReMax) and ``group_size`` (``logp`` is None);
     ``Learner.prepare`` adds ``old_logp``, ``ref_logp``, ``values``, ``bootstrap`` and
     ``advantages`` [B, N], and the critic's value ``targets`` [B, N]. Fields an algorithm does not use
-    are None.
+    are None. ``budget`` (static): the response token budget L when N is narrower (padding trimmed,
+    ``rollout.trim_padding``); the constant length of ``seq_mean_const_len`` (None: N).
     """
     tokens: jax.Array
     attention_mask: jax.Array
     batch: core.Batch
     targets: jax.Array | None = None
+    budget: int | None = flax.struct.field(pytree_node=False, default=None)
 
     @property
     def mask(self) -> jax.Array:
@@ -242,8 +244,9 @@ class Learner:
         metrics["grad_norm_max"] = optax.tree.norm(grads)
         critic_grads = None
         if self.uses_critic:
-            critic_grads, metrics["value_loss"] = self._critic_gradient(
-                state.critic_params, self._micro_batches(minibatch), core.loss_normalizer(minibatch.mask, self.group_size))
+            norm = core.loss_normalizer(minibatch.mask, self.group_size, minibatch.budget)
+            critic_grads, metrics["value_loss"] = self._critic_gradient(state.critic_params,
+                                                                        self._micro_batches(minibatch), norm)
 
         def updated(state: TrainState) -> TrainState:
             updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
@@ -265,7 +268,7 @@ class Learner:
     def _gradient(self, params, minibatch: Rollout, hp: core.HParams):
         """(``policy_gradient``, jitted) Gradient of the algorithm's loss over the whole minibatch
         (its own ``loss_normalizer``), accumulated over micro-batches; and the loss metrics."""
-        norm = core.loss_normalizer(minibatch.mask, self.group_size)
+        norm = core.loss_normalizer(minibatch.mask, self.group_size, minibatch.budget)
 
         def policy_loss(params, part):
             logp, entropy = self._logprobs(params, part)
@@ -280,7 +283,7 @@ class Learner:
         old_logp = rollout.batch.old_logp
         logp = self._logprobs(state.params, rollout)[0] if old_logp is None else old_logp
         return core.token_weights(self.spec, self._batch(rollout, logp), hp,
-                                  core.loss_normalizer(rollout.mask, self.group_size))
+                                  core.loss_normalizer(rollout.mask, self.group_size, rollout.budget))
 
     def _micro_batches(self, minibatch: Rollout) -> Rollout:
         """[micro_batches, rows / micro_batches, ...]: each micro-batch split over the mesh's batch axes."""

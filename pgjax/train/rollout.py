@@ -1,15 +1,19 @@
 """Rollouts: tokenise prompts, sample K responses each, decode and score them.
 
 Host-side glue around the jitted sampler: strings go in (prompts and the
-task's fields), a ``Rollout`` of fixed-shape arrays comes out, plus the decoded
-completions and per-row statistics for logging. Shapes never change between
-steps (prompts are left-padded to ``max_prompt_tokens``), so nothing recompiles.
+task's fields), a ``Rollout`` of arrays comes out, plus the decoded completions
+and per-row statistics for logging. The sampler always sees prompts left-padded
+to ``max_prompt_tokens`` and N = ``max_new_tokens`` slots; the Rollout (what
+scoring and the update compute on) drops the columns that are padding in every
+row (``trim_padding``), rounded up to a quarter of each budget, so a run
+compiles its scoring and update for at most 4 x 4 widths.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
@@ -40,6 +44,10 @@ class RolloutConfig(Decoding):
       ``"mask"`` leaves that sample's prompt group out of the update (a group baseline
       needs all K rewards; for ReMax the greedy reward counts too) and counts the
       non-finite rows in the step's ``nonfinite_rewards``.
+    trim_padding: score and update on the rollout without its all-padding columns
+      (``trim_padding``): the same loss and gradient (Dr. GRPO's constant length stays the
+      budget), less arithmetic when the prompts are shorter than ``max_prompt_tokens`` or every
+      response ends early; off: always the full ``max_prompt_tokens + max_new_tokens``.
     """
     samples_per_prompt: int = 8
     max_prompt_tokens: int = 16
@@ -48,6 +56,7 @@ class RolloutConfig(Decoding):
     overlong_buffer: int = 0
     overlong_penalty: float = 1.0
     nonfinite_rewards: str = "error"
+    trim_padding: bool = True
 
     def __post_init__(self):
         super().__post_init__()
@@ -190,6 +199,30 @@ def sample_and_score(policy: CausalLM, tokenizer, examples: list[dict], prompt_w
     return Scored(samples, response, lengths, truncated, completions, scores, bad, prompts, fields)
 
 
+def trim_padding(rollout: Rollout, lengths) -> Rollout:
+    """``rollout`` without the columns that are padding in every row: the prompt's left padding
+    beyond the longest prompt and the response slots after the longest response (``lengths`` [B],
+    the sampler's), each kept width rounded up to a multiple of a quarter of its budget (so at most
+    4 widths per side). Positions count from each row's first real token and the cut columns are
+    masked, so every log-prob, advantage and loss term is the same; ``budget`` keeps N for
+    Dr. GRPO's constant length."""
+    budget = rollout.mask.shape[1]
+    prompt_width = rollout.tokens.shape[1] - budget
+    longest_prompt = int(jnp.max(jnp.sum(rollout.attention_mask[:, :prompt_width], axis=1)))
+    longest_response = int(jnp.max(lengths))
+    keep_prompt, keep_response = _round_up(longest_prompt, prompt_width), _round_up(longest_response, budget)
+    columns = slice(prompt_width - keep_prompt, prompt_width + keep_response)
+    return rollout.replace(tokens=rollout.tokens[:, columns], attention_mask=rollout.attention_mask[:, columns],
+                           batch=rollout.batch.replace(mask=rollout.batch.mask[:, :keep_response]),
+                           budget=rollout.budget or budget)
+
+
+def _round_up(n: int, width: int) -> int:
+    """The smallest multiple of ceil(width / 4) that is >= max(n, 1), at most ``width``."""
+    quarter = -(-width // 4)
+    return min(width, -(-max(n, 1) // quarter) * quarter)
+
+
 def collect(policy: CausalLM, tokenizer, examples: list[dict], reward_fn, correct_fn, key,
             config: RolloutConfig, greedy_baseline: bool = False, eos_ids=None, mesh: Mesh | None = None,
             prompt_format: PromptFormat = PLAIN) -> tuple[Rollout, dict]:
@@ -235,6 +268,8 @@ def collect(policy: CausalLM, tokenizer, examples: list[dict], reward_fn, correc
                      mesh)
     rollout = Rollout(tokens=scored.samples.tokens, attention_mask=scored.samples.attention_mask,
                       batch=core.Batch(logp=None, group_size=k, **host))
+    if config.trim_padding:
+        rollout = trim_padding(rollout, scored.samples.lengths)
     stats = {"reward": rewards, "correct": scored.scores["correct"], "length": lengths, "truncated": truncated,
              "kept": keep, "nonfinite": nonfinite, "completions": scored.completions, "prompts": scored.prompts}
     return rollout, stats

@@ -1,0 +1,56 @@
+"""What the CPU benchmarks share: the machine's float32 matmul peak, a model's FLOPs, and a check
+that pgjax and PyTorch hold the same model.
+
+Model FLOPs count the work a token needs, the same for every implementation: a forward pass
+costs 2 M per token (M: the parameters used as matmul weights; a tied embedding counts once, as
+the unembedding) plus 4 L H Dh per causal (query, key) pair; a training step (forward + backward)
+is 3 forwards. MFU is achieved model FLOP/s over the measured peak.
+"""
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from flax import nnx
+
+
+def matmul_peak(size=2048, repeats=5) -> dict:
+    """Float32 FLOP/s of a size^3 matmul: ``jnp.dot`` (jitted) and ``torch.mm``, median of ``repeats``."""
+    a = np.random.default_rng(0).standard_normal((size, size), dtype=np.float32)
+    dot = jax.jit(jnp.dot)
+    x = jnp.asarray(a)
+    ta = torch.from_numpy(a)
+
+    def rate(fn):
+        fn()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return 2 * size ** 3 / statistics.median(times)
+
+    return {"jnp.dot": rate(lambda: dot(x, x).block_until_ready()), "torch.mm": rate(lambda: torch.mm(ta, ta))}
+
+
+def forward_flops(model) -> callable:
+    """``flops(length)``: model FLOPs of one causal forward pass of ``model`` (a pgjax ``CausalLM``)
+    over a sequence of ``length`` tokens."""
+    c = model.config
+    params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    per_token = 2 * (params - (0 if c.tie_word_embeddings else c.vocab_size * c.hidden_size))
+    per_pair = 4 * c.num_hidden_layers * c.num_attention_heads * c.head_dim
+    return lambda length: per_token * length + per_pair * length * (length + 1) / 2
+
+
+def logits_gap(ref, model, tokens, mask) -> float:
+    """Max |logit difference| of the transformers model ``ref`` and the pgjax ``model`` on the real
+    tokens of the left-padded ``tokens`` [B, T] (NumPy, with ``mask``): are they the same model?"""
+    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)         # left padding: count from the first token
+    with torch.no_grad():
+        expected = ref(torch.from_numpy(tokens).long(), attention_mask=torch.from_numpy(mask).long(),
+                       position_ids=torch.from_numpy(positions).long()).logits.numpy()
+    real = mask.astype(bool)
+    return float(np.abs(np.asarray(model(tokens, mask))[real] - expected[real]).max())
