@@ -223,14 +223,19 @@ def measure_shape_separately(batch, length, args):
     at the larger shapes), one after the other; the same loss check, plus each row's peak RSS."""
     argv = [sys.executable, __file__, "--model", args.model, "--shapes", f"{batch}x{length}", "--steps",
             str(args.steps), "--repeats", str(args.repeats), "--seed", str(args.seed)]
-    rows = {}
+    rows, failed = {}, {}
     for row in row_names(args, real_model=True):
-        out = subprocess.run(argv + ["--row", row], check=True, capture_output=True, text=True).stdout
-        rows[row] = json.loads(out.strip().splitlines()[-1])
-    gaps = {row: max(abs(a - b) for a, b in zip(r["losses"], rows["torch eager"]["losses"])) for row, r in rows.items()}
+        done = subprocess.run(argv + ["--row", row], capture_output=True, text=True)
+        if done.returncode:
+            memory = any(s in done.stderr for s in ("RESOURCE_EXHAUSTED", "not enough memory", "MemoryError"))
+            failed[row] = "out of memory" if memory or done.returncode == -9 else done.stderr.strip()[-300:]
+            continue
+        rows[row] = json.loads(done.stdout.strip().splitlines()[-1])
+    reference = rows["torch eager"]["losses"]
+    gaps = {row: max(abs(a - b) for a, b in zip(r["losses"], reference)) for row, r in rows.items()}
     for row, gap in gaps.items():
-        assert gap <= LOSS_TOLERANCE, f"{row} losses {rows[row]['losses']} vs torch eager {rows['torch eager']['losses']}"
-    return {"batch": batch, "length": length, "losses": rows["torch eager"]["losses"], "gap": max(gaps.values()),
+        assert gap <= LOSS_TOLERANCE, f"{row} losses {rows[row]['losses']} vs torch eager {reference}"
+    return {"batch": batch, "length": length, "losses": reference, "gap": max(gaps.values()), "failed": failed,
             "first_step_s": {row: r["first_step_s"] for row, r in rows.items()},
             "seconds": {row: r["seconds"] for row, r in rows.items()},
             "peak_rss_gib": {row: r["peak_rss_gib"] for row, r in rows.items()}}
@@ -247,7 +252,8 @@ def plot(results, path):
                                   (axes[1], "batch", ("length", length), f"length {length}")):
         sweep = sorted((r for r in results if r[fixed[0]] == fixed[1]), key=lambda r: r[key])
         for name in sweep[0]["seconds"]:
-            ax.plot([r[key] for r in sweep], [r["seconds"][name] for r in sweep], "o-", label=name)
+            done = [r for r in sweep if name in r["seconds"]]
+            ax.plot([r[key] for r in done], [r["seconds"][name] for r in done], "o-", label=name)
         ax.set(xscale="log", yscale="log", xlabel=f"{key} (tokens)" if key == "length" else "batch (rows)",
                ylabel="seconds per training step", title=f"forward + backward + AdamW, {label}")
         ax.minorticks_off()
@@ -270,6 +276,8 @@ def main(argv=None):
     parser.add_argument("--json", help="save the results here")
     parser.add_argument("--plot", help="save the plot of seconds per step against length and batch here")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--reuse", help="a file of the JSON lines an earlier run printed to stderr (one per "
+                                            "shape): those shapes are not measured again")
     parser.add_argument("--row", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     shapes = [tuple(map(int, shape.split("x"))) for shape in (args.shapes or [f"{args.batch}x{args.length}"])]
@@ -287,8 +295,11 @@ def main(argv=None):
         if args.row:
             print(json.dumps(measure_row_alone(directory, c.vocab_size, *shapes[0], args, args.row)))
             return
-        results = []
+        results = [json.loads(line) for line in open(args.reuse)] if args.reuse else []
+        measured = {(r["batch"], r["length"]) for r in results}
         for batch, length in shapes:
+            if (batch, length) in measured:
+                continue
             results.append(measure_shape_separately(batch, length, args) if args.model else
                            measure_shape(directory, c.vocab_size, batch, length, args, False))
             print(json.dumps(results[-1]), file=sys.stderr, flush=True)        # progress: one line per shape
@@ -313,6 +324,8 @@ def main(argv=None):
             lines.append(f"| {r['batch']} x {r['length']} | {name} | {1e3 * seconds:.1f} | "
                          f"{seconds / r['seconds']['torch eager']:.2f} | {r['mfu'][name]:.0%} | "
                          f"{r['first_step_s'][name]:.1f} | {rss} |")
+        for name, why in r.get("failed", {}).items():
+            lines.append(f"| {r['batch']} x {r['length']} | {name} | failed: {why} | | | | |")
     print("\n".join(lines), flush=True)
     if args.plot and len(shapes) > 1:
         plot(results, args.plot)

@@ -34,7 +34,7 @@ def test_core_imports_only_core_and_does_no_io():
                 assert name not in IO_CALLS, f"{path.name} calls {name}()"
 
 
-LAYERS = {"core": 0, "theory": 1, "models": 1, "parallel": 1, "sample": 2, "rewards": 2, "train": 3, "eval": 3,
+LAYERS = {"core": 0, "host_memory": 0, "theory": 1, "models": 1, "parallel": 1, "sample": 2, "rewards": 2, "train": 3, "eval": 3,
           "run": 4, "compare": 4, "demo": 4}
 
 

@@ -162,7 +162,7 @@ def test_on_policy_updates_skip_old_logprobs_and_give_the_recomputed_update(algo
     assert tiny_learner(algorithm, UpdateConfig(minibatches=2))[2].needs_old_logp
 
 
-def padded_rollout(policy, extra_prompt=6, extra_response=7, group_size=4):
+def padded_rollout(policy, extra_prompt=60, extra_response=59, group_size=4):
     """A sampled rollout (ragged prompts, responses up to 5 tokens) widened by ``extra_prompt``
     columns of left padding and ``extra_response`` masked response slots; and the response lengths."""
     tokens = np.tile(np.arange(2, 6), (4, 1))
@@ -185,19 +185,21 @@ def padded_rollout(policy, extra_prompt=6, extra_response=7, group_size=4):
 
 def test_trimming_all_padding_columns_keeps_every_real_token_at_quarter_widths():
     policy = tiny_learner("dr_grpo", UpdateConfig())[0]
-    rollout, lengths = padded_rollout(policy)                   # prompt width 10, response budget 12
-    trimmed = trim_padding(rollout, lengths)
-    longest = int(np.max(lengths))
-    keep_response = -(-longest // 3) * 3                        # quarter of 12 = 3
-    assert trimmed.mask.shape[1] == keep_response and trimmed.budget == 12
-    assert trimmed.tokens.shape[1] == 6 + keep_response         # prompts of <= 4 tokens: a quarter of 10 is 3
-    np.testing.assert_array_equal(trimmed.tokens, rollout.tokens[:, 4:10 + keep_response])
-    np.testing.assert_array_equal(trimmed.attention_mask, rollout.attention_mask[:, 4:10 + keep_response])
+    rollout, lengths = padded_rollout(policy)                   # prompt width 64, response budget 64
+    trimmed = trim_padding(rollout, lengths)                    # prompts <= 4, responses <= 5 tokens
+    assert trimmed.mask.shape[1] == 16 and trimmed.budget == 64  # a quarter of 64
+    assert trimmed.tokens.shape[1] == 16 + 16
+    np.testing.assert_array_equal(trimmed.tokens, rollout.tokens[:, 48:80])
+    np.testing.assert_array_equal(trimmed.attention_mask, rollout.attention_mask[:, 48:80])
     assert float(jnp.sum(trimmed.attention_mask)) == float(jnp.sum(rollout.attention_mask))
     assert float(jnp.sum(trimmed.mask)) == float(jnp.sum(rollout.mask))
+    longer = trim_padding(rollout, lengths.at[0].set(17))       # a 17-token response keeps 32 slots
+    assert longer.mask.shape[1] == 32 and longer.budget == 64
     full = trim_padding(rollout.replace(attention_mask=rollout.attention_mask.at[0].set(1)),
-                        lengths.at[0].set(12))                  # one row uses every column: nothing to cut
+                        lengths.at[0].set(64))                  # one row uses every column: nothing to cut
     assert full.tokens.shape == rollout.tokens.shape
+    small, small_lengths = padded_rollout(policy, extra_prompt=6, extra_response=7)
+    assert trim_padding(small, small_lengths).tokens.shape == small.tokens.shape   # budgets < 32: kept whole
 
 
 @pytest.mark.parametrize("algorithm", ["reinforce_baseline", "rloo", "ppo", "grpo", "dr_grpo"])

@@ -5,8 +5,8 @@ task's fields), a ``Rollout`` of arrays comes out, plus the decoded completions
 and per-row statistics for logging. The sampler always sees prompts left-padded
 to ``max_prompt_tokens`` and N = ``max_new_tokens`` slots; the Rollout (what
 scoring and the update compute on) drops the columns that are padding in every
-row (``trim_padding``), rounded up to a quarter of each budget, so a run
-compiles its scoring and update for at most 4 x 4 widths.
+row (``trim_padding``), rounded up to a quarter of each budget (at least 16
+tokens), so a run compiles its scoring and update for at most 4 x 4 widths.
 """
 from __future__ import annotations
 
@@ -199,11 +199,15 @@ def sample_and_score(policy: CausalLM, tokenizer, examples: list[dict], prompt_w
     return Scored(samples, response, lengths, truncated, completions, scores, bad, prompts, fields)
 
 
+TRIM_UNIT = 16
+
+
 def trim_padding(rollout: Rollout, lengths) -> Rollout:
     """``rollout`` without the columns that are padding in every row: the prompt's left padding
     beyond the longest prompt and the response slots after the longest response (``lengths`` [B],
-    the sampler's), each kept width rounded up to a multiple of a quarter of its budget (so at most
-    4 widths per side). Positions count from each row's first real token and the cut columns are
+    the sampler's), each kept width rounded up to a multiple of a quarter of its budget, and of at
+    least ``TRIM_UNIT`` tokens (so at most 4 widths per side, and none below 32-token budgets, where
+    another compiled shape would cost more than the columns). Positions count from each row's first real token and the cut columns are
     masked, so every log-prob, advantage and loss term is the same; ``budget`` keeps N for
     Dr. GRPO's constant length."""
     budget = rollout.mask.shape[1]
@@ -218,8 +222,8 @@ def trim_padding(rollout: Rollout, lengths) -> Rollout:
 
 
 def _round_up(n: int, width: int) -> int:
-    """The smallest multiple of ceil(width / 4) that is >= max(n, 1), at most ``width``."""
-    quarter = -(-width // 4)
+    """The smallest multiple of max(ceil(width / 4), TRIM_UNIT) that is >= max(n, 1), at most ``width``."""
+    quarter = max(-(-width // 4), TRIM_UNIT)
     return min(width, -(-max(n, 1) // quarter) * quarter)
 
 
