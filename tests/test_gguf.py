@@ -526,10 +526,12 @@ def test_smollm_rollouts_stop_at_the_end_of_turn_and_rewards_see_only_the_assist
                              RolloutConfig(samples_per_prompt=2, max_prompt_tokens=80, max_new_tokens=48,
                                            temperature=0.7), eos_ids=eos_ids, prompt_format=prompt_format)
     tokens, lengths = np.asarray(rollout.tokens), stats["length"]
-    prompt = tokenizer.decode(tokens[0, :80][np.asarray(rollout.attention_mask)[0, :80] > 0])
+    width = tokens.shape[1] - rollout.mask.shape[1]        # <= 80: all-padding columns are trimmed
+    assert width <= 80 and rollout.budget == 48
+    prompt = tokenizer.decode(tokens[0, :width][np.asarray(rollout.attention_mask)[0, :width] > 0])
     assert prompt.startswith("<|im_start|>system\n")       # SmolLM2's template adds its default system turn
     assert prompt.endswith(f"<|im_start|>user\n{examples[0]['prompt']}<|im_end|>\n<|im_start|>assistant\n")
-    response = tokens[:, 80:]
+    response = tokens[:, width:]
     ended = [i for i in range(8) if lengths[i] and response[i, lengths[i] - 1] == im_end]
     assert ended and all(lengths[i] == 48 for i in range(8) if i not in ended), lengths   # ended, or cut short
     np.testing.assert_array_equal(np.asarray(rollout.mask).sum(1), lengths)
