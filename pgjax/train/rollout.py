@@ -207,9 +207,9 @@ def trim_padding(rollout: Rollout, lengths) -> Rollout:
     beyond the longest prompt and the response slots after the longest response (``lengths`` [B],
     the sampler's), each kept width rounded up to a multiple of a quarter of its budget, and of at
     least ``TRIM_UNIT`` tokens (so at most 4 widths per side, and none below 32-token budgets, where
-    another compiled shape would cost more than the columns). Positions count from each row's first real token and the cut columns are
-    masked, so every log-prob, advantage and loss term is the same; ``budget`` keeps N for
-    Dr. GRPO's constant length."""
+    another compiled shape would cost more than the columns). Positions count from each row's
+    first real token and the cut columns are masked, so every log-prob, advantage and loss term
+    is the same; ``budget`` keeps N for Dr. GRPO's constant length."""
     budget = rollout.mask.shape[1]
     prompt_width = rollout.tokens.shape[1] - budget
     longest_prompt = int(jnp.max(jnp.sum(rollout.attention_mask[:, :prompt_width], axis=1)))
