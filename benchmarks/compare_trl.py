@@ -35,9 +35,13 @@ After ``--warmup`` steps (pgjax's compilation and TRL's first steps), each of th
 TRL steps is followed by one pgjax step (from a ``TrainerCallback``, outside TRL's timing), so
 machine noise hits both alike; a time is the median over the timed steps. With ``--model`` (or
 ``--separate``) the two do not share a process (a 135M model's two training states, references
-and compiled programs exceed 24 GB together): TRL runs alone in a child process, then pgjax,
-each for the same warm-up and timed steps, which also gives each side's peak RSS. The ratio is
-TRL / pgjax seconds per step. Measure on an idle machine: under CPU contention torch's threads slow down far
+and compiled programs exceed 24 GB together): TRL runs alone in a child process (glibc's
+default malloc), then pgjax (``PGJAX_KEEP_FREED_MEMORY=1``), each for the same warm-up and timed
+steps, which also gives each side's peak RSS; ``--rounds N`` repeats the pair N times in ABBA
+order (TRL first in odd rounds, pgjax first in even ones), pools each side's timed steps for its
+medians and takes the median of the rounds' ratios. Each step also records the kernel seconds and
+minor page faults of its process. The ratio is TRL / pgjax
+seconds per step. Measure on an idle machine: under CPU contention torch's threads slow down far
 more than XLA's, which inflates the ratio.
 
 How close to the machine's limit: the float32 matmul peak of this CPU is measured in the same run
@@ -56,9 +60,9 @@ compilation cache (``JAX_COMPILATION_CACHE_DIR``): empty, then warm. ``--json PA
 everything printed, with the machine and versions.
 
     pip install -e ".[bench]"
-    python benchmarks/compare_trl.py [--steps 20] [--warmup 2] [--torch-threads N]
+    python benchmarks/compare_trl.py [--steps 20] [--warmup 2] [--torch-threads N] [--memory] [--json PATH]
     python benchmarks/compare_trl.py --model models/smollm2-135m-instruct --steps 3 --warmup 1 \\
-        --memory --compile-cache --json benchmarks/results/compare_trl_smollm2.json
+        --rounds 3 --compile-cache --json benchmarks/results/compare_trl_smollm2.json
 """
 import argparse
 import dataclasses
@@ -84,7 +88,7 @@ from datasets import Dataset
 
 import measure
 
-from pgjax import core
+from pgjax import core, host_memory
 from pgjax.models import hf
 from pgjax.rewards import ArithmeticTask, WordMathTask, arithmetic_reward, is_arithmetic_answer, per_example
 from pgjax.rewards.word_math import word_math_reward
@@ -193,6 +197,7 @@ class PgjaxStep:
     def __call__(self):
         work = self.work
         examples = work.examples(work.prompts, self.step)
+        before = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
         rollout, stats = collect(self.learner.policy(self.state.params), work.tokenizer, examples, work.reward,
                                  work.correct, jax.random.fold_in(self.state.key, 1), self.rollout,
@@ -204,7 +209,14 @@ class PgjaxStep:
         self.state, _ = jax.block_until_ready(self.learner.update(self.state, rollout, GRPO.hparams))
         t3 = time.perf_counter()
         self.step += 1
-        return {**dict(zip(PARTS, (t1 - t0, t2 - t1, t3 - t2))), "generated": int(np.sum(stats["length"]))}
+        return {**dict(zip(PARTS, (t1 - t0, t2 - t1, t3 - t2))), "generated": int(np.sum(stats["length"])),
+                **kernel_cost(before)}
+
+
+def kernel_cost(before) -> dict:
+    """System seconds and minor page faults of this process since the ``getrusage`` ``before``."""
+    now = resource.getrusage(resource.RUSAGE_SELF)
+    return {"system_s": now.ru_stime - before.ru_stime, "minor_faults": now.ru_minflt - before.ru_minflt}
 
 
 def time_method(obj, name, totals, on_call=None):
@@ -235,7 +247,7 @@ class Interleave(transformers.TrainerCallback):
 
     def on_step_begin(self, args, state, control, **kwargs):
         self.totals.clear()
-        self.start = time.perf_counter()
+        self.start, self.usage = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
 
     def on_step_end(self, args, state, control, **kwargs):
         total = time.perf_counter() - self.start
@@ -244,7 +256,7 @@ class Interleave(transformers.TrainerCallback):
         scoring = t["_generate_and_score_completions"] - sampling
         if state.global_step > self.warmup:
             self.trl.append({**dict(zip(PARTS, (sampling, scoring, total - t["_generate_and_score_completions"]))),
-                             "generated": t["generated"]})
+                             "generated": t["generated"], **kernel_cost(self.usage)})
             if self.pgjax_step:
                 self.pgjax.append(self.pgjax_step())
 
@@ -288,7 +300,8 @@ def run_trl(work: Workload, model, args, pgjax_step=None) -> Interleave:
 
 
 def median_parts(steps):
-    out = {part: statistics.median(s[part] for s in steps) for part in PARTS}
+    out = {part: statistics.median(s[part] for s in steps) for part in (*PARTS, "system_s", "minor_faults")
+           if all(part in s for s in steps)}
     out["step"] = statistics.median(sum(s[p] for p in PARTS) for s in steps)
     out["generated"] = statistics.median(s["generated"] for s in steps)
     return out
@@ -306,14 +319,17 @@ def model_flops(model, work: Workload, generated: float, prompt_tokens: float) -
 
 def child(args, side, steps=1, env=None) -> dict:
     """``side`` run alone in a child process for one warm-up step and ``steps`` timed steps: its peak
-    RSS (GiB) and the seconds of its first step."""
+    RSS (GiB) and the seconds of its first step. pgjax's child keeps freed memory mapped
+    (``PGJAX_KEEP_FREED_MEMORY=1``, see ``pgjax.host_memory``), TRL's runs with glibc's default
+    malloc, as in a TRL program."""
+    env = {**(env or {}), host_memory.SWITCH: "1" if side == "pgjax" else "0"}
     argv = [a for a in sys.argv[1:] if a not in ("--memory", "--compile-cache", "--separate")]
-    for flag in ("--json", "--steps", "--warmup"):
+    for flag in ("--json", "--steps", "--warmup", "--rounds"):
         if flag in argv:
             i = argv.index(flag)
             del argv[i:i + 2]
     out = subprocess.run([sys.executable, __file__, *argv, "--only", side, "--steps", str(steps), "--warmup", "1"],
-                         check=True, capture_output=True, text=True, env={**os.environ, **(env or {})}).stdout
+                         check=True, capture_output=True, text=True, env={**os.environ, **env}).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -365,12 +381,23 @@ def interleaved(work: Workload, args) -> tuple[dict, float]:
     return {"TRL GRPOTrainer": timer.trl, "pgjax": timer.pgjax}, first_step
 
 
-def separate(args) -> tuple[dict, float, dict]:
-    """Each side alone in a child process, TRL first: {name: steps}, pgjax's first-step seconds and
-    each side's peak RSS."""
-    trl_run, pgjax_run = child(args, "trl", args.steps), child(args, "pgjax", args.steps)
-    return ({"TRL GRPOTrainer": trl_run["steps"], "pgjax": pgjax_run["steps"]}, pgjax_run["first_step_s"],
-            {"TRL GRPOTrainer": trl_run["peak_rss_gib"], "pgjax": pgjax_run["peak_rss_gib"]})
+def separate(args) -> tuple[dict, float, dict, list]:
+    """Each side alone in a child process, ``--rounds`` times, TRL first in even rounds and pgjax
+    first in odd ones (ABBA: a machine whose speed drifts during the run slows both alike): {name:
+    every round's steps}, pgjax's median first-step seconds, each side's largest peak RSS, and each
+    round's TRL / pgjax ratio of median seconds per step."""
+    sides = {"TRL GRPOTrainer": "trl", "pgjax": "pgjax"}
+    runs = {name: [] for name in sides}
+    for r in range(args.rounds):
+        for name in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
+            runs[name].append(child(args, sides[name], args.steps))
+            print(f"round {r + 1}/{args.rounds}: {name} {median_parts(runs[name][-1]['steps'])['step']:.2f} s/step",
+                  file=sys.stderr, flush=True)
+    ratios = [median_parts(t["steps"])["step"] / median_parts(p["steps"])["step"]
+              for t, p in zip(runs["TRL GRPOTrainer"], runs["pgjax"])]
+    return ({name: [s for run in done for s in run["steps"]] for name, done in runs.items()},
+            statistics.median(run["first_step_s"] for run in runs["pgjax"]),
+            {name: max(run["peak_rss_gib"] for run in done) for name, done in runs.items()}, ratios)
 
 
 def parse(argv):
@@ -391,6 +418,9 @@ def parse(argv):
     parser.add_argument("--memory", action="store_true", help="also each side's peak RSS, alone in a child process")
     parser.add_argument("--separate", action="store_true",
                         help="time each side alone in its own process (always with --model: both do not fit)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="with --model or --separate: run each side's child process this many times, "
+                             "alternating which goes first; the ratio is the median of the rounds' ratios")
     parser.add_argument("--compile-cache", action="store_true",
                         help="also pgjax's first step with a cold and a warm persistent compilation cache")
     parser.add_argument("--only", choices=("pgjax", "trl"), help=argparse.SUPPRESS)
@@ -412,9 +442,9 @@ def main(argv=None):
             return only(args.only, work, args)
         gap = logits_gap(work)
         separated = args.model is not None or args.separate
-        memory = None
+        memory, round_ratios = None, None
         if separated:
-            steps, first_step, memory = separate(args)
+            steps, first_step, memory, round_ratios = separate(args)
         else:
             steps, first_step = interleaved(work, args)
             if args.memory:
@@ -437,7 +467,7 @@ def main(argv=None):
     setup = (f"{work.description}; float32; max |logit gap| pgjax vs torch {gap:.1e}; {work.prompts} prompts x "
              f"{work.samples} samples, ~{prompt_tokens:.0f}-token prompts, <= {work.new_tokens} new tokens; GRPO, "
              f"beta {BETA}; median of {args.steps} steps after {args.warmup} warm-up steps, "
-             f"{'each side alone in its own process' if separated else 'interleaved'}; "
+             f"{f'each side alone in its own process, {args.rounds} round(s)' if separated else 'interleaved'}; "
              f"pgjax's first step {first_step:.1f} s (compilation)")
     peak_line = (f"float32 matmul peak (2048^3): jnp.dot {peak['jnp.dot'] / 1e9:.0f} GFLOP/s, torch.mm "
                  f"{peak['torch.mm'] / 1e9:.0f} GFLOP/s; MFU = model FLOP/s / the faster")
@@ -446,11 +476,16 @@ def main(argv=None):
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     trl_step = rows["TRL GRPOTrainer"]["step"]
     for name, r in rows.items():
+        r["ratio"] = statistics.median(round_ratios) if round_ratios and name == "pgjax" else trl_step / r["step"]
         rss = f"{r['peak_rss_gib']:.1f} GiB" if "peak_rss_gib" in r else "-"
-        table.append(f"| {name} | {r['step']:.2f} | {r['sampling']:.2f} | {r['scoring']:.2f} | {r['update']:.2f} "
-                     f"| {trl_step / r['step']:.2f} | {r['generated']:.0f} | {r['mfu']['sampling']:.0%} "
+        seconds = (f"{r[p]:.3f}" if r["step"] < 1 else f"{r[p]:.2f}" for p in ("step", *PARTS))
+        table.append(f"| {name} | {' | '.join(seconds)} "
+                     f"| {r['ratio']:.2f} | {r['generated']:.0f} | {r['mfu']['sampling']:.0%} "
                      f"| {r['mfu']['scoring']:.0%} | {r['mfu']['update']:.0%} | {rss} |")
     lines = [header, setup, peak_line, "", *table]
+    if round_ratios and len(round_ratios) > 1:
+        lines.append(f"\nTRL / pgjax seconds per step in each round: {', '.join(f'{x:.2f}' for x in round_ratios)} "
+                     "(pgjax's ratio above: their median; its seconds: the median over every round's steps)")
     print("\n".join(lines), flush=True)
     cache = compile_cache_first_steps(args) if args.compile_cache else None    # may run out of memory: last
     if cache:
@@ -462,7 +497,8 @@ def main(argv=None):
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump({"argv": sys.argv[1:], "header": header, "setup": setup, "matmul_peak_flops": peak,
-                       "gap": gap, "first_step_s": first_step, "compile_cache_first_step_s": cache, "prompt_tokens": prompt_tokens, "rows": rows,
+                       "gap": gap, "first_step_s": first_step, "compile_cache_first_step_s": cache,
+                       "prompt_tokens": prompt_tokens, "round_ratios": round_ratios, "rows": rows, "steps": steps,
                        "table": table, "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}},
                       f, indent=1)
 

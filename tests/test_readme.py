@@ -3,6 +3,7 @@ is two commands, the main job is the Dr. GRPO experiment, the demo and the Train
 neither the README nor docs/ links anything outside the repository."""
 import pathlib
 import re
+import sys
 
 import pytest
 
@@ -106,3 +107,30 @@ def test_every_command_line_example_in_the_readme_and_docs_resolves(capsys):
         argv[0] = str(root / argv[0])
         assert run.main([*argv, "--print-config"]) == 0, line
         capsys.readouterr()
+
+
+def _readme_tables():
+    sys.path.insert(0, str(pathlib.Path(__file__).parent.parent / "benchmarks"))
+    try:
+        import readme_tables
+    finally:
+        sys.path.pop(0)
+    return readme_tables
+
+
+def test_the_readme_benchmark_tables_are_the_saved_results():
+    """Every benchmarks/results/*.json table is in the README verbatim (``benchmarks/readme_tables.py``)."""
+    tables = _readme_tables()
+    saved = tables.saved_tables()
+    assert len(saved) >= 3
+    assert tables.stale(README, saved) == [], "run `python benchmarks/readme_tables.py` after a benchmark's --json"
+
+
+def test_the_table_check_finds_stale_missing_and_orphan_blocks():
+    tables = _readme_tables()
+    readme = "a\n<!-- benchmark:x -->\n| old |\n<!-- /benchmark:x -->\n<!-- benchmark:gone -->\n|\n<!-- /benchmark:gone -->"
+    saved = {"x": "| new |\n| --- |", "y": "| y |"}
+    assert [p.split(":")[0] for p in tables.stale(readme, saved)] == ["x", "y", "gone"]
+    fixed = tables.regenerate(readme, saved)
+    assert "<!-- benchmark:x -->\n| new |\n| --- |\n<!-- /benchmark:x -->" in fixed
+    assert [p.split(":")[0] for p in tables.stale(fixed, saved)] == ["y", "gone"]
