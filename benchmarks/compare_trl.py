@@ -210,13 +210,7 @@ class PgjaxStep:
         t3 = time.perf_counter()
         self.step += 1
         return {**dict(zip(PARTS, (t1 - t0, t2 - t1, t3 - t2))), "generated": int(np.sum(stats["length"])),
-                **kernel_cost(before)}
-
-
-def kernel_cost(before) -> dict:
-    """System seconds and minor page faults of this process since the ``getrusage`` ``before``."""
-    now = resource.getrusage(resource.RUSAGE_SELF)
-    return {"system_s": now.ru_stime - before.ru_stime, "minor_faults": now.ru_minflt - before.ru_minflt}
+                **measure.kernel_cost(before)}
 
 
 def time_method(obj, name, totals, on_call=None):
@@ -256,7 +250,7 @@ class Interleave(transformers.TrainerCallback):
         scoring = t["_generate_and_score_completions"] - sampling
         if state.global_step > self.warmup:
             self.trl.append({**dict(zip(PARTS, (sampling, scoring, total - t["_generate_and_score_completions"]))),
-                             "generated": t["generated"], **kernel_cost(self.usage)})
+                             "generated": t["generated"], **measure.kernel_cost(self.usage)})
             if self.pgjax_step:
                 self.pgjax.append(self.pgjax_step())
 
@@ -356,7 +350,7 @@ def only(side, work, args):
         model = transformers.AutoModelForCausalLM.from_pretrained(work.directory, dtype=torch.float32)
         first, steps = float("nan"), run_trl(work, model, args).trl
     print(json.dumps({"steps": steps, "first_step_s": first,
-                      "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20}))
+                      "peak_rss_gib": measure.peak_rss_gib()}))
 
 
 def logits_gap(work: Workload) -> float:

@@ -38,7 +38,8 @@ def run_variant(name, args) -> dict:
     mallopt = ctypes.CDLL("libc.so.6").mallopt
     if not all(mallopt(option, value) == 1 for option, value in VARIANTS[name]):
         raise RuntimeError(f"mallopt rejected a setting of {name!r}")
-    import train_step            # imports JAX and pgjax: after mallopt, with PGJAX_KEEP_FREED_MEMORY=0
+    import measure               # these import JAX, torch and pgjax: after mallopt,
+    import train_step            # with PGJAX_KEEP_FREED_MEMORY=0
     batch, length = map(int, args.shape.split("x"))
     options = argparse.Namespace(no_compile=True, bf16=False, seed=args.seed)
     vocab = json.load(open(os.path.join(args.model, "config.json")))["vocab_size"]
@@ -49,10 +50,8 @@ def run_variant(name, args) -> dict:
     for _ in range(args.steps):
         before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
         float(run())
-        after = resource.getrusage(resource.RUSAGE_SELF)
-        steps.append({"seconds": time.perf_counter() - start, "minor_faults": after.ru_minflt - before.ru_minflt,
-                      "system_s": after.ru_stime - before.ru_stime})
-    return {"steps": steps, "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20}
+        steps.append({"seconds": time.perf_counter() - start, **measure.kernel_cost(before)})
+    return {"steps": steps, "peak_rss_gib": measure.peak_rss_gib()}
 
 
 def span(values, fmt) -> str:

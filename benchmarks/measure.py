@@ -6,6 +6,7 @@ costs 2 M per token (M: the parameters used as matmul weights; a tied embedding 
 the unembedding) plus 4 L H Dh per causal (query, key) pair; a training step (forward + backward)
 is 3 forwards. MFU is achieved model FLOP/s over the measured peak.
 """
+import resource
 import time
 
 import jax
@@ -33,6 +34,18 @@ def matmul_peak(size=2048, repeats=10) -> dict:
         return 2 * size ** 3 / min(times)
 
     return {"jnp.dot": rate(lambda: dot(x, x).block_until_ready()), "torch.mm": rate(lambda: torch.mm(ta, ta))}
+
+
+def kernel_cost(before, per: int = 1) -> dict:
+    """Kernel (system) seconds and minor page faults of this process since ``before`` (a
+    ``resource.getrusage``), divided by ``per`` (steps): the cost of host memory faulted in."""
+    now = resource.getrusage(resource.RUSAGE_SELF)
+    return {"system_s": (now.ru_stime - before.ru_stime) / per, "minor_faults": (now.ru_minflt - before.ru_minflt) / per}
+
+
+def peak_rss_gib() -> float:
+    """This process's peak resident memory so far, GiB (Linux reports ``ru_maxrss`` in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
 
 
 def forward_flops(model) -> callable:

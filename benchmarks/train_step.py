@@ -232,9 +232,8 @@ def measure_row_alone(directory, vocab, batch, length, args, row):
     losses.append(float(run()))
     before = resource.getrusage(resource.RUSAGE_SELF)
     seconds = timed({row: run}, args.steps, args.repeats)[row]
-    after, steps = resource.getrusage(resource.RUSAGE_SELF), args.steps * args.repeats
-    return {"losses": losses, "first_step_s": first, "seconds": seconds, "peak_rss_gib": after.ru_maxrss / 2 ** 20,
-            "system_s": (after.ru_stime - before.ru_stime) / steps, "minor_faults": (after.ru_minflt - before.ru_minflt) / steps}
+    return {"losses": losses, "first_step_s": first, "seconds": seconds, "peak_rss_gib": measure.peak_rss_gib(),
+            **measure.kernel_cost(before, per=args.steps * args.repeats)}
 
 
 def row_environment(row) -> dict:
