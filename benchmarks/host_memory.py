@@ -21,7 +21,9 @@ import subprocess
 import sys
 import time
 
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -3, -4, -8     # glibc's malloc.h
+from pgjax.host_memory import (M_ARENA_MAX, M_MMAP_MAX, M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, SETTINGS,  # no JAX yet
+                               SWITCH)
+
 GIB = 1 << 30
 VARIANTS = {
     "glibc defaults (`PGJAX_KEEP_FREED_MEMORY=0`)": [],
@@ -29,7 +31,7 @@ VARIANTS = {
     "one arena, no trimming": [(M_ARENA_MAX, 1), (M_TRIM_THRESHOLD, -1)],
     "one arena, no mmap'd blocks": [(M_ARENA_MAX, 1), (M_MMAP_MAX, 0)],
     "one arena, 1 GiB trim and mmap thresholds": [(M_ARENA_MAX, 1), (M_MMAP_THRESHOLD, GIB), (M_TRIM_THRESHOLD, GIB)],
-    "pgjax's: one arena, no mmap'd blocks, no trimming": [(M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, -1)],
+    "pgjax's: one arena, no mmap'd blocks, no trimming": list(SETTINGS),
 }
 
 
@@ -74,7 +76,7 @@ def main(argv=None):
     results = {}
     for name in VARIANTS:
         done = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--variant", name], capture_output=True,
-                              text=True, check=True, env={**os.environ, "PGJAX_KEEP_FREED_MEMORY": "0"})
+                              text=True, check=True, env={**os.environ, SWITCH: "0"})
         results[name] = json.loads(done.stdout.strip().splitlines()[-1])
         print(f"{name}: {[round(s['seconds'], 2) for s in results[name]['steps']]} s", file=sys.stderr, flush=True)
     table = ["| malloc settings | step (s) | minor faults per step | kernel s per step | peak RSS |",

@@ -23,7 +23,8 @@ import ctypes
 import os
 import sys
 
-M_TRIM_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -4, -8     # glibc's malloc.h
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -3, -4, -8     # glibc's malloc.h
+SETTINGS = ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, -1))  # one arena, no mmap'd blocks, no trim
 SWITCH = "PGJAX_KEEP_FREED_MEMORY"
 
 
@@ -36,5 +37,4 @@ def keep_freed_memory() -> bool:
         mallopt = ctypes.CDLL("libc.so.6").mallopt
     except (OSError, AttributeError):        # not glibc (musl has no mallopt)
         return False
-    return all(mallopt(option, value) == 1 for option, value in
-               ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, -1)))
+    return all(mallopt(option, value) == 1 for option, value in SETTINGS)
