@@ -304,7 +304,8 @@ def prepare(args: argparse.Namespace) -> dict:
         raise ConfigError(f"--max-new-tokens is required for {args.model} (a run directory's experiment.json "
                           "gives a default)")
     eos_ids, _ = stop_tokens(tokenizer, prompt_format, (model_dir, exp.model.path))     # the Trainer's
-    return {"policy": hf.load(model_dir, exp.model.param_dtype, exp.model.compute_dtype), "tokenizer": tokenizer,
+    policy = hf.load(model_dir, param_dtype=exp.model.param_dtype, compute_dtype=exp.model.compute_dtype)
+    return {"policy": policy, "tokenizer": tokenizer,
             "task": task, "examples": examples, "samples": args.samples, "ks": ks,
             "decoding": Decoding(max_new_tokens=max_new_tokens, temperature=args.temperature),
             "max_prompt_tokens": max(longest, run.rollout.max_prompt_tokens if run else 0),

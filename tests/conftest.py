@@ -3,6 +3,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from pgjax.core import Batch, token_logprobs
 
@@ -46,6 +47,20 @@ def make_batch(seed: int, prompts: int = 3, group_size: int = 4, length: int = 6
                   values=noise(1.0), bootstrap=jnp.asarray(np.where(lengths == length, 0.5, 0.0), dtype),
                   greedy_rewards=jnp.asarray(rng.integers(0, 2, size=b), dtype), group_size=group_size)
     return batch, theta, tokens
+
+
+def per_layer(grads, config) -> dict:
+    """{(layer, name): array} of a gradient tree, stacked (``scan_layers``) or one subtree per layer."""
+    flat = {}
+    for path, leaf in jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(grads)):
+        keys = [getattr(k, "key", getattr(k, "idx", None)) for k in path]
+        if keys[0] == "layers" and config.scan_layers:
+            flat.update(((i, tuple(keys[1:])), leaf[i]) for i in range(config.num_hidden_layers))
+        elif keys[0] == "layers":
+            flat[(keys[1], tuple(keys[2:]))] = leaf
+        else:
+            flat[(None, tuple(keys))] = leaf
+    return flat
 
 
 @pytest.fixture

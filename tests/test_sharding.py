@@ -69,6 +69,8 @@ def check_meshes():
             np.testing.assert_array_equal(np.asarray(sharded.tokens), np.asarray(single.tokens))
         print("mesh", sizes, "ok", flush=True)
 
+    check_model_options(policy, algo, rollout)
+
     from pgjax.train.experiment import ConfigError, Experiment
     from pgjax.train.trainer import train
     with tempfile.TemporaryDirectory() as tmp:   # the runner refuses before it writes anything
@@ -81,6 +83,44 @@ def check_meshes():
         assert not os.path.exists(tmp + "/r")
 
 
+# model options against the plain float32 gradient (a relative tolerance on the whole gradient's norm)
+OPTIONS = [(dict(scan_layers=True), 1e-5), (dict(remat="save_nothing"), 1e-5),
+           (dict(scan_layers=True, remat="save_matmuls"), 1e-5), (dict(compute_dtype="bfloat16"), 2e-2)]
+
+
+def check_model_options(policy, algo, rollout):
+    """On the 2x2x2 mesh each option's policy and critic gradients of one prepared rollout equal the
+    plain single-device float32 ones (bfloat16 compute: within its tolerance)."""
+    import jax
+    import numpy as np
+    import optax
+
+    from conftest import per_layer
+    from pgjax.models import hf
+    from pgjax.parallel import mesh as mesh_lib
+    from pgjax.train.learner import Learner, UpdateConfig
+
+    def gradient(mesh, **options):
+        with tempfile.TemporaryDirectory() as directory:
+            hf.save(policy, directory)
+            model = hf.load(directory, **options)
+        learner = Learner(model, algo, 4, UpdateConfig(), optax.sgd(1.0), optax.sgd(1.0), use_reference=False,
+                          mesh=mesh)
+        state = learner.init_state(model, jax.random.PRNGKey(0))
+        grads = learner.policy_gradient(state, learner.prepare(state, rollout, algo.hparams), algo.hparams)
+        return per_layer(jax.device_get(grads), model.config)
+
+    want = gradient(None)
+    norm = np.sqrt(sum(np.sum(np.square(g)) for g in want.values()))
+    mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig(2, 2, 2))
+    for options, tolerance in OPTIONS:
+        got = gradient(mesh, **options)
+        assert got.keys() == want.keys(), options
+        error = np.sqrt(sum(np.sum(np.square(np.float32(got[k]) - want[k])) for k in want))
+        assert error <= tolerance * norm, (options, error / norm)
+        print("options", options, "relative gradient error", error / norm, "ok", flush=True)
+
+
 @pytest.mark.slow
 def test_sharded_update_and_sampling_equal_the_single_device_run():
     from conftest import XLA_COLLECTIVE_HANG, simulated_devices
@@ -90,7 +130,7 @@ def test_sharded_update_and_sampling_equal_the_single_device_run():
         if done.returncode == 0 or XLA_COLLECTIVE_HANG not in done.stderr:
             break
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count(" ok") == len(MESHES)
+    assert done.stdout.count(" ok") == len(MESHES) + len(OPTIONS)
 
 
 def test_mesh_sizes_resolve_minus_one_and_reject_misfits():

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from pgjax.models.transformer import FAMILIES, CausalLM, ModelConfig
+from pgjax.models.transformer import FAMILIES, RUNTIME_OPTIONS, CausalLM, ModelConfig
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "tokenizer.model")     # any one of them makes a directory a tokenizer's
@@ -30,8 +30,12 @@ CHAT_TEMPLATE_DIR = "additional_chat_templates"         # transformers 5: named 
 COPIED_FILES = TOKENIZER_FILES + TOKENIZER_EXTRAS + ("generation_config.json",)
 
 
-def config_from_hf(hf_config, param_dtype="float32", compute_dtype="float32") -> ModelConfig:
-    """``ModelConfig`` from a transformers config object; unsupported families and settings raise."""
+def config_from_hf(hf_config, **options) -> ModelConfig:
+    """``ModelConfig`` from a transformers config object, with pgjax's own ``options`` (any of
+    ``RUNTIME_OPTIONS``: dtypes, remat, scan_layers); unsupported families and settings raise."""
+    unknown = set(options) - set(RUNTIME_OPTIONS)
+    if unknown:
+        raise TypeError(f"unknown model options {sorted(unknown)}; valid: {RUNTIME_OPTIONS}")
     family = hf_config.model_type
     if family not in FAMILIES:
         raise ValueError(f"unsupported architecture {family!r}; supported model_type values: {FAMILIES}")
@@ -51,7 +55,7 @@ def config_from_hf(hf_config, param_dtype="float32", compute_dtype="float32") ->
         head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads,
         rms_norm_eps=hf_config.rms_norm_eps, rope_theta=float(theta), rope_scaling=scaling,
         tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
-        param_dtype=param_dtype, compute_dtype=compute_dtype,
+        **options,
         max_position_embeddings=getattr(hf_config, "max_position_embeddings", None),
         bos_token_id=getattr(hf_config, "bos_token_id", None), eos_token_id=_token_ids(hf_config),
         pad_token_id=getattr(hf_config, "pad_token_id", None))
@@ -127,22 +131,27 @@ def _layout(config: ModelConfig):
     return out
 
 
-def _variable(model, path):
+def _slot(model: CausalLM, path) -> tuple[nnx.Variable, int | None]:
+    """The variable a ``_layout`` path names, and the layer index within it when the layers are
+    stacked (``scan_layers``: path ("layers", i, ...) is row i of the variable ("layers", ...))."""
+    index = None
+    if model.config.scan_layers and path[0] == "layers":
+        path, index = ("layers", *path[2:]), path[1]
     node = model
     for part in path:
         node = node[part] if isinstance(part, int) else getattr(node, part)
-    return node
+    return node, index
 
 
-def load(directory, param_dtype="float32", compute_dtype="float32") -> CausalLM:
+def load(directory, **options) -> CausalLM:
     """A ``CausalLM`` with the weights of the local checkpoint ``directory`` (no random initialisation:
-    the model is built abstractly and each variable set to its loaded weight)."""
+    the model is built abstractly and each variable set to its loaded weight); ``options``: those of
+    ``config_from_hf`` (e.g. ``compute_dtype="bfloat16"``, ``scan_layers=True``)."""
     from transformers import AutoConfig
     directory = pathlib.Path(directory)
     if not (directory / "config.json").exists():
         raise FileNotFoundError(f"{directory} has no config.json (a local Hugging Face checkpoint directory)")
-    config = config_from_hf(AutoConfig.from_pretrained(str(directory), local_files_only=True),
-                            param_dtype, compute_dtype)
+    config = config_from_hf(AutoConfig.from_pretrained(str(directory), local_files_only=True), **options)
     tensors = _read_safetensors(directory)
     model = nnx.eval_shape(lambda: CausalLM(config, nnx.Rngs(0)))
     _fill(model, tensors, directory)
@@ -151,17 +160,26 @@ def load(directory, param_dtype="float32", compute_dtype="float32") -> CausalLM:
 
 def _fill(model: CausalLM, tensors: dict, directory) -> None:
     """Set every variable of the abstract ``model`` to its weight in ``tensors`` (laid out, cast to the
-    param dtype); a missing weight, a wrong shape or a variable left unset raises."""
+    param dtype; stacked layers gathered into one host array first); a missing weight, a wrong shape
+    or a variable left unset raises."""
     dtype = jnp.dtype(model.config.param_dtype)
+    stacked = {}                                    # id(variable) -> (variable, host array [L, ...])
     for hf_name, path, to_pgjax, _ in _layout(model.config):
         if hf_name not in tensors:
             raise KeyError(f"{directory}: weight {hf_name} is missing")
-        variable = _variable(model, path)
+        variable, index = _slot(model, path)
         value, expected = to_pgjax(tensors[hf_name]), variable.get_value().shape
+        expected = expected if index is None else expected[1:]
         if value.shape != expected:
             raise ValueError(f"{hf_name}: shape {tensors[hf_name].shape} does not match the config "
                              f"(expected {expected} after layout)")
-        variable.set_value(jnp.asarray(value.astype(dtype)))
+        if index is None:
+            variable.set_value(jnp.asarray(value.astype(dtype)))
+        else:
+            full = variable.get_value().shape
+            stacked.setdefault(id(variable), (variable, np.empty(full, dtype)))[1][index] = value
+    for variable, value in stacked.values():
+        variable.set_value(jnp.asarray(value))
     unset = [jax.tree_util.keystr(path) for path, leaf in jax.tree_util.tree_leaves_with_path(nnx.state(model))
              if isinstance(leaf, jax.ShapeDtypeStruct)]
     if unset:
@@ -232,12 +250,19 @@ def save(model: CausalLM, directory, tokenizer_dir=None) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     config = model.config
     # contiguous: a transposed NumPy view (a model holding host arrays) would be written in its memory order
-    tensors = {hf_name: np.ascontiguousarray(to_hf(_variable(model, path)[...]))
+    tensors = {hf_name: np.ascontiguousarray(to_hf(_weight(model, path)))
                for hf_name, path, _, to_hf in _layout(config)}
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
     (directory / "config.json").write_text(json.dumps(hf_config_dict(config), indent=2))
     if tokenizer_dir is not None:
         _copy_tokenizer(pathlib.Path(tokenizer_dir), directory)
+
+
+def _weight(model: CausalLM, path) -> np.ndarray:
+    """The host array of the weight a ``_layout`` path names (one layer's row of a stacked variable)."""
+    variable, index = _slot(model, path)
+    value = np.asarray(variable[...])
+    return value if index is None else value[index]
 
 
 def _copy_tokenizer(source: pathlib.Path, directory: pathlib.Path) -> None:

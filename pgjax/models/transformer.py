@@ -21,6 +21,14 @@ import jax.numpy as jnp
 from flax import nnx
 
 FAMILIES = ("llama", "qwen2", "qwen3")
+# rematerialisation of each layer in a full forward pass (what its backward pass keeps, what it
+# recomputes): "off" keeps every activation; "save_matmuls" keeps the 2-D projection and MLP
+# products and recomputes the rest (norms, RoPE, attention scores and probabilities, SwiGLU);
+# "save_nothing" keeps only each layer's input and recomputes the whole layer
+REMAT_POLICIES = {"off": None, "save_matmuls": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+                  "save_nothing": jax.checkpoint_policies.nothing_saveable}
+# ModelConfig fields that are pgjax's choices for running a checkpoint, not part of its config.json
+RUNTIME_OPTIONS = ("param_dtype", "compute_dtype", "remat", "scan_layers")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +48,8 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     param_dtype: str = "float32"
     compute_dtype: str = "float32"
+    remat: str = "off"                    # a key of REMAT_POLICIES
+    scan_layers: bool = False             # layers stored stacked and run by one lax.scan (``CausalLM``)
     # carried from and back to config.json (None: not set there); the forward pass does not read them
     max_position_embeddings: int | None = None
     bos_token_id: int | None = None
@@ -49,6 +59,8 @@ class ModelConfig:
     def __post_init__(self):
         if self.family not in FAMILIES:
             raise ValueError(f"unsupported model family {self.family!r}; supported: {FAMILIES}")
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(f"unknown remat policy {self.remat!r}; one of {tuple(REMAT_POLICIES)}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"num_attention_heads={self.num_attention_heads} is not a multiple of "
                              f"num_key_value_heads={self.num_key_value_heads}")
@@ -232,7 +244,8 @@ class CausalLM(nnx.Module):
         dtype = jnp.dtype(config.param_dtype)
         self.config = config
         self.embed = _param(rngs, (config.vocab_size, config.hidden_size), ("vocab", "embed"), dtype)
-        self.layers = nnx.List([Block(config, rngs) for _ in range(config.num_hidden_layers)])
+        blocks = [Block(config, rngs) for _ in range(config.num_hidden_layers)]
+        self.layers = stack_blocks(blocks) if config.scan_layers else nnx.List(blocks)
         self.final_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         if not config.tie_word_embeddings:
             self.lm_head = _param(rngs, (config.hidden_size, config.vocab_size), ("embed", "vocab"), dtype)
@@ -276,11 +289,57 @@ class CausalLM(nnx.Module):
         x = self.embed[...].astype(dt)[tokens]
         rope = rope_tables(positions, rope_frequencies(self.config))
         bias = attention_bias(key_mask, index, tokens.shape[1])
+        if cache is None:
+            return self.final_norm(self._trunk(x, rope, bias)), ()
         new_cache = []
-        for i, layer in enumerate(self.layers):
-            x, layer_cache = layer(x, rope, bias, None if cache is None else cache[i], index)
+        for i, layer in enumerate(self.blocks()):
+            x, layer_cache = layer(x, rope, bias, cache[i], index)
             new_cache.append(layer_cache)
         return self.final_norm(x), tuple(new_cache)
+
+    def _trunk(self, x, rope, bias):
+        """Every layer on x [B, T, D] without a cache: a ``lax.scan`` over the stacked layers
+        (``scan_layers``; one traced layer whatever the depth) or one traced block per layer;
+        each under ``jax.checkpoint`` with the ``remat`` policy unless it is "off"."""
+        policy = REMAT_POLICIES[self.config.remat]
+
+        def layer_output(layer, x):
+            return layer(x, rope, bias)[0]
+
+        if self.config.scan_layers:
+            graphdef, stacked = nnx.split(self.layers)
+
+            def body(x, layer_state):
+                return layer_output(nnx.merge(graphdef, layer_state), x), None
+
+            body = body if policy is None else jax.checkpoint(body, policy=policy)
+            return jax.lax.scan(body, x, stacked)[0]
+        apply = layer_output if policy is None else nnx.remat(layer_output, policy=policy)
+        for layer in self.layers:
+            x = apply(layer, x)
+        return x
+
+    def blocks(self) -> list[Block]:
+        """The layers as L separate ``Block``s (views of layer i of the stacked parameters when
+        ``scan_layers``: the KV-cache decode runs them one by one)."""
+        if not self.config.scan_layers:
+            return list(self.layers)
+        graphdef, stacked = nnx.split(self.layers)
+        return [nnx.merge(graphdef, jax.tree.map(lambda v, i=i: v[i], stacked))
+                for i in range(self.config.num_hidden_layers)]
+
+
+def stack_blocks(blocks: list[Block]) -> Block:
+    """One ``Block`` whose every parameter holds the L blocks' stacked along a new leading axis,
+    logical axis ``layers`` (replicated by the sharding rules)."""
+    graphdef = nnx.graphdef(blocks[0])
+
+    def stacked(*variables):
+        axes = variables[0].get_metadata().get("logical_axes", (None,) * variables[0].get_value().ndim)
+        return variables[0].replace(jnp.stack([v.get_value() for v in variables]), logical_axes=("layers", *axes))
+
+    is_variable = lambda x: isinstance(x, nnx.Variable)     # noqa: E731
+    return nnx.merge(graphdef, jax.tree.map(stacked, *(nnx.state(b) for b in blocks), is_leaf=is_variable))
 
 
 def positions_from_mask(attention_mask) -> jax.Array:

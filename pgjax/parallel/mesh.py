@@ -24,7 +24,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
 RULES = {"batch": BATCH_AXES, "vocab": "tensor", "embed": "fsdp", "heads": "tensor", "kv_heads": "tensor",
-         "mlp": "tensor", "head_dim": None, "norm": None}
+         "mlp": "tensor", "head_dim": None, "norm": None, "layers": None}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,7 +29,7 @@ import typing
 import numpy as np
 
 from pgjax import core
-from pgjax.models.transformer import FAMILIES, ModelConfig
+from pgjax.models.transformer import FAMILIES, REMAT_POLICIES, RUNTIME_OPTIONS, ModelConfig
 from pgjax.parallel.mesh import MeshConfig, check_batch
 from pgjax.parallel.multihost import DistributedConfig
 from pgjax.rewards import accepted_options, import_object, task_factory
@@ -53,9 +53,14 @@ def _require(ok: bool, key: str, value, valid: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class ModelSection:
-    """``path``: a local Hugging Face checkpoint directory (its config and weights; the fields below
-    are then ignored). Empty: a new random model of this architecture (``ModelConfig``'s fields, named
-    as in Hugging Face's config.json) over the task's tokenizer, whose size is the vocabulary."""
+    """``path``: a local Hugging Face checkpoint directory (its config and weights; the architecture
+    fields below are then ignored). Empty: a new random model of this architecture (``ModelConfig``'s
+    fields, named as in Hugging Face's config.json) over the task's tokenizer, whose size is the
+    vocabulary. Either way: ``param_dtype``, ``compute_dtype``; ``remat``, what each layer's
+    backward pass recomputes instead of keeping (``off``, ``save_matmuls``, ``save_nothing``: see
+    ``pgjax.models.transformer.REMAT_POLICIES``; same gradients, less activation memory); and
+    ``scan_layers``: the layers stored stacked and run as one ``lax.scan`` (one traced layer, so
+    compile time does not grow with depth; a run resumes only with the layout it started with)."""
     path: str = ""
     family: str = "qwen3"
     hidden_size: int = 128
@@ -69,6 +74,8 @@ class ModelSection:
     tie_word_embeddings: bool = True
     param_dtype: str = "float32"
     compute_dtype: str = "float32"
+    remat: str = "off"
+    scan_layers: bool = False
 
     def __post_init__(self):
         _require(self.family in FAMILIES, "model.family", self.family, f"one of {FAMILIES}")
@@ -81,6 +88,11 @@ class ModelSection:
         _require(self.rope_theta > 0, "model.rope_theta", self.rope_theta, "> 0")
         for name in ("param_dtype", "compute_dtype"):
             _require(getattr(self, name) in DTYPES, f"model.{name}", getattr(self, name), f"one of {DTYPES}")
+        _require(self.remat in REMAT_POLICIES, "model.remat", self.remat, f"one of {tuple(REMAT_POLICIES)}")
+
+    def runtime_options(self) -> dict:
+        """The ``RUNTIME_OPTIONS`` (dtypes, remat, scan_layers) to load a checkpoint with."""
+        return {name: getattr(self, name) for name in RUNTIME_OPTIONS}
 
     def config(self, vocab_size: int) -> ModelConfig:
         """The architecture of a new model over a vocabulary of ``vocab_size`` tokens."""

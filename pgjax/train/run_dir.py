@@ -330,7 +330,7 @@ def _check_usable(directory: pathlib.Path, resume: bool, explicit: str) -> None:
 
 OPERATIONAL_KEYS = ("name", "steps", "eval_every", "checkpoint_every", "run_dir", "logging.", "mesh.",
                     "distributed.", "update.micro_batches", "update.chunk_size", "update.max_skipped_steps",
-                    "update.recompute_old_logprobs", "rollout.trim_padding")
+                    "update.recompute_old_logprobs", "rollout.trim_padding", "model.remat")
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:

@@ -158,7 +158,7 @@ class Trainer:
         """The checkpoint at ``model.path``, else a new model of the section's architecture."""
         m = self.exp.model
         if m.path:
-            return _user_error("model.path", lambda: hf.load(m.path, m.param_dtype, m.compute_dtype))
+            return _user_error("model.path", lambda: hf.load(m.path, **m.runtime_options()))
         return CausalLM(m.config(len(self.tokenizer)), nnx.Rngs(self.exp.seed))
 
     def _reward_function(self):
