@@ -24,6 +24,13 @@ Rows:
                    weights and AdamW state stay float32 and are cast to bfloat16 for every
                    matmul, activations are bfloat16, norms, softmax and log-probs float32; its
                    loss gap to torch eager's float32 losses is reported, not checked.
+  pgjax, chunked, <option> (``--options``): the chunked row with a model option of issue 17:
+                   ``scan`` (``scan_layers``: one ``lax.scan`` over the stacked layers),
+                   ``scan + remat`` (and ``remat="save_nothing"``: each layer recomputed in the
+                   backward pass), ``LoRA r16`` (rank-16 adapters, alpha 32, on every projection:
+                   only the adapters differentiated and in AdamW; its first loss is checked, its
+                   second differs by design; its MFU counts the full model's 3 forwards though it
+                   computes no base-weight gradients).
 
 The pgjax step is one ``jax.jit`` function over (params, opt_state) from
 ``nnx.split(model, nnx.Param)`` with ``donate_argnums``: the functional NNX style, so no graph
@@ -78,13 +85,17 @@ from flax import nnx
 
 from pgjax import host_memory
 from pgjax.core import token_logprobs
-from pgjax.models import hf, scoring
+from pgjax.models import hf, lora, scoring
+from pgjax.models.lora import LoRAConfig
 
 MODEL = {"vocab_size": 2048, "hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 4,
          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128}
 ADAMW = {"learning_rate": 1e-4, "b1": 0.9, "b2": 0.999, "eps": 1e-8, "weight_decay": 0.01}
 LOSS_TOLERANCE = 1e-4
 BF16_ROW = "pgjax, chunked, bf16 compute"    # its loss gap is reported, not checked (8 mantissa bits)
+OPTION_ROWS = {"pgjax, chunked, scan": dict(scan_layers=True),
+               "pgjax, chunked, scan + remat": dict(scan_layers=True, remat="save_nothing"),
+               "pgjax, chunked, LoRA r16": dict(lora=LoRAConfig(rank=16, alpha=32.0))}
 
 
 def save_random_model(directory, seed):
@@ -121,16 +132,18 @@ def torch_loss(model, tokens, mask, advantages):
     return surrogate(logp, mask, advantages, torch)
 
 
-def pgjax_trainer(directory, loss_fn, batch, compute_dtype="float32"):
-    """A no-argument function running one jitted training step of a fresh pgjax model (float32
-    parameters and AdamW state, activations in ``compute_dtype``); returns the loss."""
-    graphdef, params = nnx.split(hf.load(directory, compute_dtype=compute_dtype), nnx.Param)
+def pgjax_trainer(directory, loss_fn, batch, **options):
+    """A no-argument function running one jitted training step of a fresh pgjax model loaded with
+    ``options`` (``hf.load``'s: float32 parameters and AdamW state unless they say otherwise; with
+    LoRA only the adapters train); returns the loss."""
+    model = hf.load(directory, **options)
+    graphdef, params, frozen = nnx.split(model, lora.LoRAParam if model.config.lora else nnx.Param, ...)
     tx = optax.adamw(**ADAMW)
     batch = tuple(map(jnp.asarray, batch))  # int64 ids become int32 (x64 off)
 
     @partial(jax.jit, donate_argnums=(0, 1))
     def step(params, opt_state, batch):
-        loss, grads = jax.value_and_grad(lambda p: loss_fn(nnx.merge(graphdef, p), *batch))(params)
+        loss, grads = jax.value_and_grad(lambda p: loss_fn(nnx.merge(graphdef, p, frozen), *batch))(params)
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
@@ -167,6 +180,13 @@ def loss_tolerance(row) -> float:
     return float("inf") if row == BF16_ROW else LOSS_TOLERANCE
 
 
+def loss_gap(row, losses, reference) -> float:
+    """The largest |difference| of ``row``'s warm-up losses to ``reference``'s; a LoRA row's first
+    only (its update is not full fine-tuning's)."""
+    count = 1 if "LoRA" in row else len(reference)
+    return max(abs(a - b) for a, b in zip(losses[:count], reference[:count]))
+
+
 def check_same_losses(runs, reference):
     """Run two steps of every trainer (the warm-up), assert each one's losses match ``reference``'s;
     returns ``reference``'s losses, each trainer's largest gap to them and its first-step seconds."""
@@ -176,7 +196,7 @@ def check_same_losses(runs, reference):
         losses[name] = [float(run())]
         first[name] = time.perf_counter() - start
         losses[name].append(float(run()))
-    gaps = {name: max(abs(a - b) for a, b in zip(values, losses[reference])) for name, values in losses.items()}
+    gaps = {name: loss_gap(name, values, losses[reference]) for name, values in losses.items()}
     for name, gap in gaps.items():
         assert gap <= loss_tolerance(name), f"{name} losses {losses[name]} vs {reference} {losses[reference]}"
     return losses[reference], gaps, first
@@ -199,7 +219,8 @@ def row_names(args, real_model) -> list[str]:
     """The rows measured: no logits row on a real model (a [B, T, V] tensor), no torch.compile with
     ``--no-compile``."""
     return (["torch eager"] + ([] if real_model else ["pgjax, logits"]) + ["pgjax, chunked"]
-            + ([BF16_ROW] if args.bf16 else []) + ([] if args.no_compile else ["torch.compile"]))
+            + ([BF16_ROW] if args.bf16 else []) + (list(OPTION_ROWS) if args.options else [])
+            + ([] if args.no_compile else ["torch.compile"]))
 
 
 def trainers(directory, arrays, args, real_model, only=None):
@@ -207,7 +228,9 @@ def trainers(directory, arrays, args, real_model, only=None):
     makers = {"torch eager": lambda: torch_trainer(directory, arrays, compile_loss=False),
               "pgjax, logits": lambda: pgjax_trainer(directory, pgjax_logits_loss, arrays),
               "pgjax, chunked": lambda: pgjax_trainer(directory, pgjax_chunked_loss, arrays),
-              BF16_ROW: lambda: pgjax_trainer(directory, pgjax_chunked_loss, arrays, "bfloat16"),
+              BF16_ROW: lambda: pgjax_trainer(directory, pgjax_chunked_loss, arrays, compute_dtype="bfloat16"),
+              **{row: partial(pgjax_trainer, directory, pgjax_chunked_loss, arrays, **options)
+                 for row, options in OPTION_ROWS.items()},
               "torch.compile": lambda: torch_trainer(directory, arrays, compile_loss=True)}
     return {name: makers[name]() for name in row_names(args, real_model) if only in (None, name)}
 
@@ -248,6 +271,7 @@ def measure_shape_separately(batch, length, args):
     at the larger shapes), one after the other; the same loss check, plus each row's peak RSS."""
     argv = [sys.executable, __file__, "--model", args.model, "--shapes", f"{batch}x{length}", "--steps",
             str(args.steps), "--repeats", str(args.repeats), "--seed", str(args.seed)] + (["--bf16"] if args.bf16 else [])
+    argv += ["--options"] if args.options else []
     rows, failed = {}, {}
     for row in row_names(args, real_model=True):
         done = subprocess.run(argv + ["--row", row], capture_output=True, text=True, env=row_environment(row))
@@ -257,7 +281,7 @@ def measure_shape_separately(batch, length, args):
             continue
         rows[row] = json.loads(done.stdout.strip().splitlines()[-1])
     reference = rows["torch eager"]["losses"] if "torch eager" in rows else None    # None: torch failed
-    gaps = {row: reference and max(abs(a - b) for a, b in zip(r["losses"], reference)) for row, r in rows.items()}
+    gaps = {row: reference and loss_gap(row, r["losses"], reference) for row, r in rows.items()}
     for row, gap in gaps.items():
         assert gap is None or gap <= loss_tolerance(row), f"{row} losses {rows[row]['losses']} vs torch {reference}"
     return {"batch": batch, "length": length, "losses": reference, "gap": gaps, "failed": failed,
@@ -298,6 +322,7 @@ def main(argv=None):
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile row")
     parser.add_argument("--bf16", action="store_true", help=f"add the row {BF16_ROW!r}: the chunked pgjax step with "
                                                             "bfloat16 activations and matmuls (float32 weights)")
+    parser.add_argument("--options", action="store_true", help=f"add the rows {list(OPTION_ROWS)}")
     parser.add_argument("--model", help="a converted checkpoint directory instead of the random Qwen2")
     parser.add_argument("--json", help="save the results here")
     parser.add_argument("--plot", help="save the plot of seconds per step against length and batch here")

@@ -11,6 +11,8 @@ import tempfile
 
 import pytest
 
+from pgjax.models.lora import LoRAConfig
+
 MESHES = [(8, 1, 1), (2, 4, 1), (2, 2, 2), (1, 1, 8)]
 
 
@@ -83,14 +85,16 @@ def check_meshes():
         assert not os.path.exists(tmp + "/r")
 
 
-# model options against the plain float32 gradient (a relative tolerance on the whole gradient's norm)
+# model options against the plain float32 gradient (a relative tolerance on the whole gradient's norm);
+# LoRA (adapter gradients only) against its own single-device gradient
 OPTIONS = [(dict(scan_layers=True), 1e-5), (dict(remat="save_nothing"), 1e-5),
-           (dict(scan_layers=True, remat="save_matmuls"), 1e-5), (dict(compute_dtype="bfloat16"), 2e-2)]
+           (dict(scan_layers=True, remat="save_matmuls"), 1e-5), (dict(compute_dtype="bfloat16"), 2e-2),
+           (dict(lora=LoRAConfig(rank=4, alpha=8.0), scan_layers=True), 1e-5)]
 
 
 def check_model_options(policy, algo, rollout):
-    """On the 2x2x2 mesh each option's policy and critic gradients of one prepared rollout equal the
-    plain single-device float32 ones (bfloat16 compute: within its tolerance)."""
+    """On the 2x2x2 mesh each option's policy gradient of one prepared rollout equals the plain
+    single-device float32 one (bfloat16 compute: within its tolerance; LoRA: its own on one device)."""
     import jax
     import numpy as np
     import optax
@@ -110,10 +114,11 @@ def check_model_options(policy, algo, rollout):
         grads = learner.policy_gradient(state, learner.prepare(state, rollout, algo.hparams), algo.hparams)
         return per_layer(jax.device_get(grads), model.config)
 
-    want = gradient(None)
-    norm = np.sqrt(sum(np.sum(np.square(g)) for g in want.values()))
+    plain = gradient(None)
     mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig(2, 2, 2))
     for options, tolerance in OPTIONS:
+        want = gradient(None, **options) if "lora" in options else plain
+        norm = np.sqrt(sum(np.sum(np.square(g)) for g in want.values()))
         got = gradient(mesh, **options)
         assert got.keys() == want.keys(), options
         error = np.sqrt(sum(np.sum(np.square(np.float32(got[k]) - want[k])) for k in want))

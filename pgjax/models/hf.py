@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from pgjax.models import lora as lora_lib
 from pgjax.models.transformer import FAMILIES, RUNTIME_OPTIONS, CausalLM, ModelConfig
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
@@ -146,7 +147,8 @@ def _slot(model: CausalLM, path) -> tuple[nnx.Variable, int | None]:
 def load(directory, **options) -> CausalLM:
     """A ``CausalLM`` with the weights of the local checkpoint ``directory`` (no random initialisation:
     the model is built abstractly and each variable set to its loaded weight); ``options``: those of
-    ``config_from_hf`` (e.g. ``compute_dtype="bfloat16"``, ``scan_layers=True``)."""
+    ``config_from_hf`` (e.g. ``compute_dtype="bfloat16"``, ``scan_layers=True``, ``lora=LoRAConfig()``:
+    fresh adapters, B = 0, on the checkpoint's weights)."""
     from transformers import AutoConfig
     directory = pathlib.Path(directory)
     if not (directory / "config.json").exists():
@@ -155,6 +157,8 @@ def load(directory, **options) -> CausalLM:
     tensors = _read_safetensors(directory)
     model = nnx.eval_shape(lambda: CausalLM(config, nnx.Rngs(0)))
     _fill(model, tensors, directory)
+    if config.lora is not None:
+        lora_lib.initialise_adapters(model)
     return model
 
 
@@ -180,7 +184,8 @@ def _fill(model: CausalLM, tensors: dict, directory) -> None:
             stacked.setdefault(id(variable), (variable, np.empty(full, dtype)))[1][index] = value
     for variable, value in stacked.values():
         variable.set_value(jnp.asarray(value))
-    unset = [jax.tree_util.keystr(path) for path, leaf in jax.tree_util.tree_leaves_with_path(nnx.state(model))
+    base = nnx.state(model, nnx.Not(lora_lib.LoRAParam))
+    unset = [jax.tree_util.keystr(path) for path, leaf in jax.tree_util.tree_leaves_with_path(base)
              if isinstance(leaf, jax.ShapeDtypeStruct)]
     if unset:
         raise RuntimeError(f"hf.load: no checkpoint weight maps to {unset} (a gap in _layout)")
@@ -244,8 +249,12 @@ def hf_config_dict(config: ModelConfig) -> dict:
 
 
 def save(model: CausalLM, directory, tokenizer_dir=None) -> None:
-    """Write config.json and model.safetensors (and tokenizer files from ``tokenizer_dir``)."""
+    """Write config.json and model.safetensors (and tokenizer files from ``tokenizer_dir``). A model
+    with LoRA adapters is refused: save ``lora.merged(model)``, or the adapters with ``save_peft``."""
     from safetensors.numpy import save_file
+    if model.config.lora is not None:
+        raise ValueError("hf.save: the model has LoRA adapters, which a Hugging Face checkpoint cannot hold; "
+                         "save pgjax.models.lora.merged(model), or the adapters alone with hf.save_peft")
     directory = pathlib.Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     config = model.config
@@ -256,6 +265,34 @@ def save(model: CausalLM, directory, tokenizer_dir=None) -> None:
     (directory / "config.json").write_text(json.dumps(hf_config_dict(config), indent=2))
     if tokenizer_dir is not None:
         _copy_tokenizer(pathlib.Path(tokenizer_dir), directory)
+
+
+def save_peft(model: CausalLM, directory, base_model: str = "") -> None:
+    """A PEFT LoRA adapter directory of ``model``'s adapters: adapter_config.json and
+    adapter_model.safetensors (``lora_A.weight`` [r, in] = A^T, ``lora_B.weight`` [out, r] = B^T
+    under PEFT's ``base_model.model.<module>`` names), which ``peft.PeftModel.from_pretrained``
+    loads onto the transformers model of the base checkpoint (``base_model``: its path, recorded)."""
+    from safetensors.numpy import save_file
+    lora = model.config.lora
+    if lora is None:
+        raise ValueError("hf.save_peft: the model has no LoRA adapters")
+    tensors = {}
+    for i in range(model.config.num_hidden_layers):
+        for target in lora.targets:
+            block = "self_attn" if target in lora_lib.ATTENTION_TARGETS else "mlp"
+            name = f"base_model.model.model.layers.{i}.{block}.{target}"
+            module = ("attention" if block == "self_attn" else "mlp", f"{target}_lora")
+            for matrix in ("a", "b"):
+                value = _weight(model, ("layers", i, *module, matrix))
+                tensors[f"{name}.lora_{matrix.upper()}.weight"] = np.ascontiguousarray(value.T)
+    directory = pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(directory / "adapter_model.safetensors"), metadata={"format": "pt"})
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": lora.rank, "lora_alpha": lora.alpha,
+              "lora_dropout": lora.dropout, "target_modules": sorted(lora.targets), "bias": "none",
+              "fan_in_fan_out": False, "use_rslora": False, "init_lora_weights": True, "inference_mode": True,
+              "base_model_name_or_path": base_model, "modules_to_save": None}
+    (directory / "adapter_config.json").write_text(json.dumps(config, indent=2))
 
 
 def _weight(model: CausalLM, path) -> np.ndarray:

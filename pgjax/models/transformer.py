@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from functools import partial
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+from pgjax.models.lora import Adapter, LoRAConfig, adapter
 
 FAMILIES = ("llama", "qwen2", "qwen3")
 # rematerialisation of each layer in a full forward pass (what its backward pass keeps, what it
@@ -28,7 +31,7 @@ FAMILIES = ("llama", "qwen2", "qwen3")
 REMAT_POLICIES = {"off": None, "save_matmuls": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
                   "save_nothing": jax.checkpoint_policies.nothing_saveable}
 # ModelConfig fields that are pgjax's choices for running a checkpoint, not part of its config.json
-RUNTIME_OPTIONS = ("param_dtype", "compute_dtype", "remat", "scan_layers")
+RUNTIME_OPTIONS = ("param_dtype", "compute_dtype", "remat", "scan_layers", "lora")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +53,7 @@ class ModelConfig:
     compute_dtype: str = "float32"
     remat: str = "off"                    # a key of REMAT_POLICIES
     scan_layers: bool = False             # layers stored stacked and run by one lax.scan (``CausalLM``)
+    lora: LoRAConfig | None = None        # low-rank adapters on the projections (``pgjax.models.lora``)
     # carried from and back to config.json (None: not set there); the forward pass does not read them
     max_position_embeddings: int | None = None
     bos_token_id: int | None = None
@@ -141,11 +145,17 @@ class Attention(nnx.Module):
         if c.qk_norm:
             self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype)
             self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype)
+        q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+        _add_adapters(self, c, rngs, {"q_proj": (c.hidden_size, q, ("embed", "heads")),
+                                      "k_proj": (c.hidden_size, kv, ("embed", "kv_heads")),
+                                      "v_proj": (c.hidden_size, kv, ("embed", "kv_heads")),
+                                      "o_proj": (q, c.hidden_size, ("heads", "embed"))})
 
-    def _project(self, x, rope):
+    def _project(self, x, rope, dropout_key):
         """Queries [B, T, H, D] and keys, values [B, T, KV, D], with biases, q/k norms and RoPE."""
         c = self.config
-        q, k, v = (_project_heads(x, w[...]) for w in (self.q, self.k, self.v))
+        q, k, v = (_project_heads(x, w[...], adapter(self, name), dropout_key, i)
+                   for i, (w, name) in enumerate(((self.q, "q_proj"), (self.k, "k_proj"), (self.v, "v_proj"))))
         if c.qkv_bias:
             dt = x.dtype
             q, k, v = q + self.q_bias[...].astype(dt), k + self.k_bias[...].astype(dt), v + self.v_bias[...].astype(dt)
@@ -153,22 +163,24 @@ class Attention(nnx.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         return apply_rope(q, rope), apply_rope(k, rope), v
 
-    def __call__(self, x, rope, bias, cache=None, index=0):
+    def __call__(self, x, rope, bias, cache=None, index=0, dropout_key=None):
         """Attend the T new tokens (at slots index..index+T-1) to every allowed key slot.
 
         Without ``cache`` the keys are the new tokens themselves (index 0, S = T);
         with ``cache`` = (k, v) [B, KV, S, D] the new keys are written at their slots
         first. ``bias`` [B, 1, 1, T, S] is ``attention_bias``. Returns the output and
-        the updated (k, v).
+        the updated (k, v). ``dropout_key``: the adapters' dropout (training).
         """
-        q, k, v = self._project(x, rope)
+        q, k, v = self._project(x, rope, dropout_key)
         k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)              # [B, KV, T, D]
         if cache is not None:
             k = jax.lax.dynamic_update_slice_in_dim(cache[0], k.astype(cache[0].dtype), index, axis=2)
             v = jax.lax.dynamic_update_slice_in_dim(cache[1], v.astype(cache[1].dtype), index, axis=2)
         out = grouped_query_attention(q, k, v, bias)
         b, t, h, d = out.shape
-        return _matmul(out.reshape(b, t, h * d), self.o[...].reshape(h * d, -1).astype(x.dtype)), (k, v)
+        out = out.reshape(b, t, h * d)
+        projected = _adapted(out, self.o[...].reshape(h * d, -1), adapter(self, "o_proj"), dropout_key, 3)
+        return projected, (k, v)
 
 
 def _matmul(x, w):
@@ -177,10 +189,30 @@ def _matmul(x, w):
     return (x.reshape(-1, x.shape[-1]) @ w).reshape(*x.shape[:-1], w.shape[-1])
 
 
-def _project_heads(x, w):
-    """x [B, T, D] @ w [D, H, Dh] -> [B, T, H, Dh]."""
+def _adapted(x, w, lora: Adapter | None, dropout_key, slot: int):
+    """x @ w (w [D, F] cast to x's dtype), plus the LoRA update of ``lora`` when there is one (its
+    dropout drawn from ``dropout_key`` folded with the projection's ``slot``)."""
+    y = _matmul(x, w.astype(x.dtype))
+    if lora is None:
+        return y
+    return y + lora(x, None if dropout_key is None else jax.random.fold_in(dropout_key, slot))
+
+
+def _project_heads(x, w, lora, dropout_key, slot):
+    """x [B, T, D] @ w [D, H, Dh] (+ its adapter) -> [B, T, H, Dh]."""
     d, h, dh = w.shape
-    return _matmul(x, w.reshape(d, h * dh).astype(x.dtype)).reshape(*x.shape[:-1], h, dh)
+    return _adapted(x, w.reshape(d, h * dh), lora, dropout_key, slot).reshape(*x.shape[:-1], h, dh)
+
+
+def _add_adapters(module: nnx.Module, config: ModelConfig, rngs: nnx.Rngs, shapes: dict) -> None:
+    """An ``Adapter`` ``<target>_lora`` on ``module`` for each of ``shapes`` ({target: (d_in, d_out,
+    logical axes)}) that ``config.lora`` targets."""
+    if config.lora is None:
+        return
+    for target, (d_in, d_out, axes) in shapes.items():
+        if target in config.lora.targets:
+            setattr(module, f"{target}_lora", Adapter(d_in, d_out, axes, config.lora,
+                                                      jnp.dtype(config.param_dtype), rngs))
 
 
 def attention_bias(key_mask, index, length: int) -> jax.Array:
@@ -216,11 +248,14 @@ class MLP(nnx.Module):
         self.gate = _param(rngs, (c.hidden_size, c.intermediate_size), ("embed", "mlp"), dtype)
         self.up = _param(rngs, (c.hidden_size, c.intermediate_size), ("embed", "mlp"), dtype)
         self.down = _param(rngs, (c.intermediate_size, c.hidden_size), ("mlp", "embed"), dtype)
+        _add_adapters(self, c, rngs, {"gate_proj": (c.hidden_size, c.intermediate_size, ("embed", "mlp")),
+                                      "up_proj": (c.hidden_size, c.intermediate_size, ("embed", "mlp")),
+                                      "down_proj": (c.intermediate_size, c.hidden_size, ("mlp", "embed"))})
 
-    def __call__(self, x):
-        dt = x.dtype
-        hidden = jax.nn.silu(_matmul(x, self.gate[...].astype(dt))) * _matmul(x, self.up[...].astype(dt))
-        return _matmul(hidden, self.down[...].astype(dt))
+    def __call__(self, x, dropout_key=None):
+        gate = _adapted(x, self.gate[...], adapter(self, "gate_proj"), dropout_key, 4)
+        up = _adapted(x, self.up[...], adapter(self, "up_proj"), dropout_key, 5)
+        return _adapted(jax.nn.silu(gate) * up, self.down[...], adapter(self, "down_proj"), dropout_key, 6)
 
 
 class Block(nnx.Module):
@@ -231,10 +266,10 @@ class Block(nnx.Module):
         self.post_attention_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.mlp = MLP(config, rngs)
 
-    def __call__(self, x, rope, bias, cache=None, index=0):
-        attended, cache = self.attention(self.input_norm(x), rope, bias, cache, index)
+    def __call__(self, x, rope, bias, cache=None, index=0, dropout_key=None):
+        attended, cache = self.attention(self.input_norm(x), rope, bias, cache, index, dropout_key)
         x = x + attended
-        return x + self.mlp(self.post_attention_norm(x)), cache
+        return x + self.mlp(self.post_attention_norm(x), dropout_key), cache
 
 
 class CausalLM(nnx.Module):
@@ -254,11 +289,12 @@ class CausalLM(nnx.Module):
         """The [D, V] matrix mapping final hidden states to logits (for ``chunked_logprobs_and_entropy``)."""
         return self.embed[...].T if self.config.tie_word_embeddings else self.lm_head[...]
 
-    def __call__(self, tokens, attention_mask=None, *, return_hidden: bool = False):
-        """Logits [B, T, V] (or final hidden states [B, T, D]) of a whole (left-padded) batch."""
+    def __call__(self, tokens, attention_mask=None, *, return_hidden: bool = False, dropout_key=None):
+        """Logits [B, T, V] (or final hidden states [B, T, D]) of a whole (left-padded) batch;
+        ``dropout_key``: draw the LoRA adapters' dropout (training; none without it)."""
         if attention_mask is None:
             attention_mask = jnp.ones(tokens.shape, jnp.int32)
-        hidden, _ = self._hidden(tokens, attention_mask, None, 0)
+        hidden, _ = self._hidden(tokens, attention_mask, None, 0, dropout_key)
         return hidden if return_hidden else self.logits(hidden)
 
     def logits(self, hidden) -> jax.Array:
@@ -283,40 +319,44 @@ class CausalLM(nnx.Module):
         hidden, cache = self._hidden(tokens, key_mask, cache, index)
         return self.logits(hidden[:, -1:] if last_only else hidden), cache
 
-    def _hidden(self, tokens, key_mask, cache, index):
+    def _hidden(self, tokens, key_mask, cache, index, dropout_key=None):
         positions = jax.lax.dynamic_slice_in_dim(positions_from_mask(key_mask), index, tokens.shape[1], axis=1)
         dt = jnp.dtype(self.config.compute_dtype)
         x = self.embed[...].astype(dt)[tokens]
         rope = rope_tables(positions, rope_frequencies(self.config))
         bias = attention_bias(key_mask, index, tokens.shape[1])
         if cache is None:
-            return self.final_norm(self._trunk(x, rope, bias)), ()
+            return self.final_norm(self._trunk(x, rope, bias, dropout_key)), ()
         new_cache = []
         for i, layer in enumerate(self.blocks()):
             x, layer_cache = layer(x, rope, bias, cache[i], index)
             new_cache.append(layer_cache)
         return self.final_norm(x), tuple(new_cache)
 
-    def _trunk(self, x, rope, bias):
+    def _trunk(self, x, rope, bias, dropout_key):
         """Every layer on x [B, T, D] without a cache: a ``lax.scan`` over the stacked layers
         (``scan_layers``; one traced layer whatever the depth) or one traced block per layer;
-        each under ``jax.checkpoint`` with the ``remat`` policy unless it is "off"."""
+        each under ``jax.checkpoint`` with the ``remat`` policy unless it is "off". Layer i's
+        adapter dropout (with a ``dropout_key``) is drawn from the key folded with i."""
         policy = REMAT_POLICIES[self.config.remat]
+        count = self.config.num_hidden_layers
+        keys = None if dropout_key is None else jax.vmap(partial(jax.random.fold_in, dropout_key))(jnp.arange(count))
 
-        def layer_output(layer, x):
-            return layer(x, rope, bias)[0]
+        def layer_output(layer, x, key):
+            return layer(x, rope, bias, dropout_key=key)[0]
 
         if self.config.scan_layers:
             graphdef, stacked = nnx.split(self.layers)
 
-            def body(x, layer_state):
-                return layer_output(nnx.merge(graphdef, layer_state), x), None
+            def body(x, layer):
+                layer_state, key = layer
+                return layer_output(nnx.merge(graphdef, layer_state), x, key), None
 
             body = body if policy is None else jax.checkpoint(body, policy=policy)
-            return jax.lax.scan(body, x, stacked)[0]
+            return jax.lax.scan(body, x, (stacked, keys))[0]
         apply = layer_output if policy is None else nnx.remat(layer_output, policy=policy)
-        for layer in self.layers:
-            x = apply(layer, x)
+        for i, layer in enumerate(self.layers):
+            x = apply(layer, x, None if keys is None else keys[i])
         return x
 
     def blocks(self) -> list[Block]:

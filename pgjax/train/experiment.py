@@ -29,6 +29,7 @@ import typing
 import numpy as np
 
 from pgjax import core
+from pgjax.models.lora import TARGETS, LoRAConfig
 from pgjax.models.transformer import FAMILIES, REMAT_POLICIES, RUNTIME_OPTIONS, ModelConfig
 from pgjax.parallel.mesh import MeshConfig, check_batch
 from pgjax.parallel.multihost import DistributedConfig
@@ -49,6 +50,34 @@ class ConfigError(ValueError):
 def _require(ok: bool, key: str, value, valid: str) -> None:
     if not ok:
         raise ConfigError(f"{key}={value!r} is invalid: {valid}")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoRASection:
+    """Low-rank adapters (``pgjax.models.lora``): ``rank`` 0 trains every weight (full fine-tuning);
+    ``rank`` r >= 1 freezes the checkpoint and trains adapters of rank r on the ``targets``
+    (comma-separated ``q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj``, or ``all``), scaled by
+    ``alpha`` / r, with ``dropout`` on their input during the update. The KL reference is then the
+    checkpoint itself (adapters off), checkpoints hold only the adapters, and ``final/`` holds the
+    merged model plus the PEFT adapter in ``final/adapter``."""
+    rank: int = 0
+    alpha: float = 32.0
+    dropout: float = 0.0
+    targets: str = "all"
+
+    def __post_init__(self):
+        _require(self.rank >= 0, "model.lora.rank", self.rank, "an integer >= 0 (0: full fine-tuning)")
+        if self.rank:
+            try:
+                self.config()
+            except ValueError as error:
+                raise ConfigError(f"model.lora: {error}") from None
+
+    def config(self) -> LoRAConfig | None:
+        if not self.rank:
+            return None
+        targets = TARGETS if self.targets == "all" else tuple(t.strip() for t in self.targets.split(","))
+        return LoRAConfig(rank=self.rank, alpha=self.alpha, dropout=self.dropout, targets=targets)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +105,7 @@ class ModelSection:
     compute_dtype: str = "float32"
     remat: str = "off"
     scan_layers: bool = False
+    lora: LoRASection = LoRASection()
 
     def __post_init__(self):
         _require(self.family in FAMILIES, "model.family", self.family, f"one of {FAMILIES}")
@@ -92,12 +122,13 @@ class ModelSection:
 
     def runtime_options(self) -> dict:
         """The ``RUNTIME_OPTIONS`` (dtypes, remat, scan_layers) to load a checkpoint with."""
-        return {name: getattr(self, name) for name in RUNTIME_OPTIONS}
+        return {name: self.lora.config() if name == "lora" else getattr(self, name) for name in RUNTIME_OPTIONS}
 
     def config(self, vocab_size: int) -> ModelConfig:
         """The architecture of a new model over a vocabulary of ``vocab_size`` tokens."""
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "path"}
-        return ModelConfig(vocab_size=vocab_size, **fields)
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                  if f.name != "path" and f.name not in RUNTIME_OPTIONS}
+        return ModelConfig(vocab_size=vocab_size, **fields, **self.runtime_options())
 
 
 CHAT_TEMPLATE = ("auto", "none")

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from functools import partial
 
 import flax.struct
 import jax
@@ -48,6 +49,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pgjax import core
+from pgjax.models import lora
 from pgjax.models.scoring import response_logprobs
 from pgjax.models.transformer import CausalLM
 from pgjax.parallel import mesh as mesh_lib
@@ -97,7 +99,9 @@ class UpdateConfig:
 @flax.struct.dataclass
 class TrainState:
     """Everything a resumed run needs besides the data position: parameters, optimizer states,
-    the frozen reference policy (None when no KL term), the step and the PRNG key."""
+    the frozen reference policy (None when no KL term, and with LoRA, whose reference is the
+    policy with its adapters zeroed), the step and the PRNG key. With LoRA the optimizer state
+    covers the adapters only."""
     params: nnx.State
     opt_state: optax.OptState
     step: jax.Array
@@ -143,6 +147,7 @@ class Learner:
                  optimizer: optax.GradientTransformation, critic_optimizer: optax.GradientTransformation | None,
                  use_reference: bool, mesh: Mesh | None = None):
         self.graphdef = nnx.graphdef(policy)
+        self.lora = policy.config.lora      # None: every parameter trains
         self.spec, self.group_size, self.update_config = algorithm.spec, group_size, update
         self.optimizer, self.critic_optimizer = optimizer, critic_optimizer
         self.uses_critic = algorithm.spec.baseline == "value"
@@ -161,10 +166,10 @@ class Learner:
                                out_shardings=batch)
         self.policy_gradient = jax.jit(lambda state, rollout, hp: self._gradient(state.params, rollout, hp)[0],
                                        in_shardings=(self.state_sharding, batch, same),
-                                       out_shardings=self.state_sharding.params)
+                                       out_shardings=self.trainable(self.state_sharding.params)[0])
         self.token_weights = jax.jit(self._token_weights, in_shardings=(self.state_sharding, batch, same),
                                      out_shardings=batch)
-        self._optimizer_step = jax.jit(self._step, in_shardings=(self.state_sharding, batch, same, same),
+        self._optimizer_step = jax.jit(self._step, in_shardings=(self.state_sharding, batch, same, same, same),
                                        out_shardings=(self.state_sharding, same), donate_argnums=0)
 
     def init_state(self, policy: CausalLM, key) -> TrainState:
@@ -175,18 +180,42 @@ class Learner:
     def _fresh_state(self, policy: CausalLM, key) -> TrainState:
         params = jax.tree.map(jnp.copy, nnx.state(policy))
         critic = nnx.state(ValueModel.from_policy(policy)) if self.uses_critic else None
-        return TrainState(params=params, opt_state=self.optimizer.init(params), step=jnp.zeros((), jnp.int32),
-                          key=key, ref_params=jax.tree.map(jnp.copy, params) if self.use_reference else None,
+        keeps_reference = self.use_reference and self.lora is None
+        return TrainState(params=params, opt_state=self.optimizer.init(self.trainable(params)[0]),
+                          step=jnp.zeros((), jnp.int32), key=key,
+                          ref_params=jax.tree.map(jnp.copy, params) if keeps_reference else None,
                           critic_params=critic,
                           critic_opt_state=self.critic_optimizer.init(critic) if self.uses_critic else None)
 
     def policy(self, params) -> CausalLM:
         return nnx.merge(self.graphdef, params)
 
-    def _logprobs(self, params, part: Rollout):
+    def trainable(self, params) -> tuple[nnx.State, nnx.State | None]:
+        """(the parameters the optimizer updates, the frozen rest): the adapters and the base weights
+        with LoRA, else (all of them, None)."""
+        return lora.split_trainable(params) if self.lora else (params, None)
+
+    def _join(self, trainable, frozen):
+        return trainable if frozen is None else nnx.merge_state(trainable, frozen)
+
+    def checkpointed(self, state: TrainState) -> TrainState:
+        """What a checkpoint holds of ``state``: all of it, or with LoRA all but the frozen base
+        weights (``params`` = the adapters; a resumed run loads the base from ``model.path``)."""
+        return state.replace(params=self.trainable(state.params)[0]) if self.lora else state
+
+    def from_checkpoint(self, state: TrainState, saved: TrainState) -> TrainState:
+        """``saved`` (a restored ``checkpointed`` state) completed with ``state``'s frozen weights."""
+        return saved.replace(params=self._join(saved.params, self.trainable(state.params)[1])) if self.lora else saved
+
+    def reference(self, state: TrainState) -> nnx.State:
+        """The reference policy's parameters: the frozen copy, or with LoRA the base model (the
+        policy with its adapters zeroed, no second copy of the weights)."""
+        return lora.without_adapters(state.params) if self.lora else state.ref_params
+
+    def _logprobs(self, params, part: Rollout, dropout_key=None):
         """log pi and entropy of the response tokens [B, N] under ``params`` (teacher-forced)."""
         return response_logprobs(self.policy(params), part.tokens, part.attention_mask, _prompt_length(part),
-                                 self.update_config.temperature, self.update_config.chunk_size)
+                                 self.update_config.temperature, self.update_config.chunk_size, dropout_key)
 
     def _values(self, critic_params, part: Rollout):
         critic = nnx.merge(self.critic_graphdef, critic_params)
@@ -196,7 +225,7 @@ class Learner:
         """(``prepare``, jitted) Old (only when ``needs_old_logp``) and reference log-probs, critic
         values, advantages and value targets of a rollout."""
         old_logp = self._logprobs(state.params, rollout)[0] if self.needs_old_logp else None
-        ref_logp = self._logprobs(state.ref_params, rollout)[0] if self.use_reference else None
+        ref_logp = self._logprobs(self.reference(state), rollout)[0] if self.use_reference else None
         values = bootstrap = None
         if self.uses_critic:
             values, bootstrap = self._values(state.critic_params, rollout)
@@ -219,28 +248,33 @@ class Learner:
         cfg = self.update_config
         prompts = rollout.mask.shape[0] // self.group_size
         cfg.check(prompts, self.group_size, self.mesh)
-        key, shuffle_key = jax.random.split(state.key)
+        key, shuffle_key, dropout_key = jax.random.split(state.key, 3)
         metrics = None
         for epoch in range(cfg.epochs):
             order = jax.random.permutation(jax.random.fold_in(shuffle_key, epoch), prompts)
-            for groups in jnp.split(order, cfg.minibatches):
+            for i, groups in enumerate(jnp.split(order, cfg.minibatches)):
                 rows = (groups[:, None] * self.group_size + jnp.arange(self.group_size)).reshape(-1)
-                state, step_metrics = self._optimizer_step(state, rollout, rows, hp)
+                step_key = jax.random.fold_in(dropout_key, epoch * cfg.minibatches + i) if self._drops() else None
+                state, step_metrics = self._optimizer_step(state, rollout, rows, hp, step_key)
                 metrics = step_metrics if metrics is None else core.combine_metrics(metrics, step_metrics)
         return state.replace(step=state.step + 1, key=key), metrics
 
-    def _step(self, state: TrainState, rollout: Rollout, rows, hp: core.HParams):
+    def _drops(self) -> bool:
+        """Whether the policy's forward pass in the update draws LoRA dropout."""
+        return self.lora is not None and self.lora.dropout > 0
+
+    def _step(self, state: TrainState, rollout: Rollout, rows, hp: core.HParams, dropout_key=None):
         """(``_optimizer_step``, jitted, state donated) One optimizer step of the policy (and the
         critic) on the minibatch ``rows`` of the rollout (whole groups); not applied (the state
         returned unchanged, ``skipped_updates`` = 1) when any loss, the gradient norm or the new
-        state is not finite.
+        state is not finite. With LoRA only the adapters are differentiated and updated.
 
         The new state is computed twice: once only to test it (XLA fuses that into the finiteness
         reductions), then in the branch of a ``lax.cond`` that applies it. Selecting between a
         materialised new state and the old one (``jnp.where`` per leaf) computes the same, but
         made XLA's CPU compiler take 6 min instead of 30 s for SmolLM2-135M's 30 layers."""
         minibatch = jax.tree.map(lambda x: x[rows], rollout)
-        grads, metrics = self._gradient(state.params, minibatch, hp)
+        grads, metrics = self._gradient(state.params, minibatch, hp, dropout_key)
         metrics["grad_norm_max"] = optax.tree.norm(grads)
         critic_grads = None
         if self.uses_critic:
@@ -249,8 +283,10 @@ class Learner:
                                                                         self._micro_batches(minibatch), norm)
 
         def updated(state: TrainState) -> TrainState:
-            updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
-            new = state.replace(params=optax.apply_updates(state.params, updates), opt_state=opt_state)
+            trainable, frozen = self.trainable(state.params)
+            updates, opt_state = self.optimizer.update(grads, state.opt_state, trainable)
+            new = state.replace(params=self._join(optax.apply_updates(trainable, updates), frozen),
+                                opt_state=opt_state)
             if self.uses_critic:
                 updates, opt_state = self.critic_optimizer.update(critic_grads, state.critic_opt_state,
                                                                   state.critic_params)
@@ -265,16 +301,23 @@ class Learner:
         metrics["skipped_updates"] = 1.0 - metrics["optimizer_steps"]
         return jax.lax.cond(finite, updated, lambda state: state, state), metrics
 
-    def _gradient(self, params, minibatch: Rollout, hp: core.HParams):
+    def _gradient(self, params, minibatch: Rollout, hp: core.HParams, dropout_key=None):
         """(``policy_gradient``, jitted) Gradient of the algorithm's loss over the whole minibatch
-        (its own ``loss_normalizer``), accumulated over micro-batches; and the loss metrics."""
+        (its own ``loss_normalizer``) with respect to the trainable parameters (``trainable``),
+        accumulated over micro-batches (micro-batch i's dropout drawn from ``dropout_key`` folded
+        with i); and the loss metrics."""
         norm = core.loss_normalizer(minibatch.mask, self.group_size, minibatch.budget)
+        trainable, frozen = self.trainable(params)
+        micro = self._micro_batches(minibatch)
+        count = self.update_config.micro_batches
+        keys = None if dropout_key is None else jax.vmap(partial(jax.random.fold_in, dropout_key))(jnp.arange(count))
 
-        def policy_loss(params, part):
-            logp, entropy = self._logprobs(params, part)
+        def policy_loss(trainable, part):
+            part, key = part
+            logp, entropy = self._logprobs(self._join(trainable, frozen), part, key)
             return core.loss(self.spec, self._batch(part, logp, entropy), hp, norm)
 
-        return _accumulate(jax.grad(policy_loss, has_aux=True), params, self._micro_batches(minibatch))
+        return _accumulate(jax.grad(policy_loss, has_aux=True), trainable, (micro, keys))
 
     def _token_weights(self, state: TrainState, rollout: Rollout, hp: core.HParams):
         """(``token_weights``, jitted) c_bt = -d loss / d log pi_bt of a prepared rollout at its old

@@ -47,7 +47,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from pgjax.models import hf
+from pgjax.models import hf, lora
 from pgjax.parallel import multihost
 from pgjax.train.experiment import ConfigError, Experiment, resolved
 
@@ -493,12 +493,17 @@ class RunDirectory:
             self.wandb.log(numbers, step=step)
 
     def export(self, policy) -> None:
-        """``final/``: the policy as a Hugging Face checkpoint with the run's tokenizer, and the curves.
+        """``final/``: the policy as a Hugging Face checkpoint with the run's tokenizer (with LoRA: the
+        adapters merged in, and the PEFT adapter alone in ``final/adapter``), and the curves.
         ``policy`` holds full (gathered) parameters; process 0 writes."""
         if self.primary:
             final, partial = self.directory / "final", self.directory / "final.partial"
             shutil.rmtree(partial, ignore_errors=True)
-            hf.save(policy, partial, tokenizer_dir=self.directory / "tokenizer")    # a kill leaves no half final/
+            if policy.config.lora is None:                                          # a kill leaves no half final/
+                hf.save(policy, partial, tokenizer_dir=self.directory / "tokenizer")
+            else:
+                hf.save(lora.merged(policy), partial, tokenizer_dir=self.directory / "tokenizer")
+                hf.save_peft(policy, partial / "adapter", base_model=self.exp.model.path)
             shutil.rmtree(final, ignore_errors=True)
             os.replace(partial, final)
             plot(self.records(), self.directory / "curves.png", self.exp.name)

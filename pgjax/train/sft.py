@@ -39,10 +39,12 @@ def demonstrations(tokenizer, examples: list[dict], prompt_width: int, response_
 
 
 @partial(jax.jit, static_argnames=("graphdef", "optimizer"), donate_argnames=("params", "opt_state"))
-def sft_step(graphdef, optimizer, params, opt_state, tokens, attention_mask, mask):
-    """One AdamW step on the mean negative log-likelihood of the masked response tokens."""
+def sft_step(graphdef, optimizer, params, opt_state, frozen, tokens, attention_mask, mask):
+    """One AdamW step on the mean negative log-likelihood of the masked response tokens, updating
+    ``params`` (all of the model's, or with LoRA its adapters, the ``frozen`` base weights beside)."""
     def loss_fn(p):
-        logp, _ = response_logprobs(nnx.merge(graphdef, p), tokens, attention_mask, tokens.shape[1] - mask.shape[1])
+        model = nnx.merge(graphdef, p) if frozen is None else nnx.merge(graphdef, p, frozen)
+        logp, _ = response_logprobs(model, tokens, attention_mask, tokens.shape[1] - mask.shape[1])
         return -jnp.sum(logp * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
     loss, grads = jax.value_and_grad(loss_fn)(params)

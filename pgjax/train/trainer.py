@@ -183,19 +183,20 @@ class Trainer:
         if self.warm_started or self.step_count:
             return
         optimizer = make_optimizer(ws.optim)
-        params = shard(self.state.params, self.mesh)     # sft_step donates it: the state is rebuilt below
-        self.state = None                                # and only the supervised state is held meanwhile
+        params, frozen = self.learner.trainable(shard(self.state.params, self.mesh))   # sft_step donates params:
+        self.state = None                               # the state is rebuilt below; only the supervised one is held
         opt_state = optimizer.init(params)
         for step in range(ws.steps):
             examples = self.task.examples(ws.batch_size, seed=stream_seed(exp.seed, "warm_start", step))
             batch = demonstrations(self.tokenizer, multihost.process_share(examples, self.mesh),
                                    exp.rollout.max_prompt_tokens, exp.rollout.max_new_tokens, self.prompt_format,
                                    self.end_id)
-            params, opt_state, loss = sft_step(self.learner.graphdef, optimizer, params, opt_state,
+            params, opt_state, loss = sft_step(self.learner.graphdef, optimizer, params, opt_state, frozen,
                                                *multihost.to_global(batch, self.mesh))
             if (step % 50 == 0 or step == ws.steps - 1) and multihost.is_primary():
                 print(f"warm start {step + 1}/{ws.steps}: loss {float(loss):.3f}", file=sys.stderr)
-        self.state = self.learner.init_state(self.learner.policy(params), jax.random.PRNGKey(exp.seed))
+        policy = self.learner.policy(params if frozen is None else nnx.merge_state(params, frozen))
+        self.state = self.learner.init_state(policy, jax.random.PRNGKey(exp.seed))
         self.warm_started = True
 
     def step(self, callbacks=()) -> dict:
@@ -255,13 +256,14 @@ class Trainer:
         """A checkpoint of the state at the current step (every process writes its shards); never of a
         non-finite state (RunStopped)."""
         self._check_finite(f"the checkpoint of step {self.step_count}")
-        checkpoints.save(self.step_count, self.state, {"step": self.step_count,
-                                                       "data_position": self.step_count * self.exp.prompts_per_step})
+        checkpoints.save(self.step_count, self.learner.checkpointed(self.state),
+                         {"step": self.step_count, "data_position": self.step_count * self.exp.prompts_per_step})
 
     def restore(self, checkpoints: Checkpoints, step: int | None = None, fallback: bool = True) -> None:
         """The state and step count of a checkpoint (default: the newest intact one, see
         ``Checkpoints.restore``), on this trainer's mesh; ConfigError when none fits or is intact."""
-        self.state, record = checkpoints.restore(self.state, step, fallback)
+        saved, record = checkpoints.restore(self.learner.checkpointed(self.state), step, fallback)
+        self.state = self.learner.from_checkpoint(self.state, saved)
         self.step_count, self.started, self.warm_started = record["step"], True, True
 
     def fit(self, run: RunDirectory | None = None, callbacks=(), progress: bool = True) -> None:
