@@ -39,6 +39,14 @@ def block(name: str) -> re.Pattern:
     return re.compile(rf"(<!-- benchmark:{re.escape(name)} -->)\n(.*?)\n?(<!-- /benchmark:{re.escape(name)} -->)", re.S)
 
 
+def save_table(path, argv, table: list[str], **fields) -> None:
+    """Print ``table`` and, with a ``path``, save it as a results file this module reads (``argv``: the
+    benchmark's arguments; ``fields``: its raw numbers)."""
+    print("\n".join(table))
+    if path:
+        pathlib.Path(path).write_text(json.dumps({"argv": argv, "table": table, **fields}, indent=1) + "\n")
+
+
 def stale(readme: str, tables: dict) -> list[str]:
     """What is wrong with ``readme``'s blocks: a results file with no block, a block that differs
     from its file, a block whose file does not exist."""

@@ -148,12 +148,15 @@ def pgjax_trainer(directory, loss_fn, batch, **options):
         return optax.apply_updates(params, updates), opt_state, loss
 
     state = (params, tx.init(params))
+    start = time.perf_counter()
+    compiled = step.lower(*state, batch).compile()
 
     def run():
         nonlocal state
-        *state, loss = step(*state, batch)
+        *state, loss = compiled(*state, batch)
         return loss
 
+    run.compile_s = time.perf_counter() - start          # XLA's compilation alone (``first step`` includes it)
     return run
 
 
@@ -256,14 +259,16 @@ def measure_row_alone(directory, vocab, batch, length, args, row):
     before = resource.getrusage(resource.RUSAGE_SELF)
     seconds = timed({row: run}, args.steps, args.repeats)[row]
     return {"losses": losses, "first_step_s": first, "seconds": seconds, "peak_rss_gib": measure.peak_rss_gib(),
+            "compile_s": getattr(run, "compile_s", None),
             **measure.kernel_cost(before, per=args.steps * args.repeats)}
 
 
-def row_environment(row) -> dict:
+def row_environment(row, args) -> dict:
     """A row's child-process environment: pgjax rows keep freed memory mapped
-    (``PGJAX_KEEP_FREED_MEMORY=1``, see ``pgjax.host_memory``), torch rows run with glibc's default
-    malloc, as in a torch program."""
-    return {**os.environ, host_memory.SWITCH: "0" if row.startswith("torch") else "1"}
+    (``PGJAX_KEEP_FREED_MEMORY=1``, see ``pgjax.host_memory``) unless ``--glibc-malloc``, torch rows
+    run with glibc's default malloc, as in a torch program."""
+    keep = not (row.startswith("torch") or args.glibc_malloc)
+    return {**os.environ, host_memory.SWITCH: "1" if keep else "0"}
 
 
 def measure_shape_separately(batch, length, args):
@@ -274,7 +279,7 @@ def measure_shape_separately(batch, length, args):
     argv += ["--options"] if args.options else []
     rows, failed = {}, {}
     for row in row_names(args, real_model=True):
-        done = subprocess.run(argv + ["--row", row], capture_output=True, text=True, env=row_environment(row))
+        done = subprocess.run(argv + ["--row", row], capture_output=True, text=True, env=row_environment(row, args))
         if done.returncode:
             memory = any(s in done.stderr for s in ("RESOURCE_EXHAUSTED", "not enough memory", "MemoryError"))
             failed[row] = "out of memory" if memory or done.returncode == -9 else done.stderr.strip()[-300:]
@@ -286,7 +291,13 @@ def measure_shape_separately(batch, length, args):
         assert gap is None or gap <= loss_tolerance(row), f"{row} losses {rows[row]['losses']} vs torch {reference}"
     return {"batch": batch, "length": length, "losses": reference, "gap": gaps, "failed": failed,
             **{key: {row: r[key] for row, r in rows.items()}
-               for key in ("first_step_s", "seconds", "peak_rss_gib", "system_s", "minor_faults")}}
+               for key in ("first_step_s", "compile_s", "seconds", "peak_rss_gib", "system_s", "minor_faults")}}
+
+
+def compile_seconds(result, row) -> str:
+    """A row's XLA compile seconds, "-" for torch rows (and results saved before they were measured)."""
+    seconds = result.get("compile_s", {}).get(row)
+    return "-" if seconds is None else f"{seconds:.1f}"
 
 
 def plot(results, path):
@@ -323,6 +334,8 @@ def main(argv=None):
     parser.add_argument("--bf16", action="store_true", help=f"add the row {BF16_ROW!r}: the chunked pgjax step with "
                                                             "bfloat16 activations and matmuls (float32 weights)")
     parser.add_argument("--options", action="store_true", help=f"add the rows {list(OPTION_ROWS)}")
+    parser.add_argument("--glibc-malloc", action="store_true", help="pgjax rows with glibc's default malloc too "
+                                                                    "(steadier peak RSS; see pgjax.host_memory)")
     parser.add_argument("--model", help="a converted checkpoint directory instead of the random Qwen2")
     parser.add_argument("--json", help="save the results here")
     parser.add_argument("--plot", help="save the plot of seconds per step against length and batch here")
@@ -369,19 +382,20 @@ def main(argv=None):
              f"{peak['torch.mm'] / 1e9:.0f} GFLOP/s; MFU = model FLOP/s / the faster", ""]
     alone = args.model is not None      # each row in its own process: its memory and kernel costs
     table = ["| batch x length | implementation | ms / step | ratio vs torch eager | MFU | loss gap | first step (s) |"
-             + (" peak RSS | system s / step | minor faults / step |" if alone else ""),
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: |" + (" ---: | ---: | ---: |" if alone else "")]
+             + (" compile (s) | peak RSS | system s / step | minor faults / step |" if alone else ""),
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |" + (" ---: | ---: | ---: | ---: |" if alone else "")]
     for r in results:
         torch_eager = r["seconds"].get("torch eager")
         for name, seconds in r["seconds"].items():
             ratio, gap = (f"{seconds / torch_eager:.2f}", f"{r['gap'][name]:.0e}") if torch_eager else ("-", "-")
             table.append(f"| {r['batch']} x {r['length']} | {name} | {1e3 * seconds:.1f} | "
                          f"{ratio} | {r['mfu'][name]:.0%} | {gap} "
-                         f"| {r['first_step_s'][name]:.1f} |" + (f" {r['peak_rss_gib'][name]:.1f} GiB | "
+                         f"| {r['first_step_s'][name]:.1f} |" + (f" {compile_seconds(r, name)} | "
+                                                                  f"{r['peak_rss_gib'][name]:.1f} GiB | "
                                                                   f"{r['system_s'][name]:.2f} | "
                                                                   f"{r['minor_faults'][name]:,.0f} |" if alone else ""))
         for name, why in r.get("failed", {}).items():
-            table.append(f"| {r['batch']} x {r['length']} | {name} | failed: {why} |" + " |" * (7 if alone else 4))
+            table.append(f"| {r['batch']} x {r['length']} | {name} | failed: {why} |" + " |" * (8 if alone else 4))
     print("\n".join(lines + table), flush=True)
     if args.plot and len(shapes) > 1:
         plot(results, args.plot)

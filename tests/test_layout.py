@@ -35,7 +35,7 @@ def test_core_imports_only_core_and_does_no_io():
 
 
 LAYERS = {"core": 0, "host_memory": 0, "theory": 1, "models": 1, "parallel": 1, "sample": 2, "rewards": 2, "train": 3, "eval": 3,
-          "run": 4, "compare": 4, "demo": 4}
+          "run": 4, "compare": 4, "demo": 4, "plan": 4}
 
 
 def test_imports_only_point_down_the_layers():

@@ -8,7 +8,7 @@ from pgjax.models.transformer import CausalLM
 
 
 def response_logprobs(model: CausalLM, tokens, attention_mask, prompt_length: int, temperature=1.0,
-                      chunk_size: int = 1024, dropout_key=None):
+                      chunk_size: int = 1024, dropout_key=None, mesh=None):
     """log pi(a_t | s_t) and H(pi(.|s_t)) of each response token, [B, N] each, N = T - prompt_length.
 
     ``tokens``, ``attention_mask`` [B, T] are a left-padded prompt of width
@@ -16,9 +16,10 @@ def response_logprobs(model: CausalLM, tokens, attention_mask, prompt_length: in
     ``Samples.attention_mask``). Token t is predicted from the hidden state at t - 1
     (logits / temperature); the [B, N, V] logits are never built
     (``chunked_logprobs_and_entropy``). Values at masked response slots are
-    meaningless: multiply by the response mask. ``dropout_key``: the LoRA adapters' dropout (training).
+    meaningless: multiply by the response mask. ``dropout_key``: the LoRA adapters' dropout (training);
+    ``mesh``: the device mesh the batch is split over (``CausalLM.__call__``).
     """
-    hidden = model(tokens, attention_mask, return_hidden=True, dropout_key=dropout_key)
+    hidden = model(tokens, attention_mask, return_hidden=True, dropout_key=dropout_key, mesh=mesh)
     predictors = jax.lax.slice_in_dim(hidden, prompt_length - 1, tokens.shape[1] - 1, axis=1)
     return chunked_logprobs_and_entropy(predictors, model.unembedding(), tokens[:, prompt_length:],
                                         temperature, chunk_size)

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from pgjax.models.lora import Adapter, LoRAConfig, adapter
+from pgjax.parallel.mesh import constrain
 
 FAMILIES = ("llama", "qwen2", "qwen3")
 # rematerialisation of each layer in a full forward pass (what its backward pass keeps, what it
@@ -83,7 +84,7 @@ def _param(rngs, shape, axes, dtype, scale=0.02):
 
 
 class RMSNorm(nnx.Module):
-    """y = x / sqrt(mean(x^2) + eps) * w, normalised in float32."""
+    """y = x / sqrt(mean(x^2) + eps) * w, normalised in float32, returned in x's dtype."""
 
     def __init__(self, size: int, eps: float, dtype):
         self.weight = nnx.Param(jnp.ones((size,), dtype), logical_axes=("norm",))
@@ -92,7 +93,7 @@ class RMSNorm(nnx.Module):
     def __call__(self, x):
         x32 = x.astype(jnp.float32)
         normed = x32 * jax.lax.rsqrt(jnp.mean(x32 ** 2, axis=-1, keepdims=True) + self.eps)
-        return self.weight[...] * normed.astype(x.dtype)
+        return self.weight[...].astype(x.dtype) * normed.astype(x.dtype)
 
 
 def rope_frequencies(config: ModelConfig) -> jax.Array:
@@ -289,12 +290,13 @@ class CausalLM(nnx.Module):
         """The [D, V] matrix mapping final hidden states to logits (for ``chunked_logprobs_and_entropy``)."""
         return self.embed[...].T if self.config.tie_word_embeddings else self.lm_head[...]
 
-    def __call__(self, tokens, attention_mask=None, *, return_hidden: bool = False, dropout_key=None):
+    def __call__(self, tokens, attention_mask=None, *, return_hidden: bool = False, dropout_key=None, mesh=None):
         """Logits [B, T, V] (or final hidden states [B, T, D]) of a whole (left-padded) batch;
-        ``dropout_key``: draw the LoRA adapters' dropout (training; none without it)."""
+        ``dropout_key``: draw the LoRA adapters' dropout (training; none without it); ``mesh``:
+        keep every layer's activations split over its batch axes (under ``jit`` on that mesh)."""
         if attention_mask is None:
             attention_mask = jnp.ones(tokens.shape, jnp.int32)
-        hidden, _ = self._hidden(tokens, attention_mask, None, 0, dropout_key)
+        hidden, _ = self._hidden(tokens, attention_mask, None, 0, dropout_key, mesh)
         return hidden if return_hidden else self.logits(hidden)
 
     def logits(self, hidden) -> jax.Array:
@@ -319,31 +321,35 @@ class CausalLM(nnx.Module):
         hidden, cache = self._hidden(tokens, key_mask, cache, index)
         return self.logits(hidden[:, -1:] if last_only else hidden), cache
 
-    def _hidden(self, tokens, key_mask, cache, index, dropout_key=None):
+    def _hidden(self, tokens, key_mask, cache, index, dropout_key=None, mesh=None):
         positions = jax.lax.dynamic_slice_in_dim(positions_from_mask(key_mask), index, tokens.shape[1], axis=1)
         dt = jnp.dtype(self.config.compute_dtype)
         x = self.embed[...].astype(dt)[tokens]
         rope = rope_tables(positions, rope_frequencies(self.config))
         bias = attention_bias(key_mask, index, tokens.shape[1])
         if cache is None:
-            return self.final_norm(self._trunk(x, rope, bias, dropout_key)), ()
+            return self.final_norm(self._trunk(x, rope, bias, dropout_key, mesh)), ()
         new_cache = []
         for i, layer in enumerate(self.blocks()):
             x, layer_cache = layer(x, rope, bias, cache[i], index)
             new_cache.append(layer_cache)
         return self.final_norm(x), tuple(new_cache)
 
-    def _trunk(self, x, rope, bias, dropout_key):
+    def _trunk(self, x, rope, bias, dropout_key, mesh):
         """Every layer on x [B, T, D] without a cache: a ``lax.scan`` over the stacked layers
         (``scan_layers``; one traced layer whatever the depth) or one traced block per layer;
         each under ``jax.checkpoint`` with the ``remat`` policy unless it is "off". Layer i's
-        adapter dropout (with a ``dropout_key``) is drawn from the key folded with i."""
+        adapter dropout (with a ``dropout_key``) is drawn from the key folded with i. With a
+        ``mesh`` each layer's input and output are constrained to the batch split: without it
+        XLA keeps FSDP's activations whole on every device of the ``fsdp`` axis (the parameters'
+        split along ``embed`` pulls them that way), holding fsdp times the activation memory."""
         policy = REMAT_POLICIES[self.config.remat]
         count = self.config.num_hidden_layers
         keys = None if dropout_key is None else jax.vmap(partial(jax.random.fold_in, dropout_key))(jnp.arange(count))
 
         def layer_output(layer, x, key):
-            return layer(x, rope, bias, dropout_key=key)[0]
+            x = constrain(x, ("batch", None, None), mesh)
+            return constrain(layer(x, rope, bias, dropout_key=key)[0], ("batch", None, None), mesh)
 
         if self.config.scan_layers:
             graphdef, stacked = nnx.split(self.layers)

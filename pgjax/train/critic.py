@@ -31,12 +31,13 @@ class ValueModel(nnx.Module):
         graphdef, state = nnx.split(policy)
         return cls(nnx.merge(graphdef, jax.tree.map(jnp.copy, state)))
 
-    def __call__(self, tokens, attention_mask) -> jax.Array:
-        """V at every position [B, T], float32: the value of the state ending at that token."""
-        hidden = self.trunk(tokens, attention_mask, return_hidden=True).astype(jnp.float32)
+    def __call__(self, tokens, attention_mask, mesh=None) -> jax.Array:
+        """V at every position [B, T], float32: the value of the state ending at that token (``mesh``:
+        see ``CausalLM.__call__``)."""
+        hidden = self.trunk(tokens, attention_mask, return_hidden=True, mesh=mesh).astype(jnp.float32)
         return hidden @ self.head[...] + self.bias[...]
 
-    def response_values(self, tokens, attention_mask, prompt_length: int):
+    def response_values(self, tokens, attention_mask, prompt_length: int, mesh=None):
         """V(s_t) for each response token t [B, N] (the state before it), and V after the last slot [B]."""
-        values = self(tokens, attention_mask)
+        values = self(tokens, attention_mask, mesh)
         return values[:, prompt_length - 1:-1], values[:, -1]

@@ -67,17 +67,18 @@ class LoRASection:
 
     def __post_init__(self):
         _require(self.rank >= 0, "model.lora.rank", self.rank, "an integer >= 0 (0: full fine-tuning)")
-        if self.rank:
-            try:
-                self.config()
-            except ValueError as error:
-                raise ConfigError(f"model.lora: {error}") from None
+        try:
+            self._lora_config(max(self.rank, 1))       # every field checked, even while LoRA is off
+        except ValueError as error:
+            raise ConfigError(f"model.lora: {error}") from None
 
     def config(self) -> LoRAConfig | None:
-        if not self.rank:
-            return None
+        """The ``LoRAConfig``, None for full fine-tuning (rank 0)."""
+        return self._lora_config(self.rank) if self.rank else None
+
+    def _lora_config(self, rank: int) -> LoRAConfig:
         targets = TARGETS if self.targets == "all" else tuple(t.strip() for t in self.targets.split(","))
-        return LoRAConfig(rank=self.rank, alpha=self.alpha, dropout=self.dropout, targets=targets)
+        return LoRAConfig(rank=rank, alpha=self.alpha, dropout=self.dropout, targets=targets)
 
 
 @dataclasses.dataclass(frozen=True)

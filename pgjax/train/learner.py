@@ -215,11 +215,12 @@ class Learner:
     def _logprobs(self, params, part: Rollout, dropout_key=None):
         """log pi and entropy of the response tokens [B, N] under ``params`` (teacher-forced)."""
         return response_logprobs(self.policy(params), part.tokens, part.attention_mask, _prompt_length(part),
-                                 self.update_config.temperature, self.update_config.chunk_size, dropout_key)
+                                 self.update_config.temperature, self.update_config.chunk_size, dropout_key,
+                                 self.mesh)
 
     def _values(self, critic_params, part: Rollout):
         critic = nnx.merge(self.critic_graphdef, critic_params)
-        return critic.response_values(part.tokens, part.attention_mask, _prompt_length(part))
+        return critic.response_values(part.tokens, part.attention_mask, _prompt_length(part), self.mesh)
 
     def _prepare(self, state: TrainState, rollout: Rollout, hp: core.HParams) -> Rollout:
         """(``prepare``, jitted) Old (only when ``needs_old_logp``) and reference log-probs, critic

@@ -38,13 +38,14 @@ def demonstrations(tokenizer, examples: list[dict], prompt_width: int, response_
             mask.astype(np.float32))
 
 
-@partial(jax.jit, static_argnames=("graphdef", "optimizer"), donate_argnames=("params", "opt_state"))
-def sft_step(graphdef, optimizer, params, opt_state, frozen, tokens, attention_mask, mask):
+@partial(jax.jit, static_argnames=("graphdef", "optimizer", "mesh"), donate_argnames=("params", "opt_state"))
+def sft_step(graphdef, optimizer, params, opt_state, frozen, tokens, attention_mask, mask, mesh=None):
     """One AdamW step on the mean negative log-likelihood of the masked response tokens, updating
-    ``params`` (all of the model's, or with LoRA its adapters, the ``frozen`` base weights beside)."""
+    ``params`` (all of the model's, or with LoRA its adapters, the ``frozen`` base weights beside);
+    ``mesh``: the one the batch is split over."""
     def loss_fn(p):
         model = nnx.merge(graphdef, p) if frozen is None else nnx.merge(graphdef, p, frozen)
-        logp, _ = response_logprobs(model, tokens, attention_mask, tokens.shape[1] - mask.shape[1])
+        logp, _ = response_logprobs(model, tokens, attention_mask, tokens.shape[1] - mask.shape[1], mesh=mesh)
         return -jnp.sum(logp * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
     loss, grads = jax.value_and_grad(loss_fn)(params)

@@ -192,7 +192,7 @@ class Trainer:
                                    exp.rollout.max_prompt_tokens, exp.rollout.max_new_tokens, self.prompt_format,
                                    self.end_id)
             params, opt_state, loss = sft_step(self.learner.graphdef, optimizer, params, opt_state, frozen,
-                                               *multihost.to_global(batch, self.mesh))
+                                               *multihost.to_global(batch, self.mesh), mesh=self.mesh)
             if (step % 50 == 0 or step == ws.steps - 1) and multihost.is_primary():
                 print(f"warm start {step + 1}/{ws.steps}: loss {float(loss):.3f}", file=sys.stderr)
         policy = self.learner.policy(params if frozen is None else nnx.merge_state(params, frozen))
