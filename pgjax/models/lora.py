@@ -79,6 +79,12 @@ class Adapter(nnx.Module):
         return (self.scale * low).reshape(*x.shape[:-1], -1)
 
 
+def dropout_keys(key, count: int):
+    """``count`` dropout keys (key folded with 0..count-1: one per layer or micro-batch), None
+    without a ``key`` (no dropout)."""
+    return None if key is None else jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(count))
+
+
 def adapter(module: nnx.Module, target: str) -> Adapter | None:
     """The ``Adapter`` of projection ``target`` on ``module`` (an Attention or MLP), if it has one."""
     return getattr(module, f"{target}_lora", None)

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from functools import partial
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from pgjax.models.lora import Adapter, LoRAConfig, adapter
+from pgjax.models.lora import Adapter, LoRAConfig, adapter, dropout_keys
 from pgjax.parallel.mesh import constrain
 
 FAMILIES = ("llama", "qwen2", "qwen3")
@@ -344,8 +343,7 @@ class CausalLM(nnx.Module):
         XLA keeps FSDP's activations whole on every device of the ``fsdp`` axis (the parameters'
         split along ``embed`` pulls them that way), holding fsdp times the activation memory."""
         policy = REMAT_POLICIES[self.config.remat]
-        count = self.config.num_hidden_layers
-        keys = None if dropout_key is None else jax.vmap(partial(jax.random.fold_in, dropout_key))(jnp.arange(count))
+        keys = dropout_keys(dropout_key, self.config.num_hidden_layers)
 
         def layer_output(layer, x, key):
             x = constrain(x, ("batch", None, None), mesh)

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from functools import partial
 
 import flax.struct
 import jax
@@ -195,7 +194,8 @@ class Learner:
         with LoRA, else (all of them, None)."""
         return lora.split_trainable(params) if self.lora else (params, None)
 
-    def _join(self, trainable, frozen):
+    def join(self, trainable, frozen) -> nnx.State:
+        """The whole parameter state from the two parts of ``trainable``."""
         return trainable if frozen is None else nnx.merge_state(trainable, frozen)
 
     def checkpointed(self, state: TrainState) -> TrainState:
@@ -205,7 +205,7 @@ class Learner:
 
     def from_checkpoint(self, state: TrainState, saved: TrainState) -> TrainState:
         """``saved`` (a restored ``checkpointed`` state) completed with ``state``'s frozen weights."""
-        return saved.replace(params=self._join(saved.params, self.trainable(state.params)[1])) if self.lora else saved
+        return saved.replace(params=self.join(saved.params, self.trainable(state.params)[1])) if self.lora else saved
 
     def reference(self, state: TrainState) -> nnx.State:
         """The reference policy's parameters: the frozen copy, or with LoRA the base model (the
@@ -286,7 +286,7 @@ class Learner:
         def updated(state: TrainState) -> TrainState:
             trainable, frozen = self.trainable(state.params)
             updates, opt_state = self.optimizer.update(grads, state.opt_state, trainable)
-            new = state.replace(params=self._join(optax.apply_updates(trainable, updates), frozen),
+            new = state.replace(params=self.join(optax.apply_updates(trainable, updates), frozen),
                                 opt_state=opt_state)
             if self.uses_critic:
                 updates, opt_state = self.critic_optimizer.update(critic_grads, state.critic_opt_state,
@@ -310,12 +310,11 @@ class Learner:
         norm = core.loss_normalizer(minibatch.mask, self.group_size, minibatch.budget)
         trainable, frozen = self.trainable(params)
         micro = self._micro_batches(minibatch)
-        count = self.update_config.micro_batches
-        keys = None if dropout_key is None else jax.vmap(partial(jax.random.fold_in, dropout_key))(jnp.arange(count))
+        keys = lora.dropout_keys(dropout_key, self.update_config.micro_batches)
 
         def policy_loss(trainable, part):
             part, key = part
-            logp, entropy = self._logprobs(self._join(trainable, frozen), part, key)
+            logp, entropy = self._logprobs(self.join(trainable, frozen), part, key)
             return core.loss(self.spec, self._batch(part, logp, entropy), hp, norm)
 
         return _accumulate(jax.grad(policy_loss, has_aux=True), trainable, (micro, keys))

@@ -195,7 +195,7 @@ class Trainer:
                                                *multihost.to_global(batch, self.mesh), mesh=self.mesh)
             if (step % 50 == 0 or step == ws.steps - 1) and multihost.is_primary():
                 print(f"warm start {step + 1}/{ws.steps}: loss {float(loss):.3f}", file=sys.stderr)
-        policy = self.learner.policy(params if frozen is None else nnx.merge_state(params, frozen))
+        policy = self.learner.policy(self.learner.join(params, frozen))
         self.state = self.learner.init_state(policy, jax.random.PRNGKey(exp.seed))
         self.warm_started = True
 
