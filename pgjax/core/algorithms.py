@@ -28,6 +28,7 @@ import numpy as np
 from pgjax.core import advantages as adv_lib
 from pgjax.core.advantages import check_group_size
 from pgjax.core import objectives as obj_lib
+from pgjax.core import off_policy as op_lib
 from pgjax.core.dtypes import at_least_f32
 from pgjax.core.aggregation import AGGREGATIONS, Normalizer, aggregate, loss_normalizer
 from pgjax.core.returns import as_token_rewards, gae
@@ -37,6 +38,7 @@ Array = jax.Array
 BASELINES = ("none", "value", "greedy", "group")
 RATIOS = ("on_policy", "clip", "sequence", "truncated_is")
 KL_PLACEMENTS = ("none", "reward", "loss")
+CORRECTIONS = ("ignore", *op_lib.IS_LEVELS, "behaviour_ratio")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +62,15 @@ class Spec:
       policy term (GRPO, eq. 18).
     kl_estimator: ``k1``, ``k2`` or ``k3`` (see ``objectives.kl_estimate``).
     aggregation: see ``pgjax.core.aggregation``.
+    correction: what the loss does with the sampler's log-probs mu (``batch.behaviour_logp``,
+      see ``pgjax.core.off_policy``): ``ignore`` (only measured: the ``mismatch_*`` metrics);
+      ``token``, ``sequence``, ``geometric``: weight each token's policy term by the
+      stop-gradient importance weight pi_old / mu of the token, of the whole response, or its
+      geometric mean, limited as ``correction_mode`` says (``is_cap``, ``is_floor``);
+      ``behaviour_ratio``: no weight, the ratio's old policy is mu itself (rho = pi / mu,
+      clipped as ``ratio`` says: PPO on the sampler's log-probs, no recomputed pi_old).
+    correction_mode: ``truncate`` min(w, is_cap) (TIS) or ``mask`` (w outside
+      [is_floor, is_cap] drops the token, or the whole response for the sequence levels).
     """
     name: str
     equation: str
@@ -68,13 +79,22 @@ class Spec:
     aggregation: str
     kl_placement: str = "none"
     kl_estimator: str = "k3"
+    correction: str = "ignore"
+    correction_mode: str = "truncate"
 
     def __post_init__(self):
         for field, allowed in (("baseline", BASELINES), ("ratio", RATIOS), ("aggregation", AGGREGATIONS),
-                               ("kl_placement", KL_PLACEMENTS), ("kl_estimator", obj_lib.KL_ESTIMATORS)):
+                               ("kl_placement", KL_PLACEMENTS), ("kl_estimator", obj_lib.KL_ESTIMATORS),
+                               ("correction", CORRECTIONS), ("correction_mode", op_lib.IS_MODES)):
             value = getattr(self, field)
             if value not in allowed:
                 raise ValueError(f"unknown {field} {value!r}; expected one of {allowed}")
+        if self.correction == "behaviour_ratio" and self.ratio == "on_policy":
+            raise ValueError(f"{self.name}: correction 'behaviour_ratio' replaces the old policy of a ratio, and "
+                             "ratio 'on_policy' has none; use a weight (token, sequence, geometric)")
+
+    def replace(self, **changes) -> Spec:
+        return dataclasses.replace(self, **changes)
 
 
 @jax.tree_util.register_dataclass
@@ -91,6 +111,8 @@ class HParams:
     divide_by_std: divide group advantages by the group std (eq. 18, 20), with std_eps and std_ddof.
     divide_by_length: weight each response by 1/|o| (eq. 18).
     whiten: whiten advantages over the global batch's tokens (PPO, REINFORCE++).
+    is_cap, is_floor: the limits of the off-policy weight (``Spec.correction``): the cap C of
+      truncation and masking (inf: untruncated), the floor of masking.
     """
     clip_eps_low: Array = 0.2
     clip_eps_high: Array = 0.2
@@ -105,6 +127,8 @@ class HParams:
     std_ddof: Array = 1.0
     divide_by_length: Array = 0.0
     whiten: Array = 0.0
+    is_cap: Array = 2.0
+    is_floor: Array = 0.5
 
     def replace(self, **changes) -> HParams:
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
@@ -148,10 +172,15 @@ def check_hparams(hp: HParams, group_size: int | None = None) -> None:
         "std_ddof": ((lambda v: v >= 0, "must be >= 0") if group_size is None else
                      (lambda v: (v >= 0) & (v < group_size), f"must be in [0, K) with K={group_size}")),
         **{s: (lambda v: (v >= 0) & (v <= 1), "is a switch: must be in [0, 1]") for s in _SWITCHES},
+        "is_cap": (lambda v: v > 0, "must be > 0 (inf: no limit)"),
+        "is_floor": (lambda v: v >= 0, "must be >= 0"),
     }
     for name, (ok, message) in rules.items():
         v = values(name)
-        if v is not None and not (np.all(np.isfinite(v)) and np.all(ok(v))):
+        if v is None:
+            continue
+        finite = np.isfinite(v) | (np.isposinf(v) if name == "is_cap" else False)    # is_cap = inf: no cap
+        if not (np.all(finite) and np.all(ok(v))):
             raise ValueError(f"hyperparameter {name}={v.tolist()} {message}")
 
 
@@ -163,7 +192,10 @@ class Batch:
     mask: ``[B, T]`` float, 1.0 on response tokens.
     rewards: ``[B]`` outcome or ``[B, T]`` per-token rewards.
     logp: ``[B, T]`` log pi_theta of the taken tokens (differentiate through it).
-    old_logp: behaviour log-probs; None means on-policy (old = stop_gradient(logp)).
+    old_logp: the update's old (proximal) policy pi_old, the learner's log-probs at the parameters
+      the update started from; None means on-policy (old = stop_gradient(logp)).
+    behaviour_logp: the sampler's log-probs mu of the taken tokens (``Spec.correction``); None:
+      no correction and no mismatch metrics.
     ref_logp: reference-policy log-probs, needed when the KL term is on.
     values, bootstrap: critic V(s_t) ``[B, T]`` and the value after a truncated response ``[B]``.
     greedy_rewards: ``[B]`` reward of the greedy response to each row's prompt (ReMax).
@@ -175,6 +207,7 @@ class Batch:
     rewards: Array
     logp: Array
     old_logp: Array | None = None
+    behaviour_logp: Array | None = None
     ref_logp: Array | None = None
     values: Array | None = None
     bootstrap: Array | None = None
@@ -195,7 +228,7 @@ def check_batch(spec: Spec, batch: Batch) -> None:
     b, t = batch.mask.shape
     if batch.rewards.shape not in ((b,), (b, t)):
         raise ValueError(f"rewards must have shape ({b},) or ({b}, {t}), got {batch.rewards.shape}")
-    for name in ("logp", "old_logp", "ref_logp", "values", "entropy", "advantages"):
+    for name in ("logp", "old_logp", "behaviour_logp", "ref_logp", "values", "entropy", "advantages"):
         x = getattr(batch, name)
         if x is not None and x.shape != (b, t):
             raise ValueError(f"{name} must have shape {(b, t)} like mask, got {x.shape}")
@@ -203,6 +236,9 @@ def check_batch(spec: Spec, batch: Batch) -> None:
         x = getattr(batch, name)
         if x is not None and x.shape != (b,):
             raise ValueError(f"{name} must have shape {(b,)}, got {x.shape}")
+    if spec.correction != "ignore" and batch.behaviour_logp is None:
+        raise ValueError(f"{spec.name}: correction {spec.correction!r} needs batch.behaviour_logp (the sampler's "
+                         "log-probs)")
     if batch.advantages is None:
         needs = {"value": "values", "greedy": "greedy_rewards"}.get(spec.baseline)
         if needs and getattr(batch, needs) is None:
@@ -230,7 +266,8 @@ def _kl_needed(spec: Spec, hp: HParams, batch: Batch, placement: str) -> bool:
     return False
 
 
-def _behaviour_logp(batch: Batch) -> Array:
+def _old_logp(batch: Batch) -> Array:
+    """log pi_old: ``batch.old_logp``, or on-policy the current log-probs without their gradient."""
     return jax.lax.stop_gradient(batch.logp) if batch.old_logp is None else batch.old_logp
 
 
@@ -262,7 +299,7 @@ def _kl_reward_penalty(spec: Spec, batch: Batch, hp: HParams) -> Array:
     """kl_coef * KL_t subtracted from the per-token rewards when the KL sits in the reward, else 0."""
     if not _kl_needed(spec, hp, batch, "reward"):
         return jnp.zeros_like(batch.mask)
-    kl = obj_lib.kl_estimate(_behaviour_logp(batch), batch.ref_logp, spec.kl_estimator)
+    kl = obj_lib.kl_estimate(_old_logp(batch), batch.ref_logp, spec.kl_estimator)
     return jnp.where(batch.mask > 0, hp.kl_coef * kl, 0.0)
 
 
@@ -297,9 +334,10 @@ def _policy_terms(spec: Spec, hp: HParams, logp: Array, old_logp: Array, adv: Ar
 def loss(spec: Spec, batch: Batch, hp: HParams, norm: Normalizer | None = None):
     """Loss to minimise and metrics (sums, counts, mins, maxes) of ``spec`` on ``batch``.
 
-      loss = -agg(rho-hat_t A_t) + kl_coef agg(KL_t) [if in loss] - entropy_coef agg(H_t)
+      loss = -agg(c_t rho-hat_t A_t) + kl_coef agg(KL_t) [if in loss] - entropy_coef agg(H_t)
 
-    with agg the spec's aggregation and the 1/|o| switch. ``norm`` must come
+    with agg the spec's aggregation and the 1/|o| switch, c_t the off-policy weight of
+    ``spec.correction`` (1 when ``ignore``; ``pgjax.core.off_policy``). ``norm`` must come
     from the global batch when ``batch`` is a micro-batch (then also pass
     ``batch.advantages`` computed on the global batch); None uses this batch.
 
@@ -313,10 +351,17 @@ def loss(spec: Spec, batch: Batch, hp: HParams, norm: Normalizer | None = None):
     mask = batch.mask
     norm = loss_normalizer(mask, batch.group_size) if norm is None else norm
     adv = advantages(spec, batch, hp) if batch.advantages is None else jax.lax.stop_gradient(batch.advantages)
-    old_logp = _behaviour_logp(batch)
+    old_logp = _old_logp(batch)
     agg = lambda x: aggregate(x, mask, spec.aggregation, norm, hp.divide_by_length)
 
-    objective, ratio, clipped = _policy_terms(spec, hp, batch.logp, old_logp, adv, mask)
+    ratio_old = batch.behaviour_logp if spec.correction == "behaviour_ratio" else old_logp
+    objective, ratio, clipped = _policy_terms(spec, hp, batch.logp, ratio_old, adv, mask)
+    correction = {}
+    if spec.correction in op_lib.IS_LEVELS:
+        weights, limited = op_lib.correction_weights(old_logp, batch.behaviour_logp, mask, spec.correction,
+                                                     spec.correction_mode, hp.is_cap, hp.is_floor)
+        objective = weights * objective
+        correction = {"is_weight_sum": jnp.sum(weights * mask), "is_limited_sum": jnp.sum(limited * mask)}
     policy_loss = -agg(objective)
     total = policy_loss
     metrics = {"policy_loss": policy_loss}
@@ -330,7 +375,9 @@ def loss(spec: Spec, batch: Batch, hp: HParams, norm: Normalizer | None = None):
         entropy_bonus = agg(batch.entropy)
         total = total - hp.entropy_coef * entropy_bonus
         metrics["entropy_bonus"] = entropy_bonus
-    metrics.update(_token_metrics(batch, ratio, clipped, adv, old_logp))
+    metrics.update(_token_metrics(batch, ratio, clipped, adv, old_logp), **correction)
+    if batch.behaviour_logp is not None:
+        metrics.update(op_lib.mismatch_metrics(jax.lax.stop_gradient(old_logp), batch.behaviour_logp, mask))
     return total, metrics
 
 
@@ -351,7 +398,7 @@ def token_weights(spec: Spec, batch: Batch, hp: HParams, norm: Normalizer | None
 def _zero_padding(batch: Batch) -> Batch:
     """The per-token inputs with 0 wherever the mask is 0."""
     on = batch.mask > 0
-    fields = ("logp", "old_logp", "ref_logp", "entropy")
+    fields = ("logp", "old_logp", "behaviour_logp", "ref_logp", "entropy")
     return batch.replace(**{name: jnp.where(on, getattr(batch, name), 0.0) for name in fields
                             if getattr(batch, name) is not None})
 
