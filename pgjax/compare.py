@@ -94,15 +94,18 @@ def warm_checkpoint(base: experiment_lib.Experiment, seed: int, runs) -> pathlib
 
 
 def run_seeds(base: experiment_lib.Experiment, variants: dict, seeds: int, runs, callbacks=()) -> dict:
-    """Train every variant (a dict of ``hparams`` overrides) for seeds 0..``seeds``-1 under
+    """Train every variant (a dict of overrides: ``hparams`` by their plain names, any other key of the
+    experiment by its dotted name, e.g. ``rollout.staleness``) for seeds 0..``seeds``-1 under
     ``runs/<variant>/seed<k>``, each seed's variants from the same warm-started checkpoint, with the
     trainer ``callbacks``; returns ``{variant: {seed: metric records}}``."""
     started = time.perf_counter()
     out = {variant: {} for variant in variants}
     for seed in range(seeds):
         warm = warm_checkpoint(base, seed, runs)
-        for variant, hparams in variants.items():
-            exp = dataclasses.replace(base, name=f"{base.name}_{variant}", seed=seed,
+        for variant, changes in variants.items():
+            hparams = {k: v for k, v in changes.items() if "." not in k}
+            exp = experiment_lib.override(base, [f"{k}={v}" for k, v in changes.items() if "." in k])
+            exp = dataclasses.replace(exp, name=f"{base.name}_{variant}", seed=seed,
                                       hparams={**base.hparams, **hparams},
                                       model=dataclasses.replace(base.model, path=str(warm)),
                                       warm_start=dataclasses.replace(base.warm_start, steps=0),
@@ -141,7 +144,7 @@ def plot_band(ax, steps, per_seed, label: str, window: int = 10) -> None:
 
 def study(argv, doc: str, name: str, steps: int, base_experiment, variants: dict, curves, summarise, table,
           plot, callbacks=()) -> dict:
-    """The command line and outputs of a multi-seed study of ``variants`` (``hparams`` overrides).
+    """The command line and outputs of a multi-seed study of ``variants`` (overrides, see ``run_seeds``).
 
     Options: ``--seeds``, ``--steps``, ``--tail`` (steps averaged for start / end values),
     ``--runs`` (run directories), ``--out`` (results), ``--smoke`` (2 steps, 1 seed, tail 1),

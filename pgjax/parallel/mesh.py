@@ -61,6 +61,23 @@ def make_mesh(config: MeshConfig = MeshConfig(), devices=None) -> Mesh:
     return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
 
 
+def learner_and_sampler_meshes(config: MeshConfig, sampler_devices: int = 0, devices=None) -> tuple[Mesh, Mesh]:
+    """(the learner's mesh, the sampler's): with ``sampler_devices`` = n >= 1 the last n devices form a
+    data-parallel sampler mesh and ``config`` splits the others (one process only: the sampler's
+    rows and the weight copy do not cross hosts); with 0 both are one mesh over every device."""
+    devices = jax.devices() if devices is None else devices
+    if not sampler_devices:
+        mesh = make_mesh(config, devices)
+        return mesh, mesh
+    if jax.process_count() > 1:
+        raise ValueError(f"sampler_devices={sampler_devices}: separate sampler devices need a single process, "
+                         f"this run has {jax.process_count()}")
+    if not 0 < sampler_devices < len(devices):
+        raise ValueError(f"sampler_devices={sampler_devices} must leave the learner at least one of the "
+                         f"{len(devices)} devices")
+    return make_mesh(config, devices[:-sampler_devices]), make_mesh(MeshConfig(), devices[-sampler_devices:])
+
+
 def single_device_mesh() -> Mesh:
     """The trivial mesh of the first local device."""
     return make_mesh(MeshConfig(), jax.local_devices()[:1])

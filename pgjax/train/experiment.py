@@ -247,12 +247,17 @@ class Experiment:
             _require(getattr(self, name) >= 1, name, getattr(self, name), "an integer >= 1")
 
     def algorithm_preset(self) -> core.Algorithm:
-        """The preset named ``algorithm`` with ``hparams`` applied (unknown names raise ConfigError)."""
+        """The preset named ``algorithm`` with ``hparams`` and the update's off-policy ``correction``
+        applied (unknown names raise ConfigError)."""
         if self.algorithm not in core.PRESETS:
             raise ConfigError(f"algorithm={self.algorithm!r} is unknown; valid: {', '.join(core.PRESETS)}")
         algo = core.preset(self.algorithm)
         try:
-            return dataclasses.replace(algo, hparams=algo.hparams.replace(**self.hparams))
+            spec = algo.spec.replace(correction=self.update.correction, correction_mode=self.update.correction_mode)
+        except ValueError as error:
+            raise ConfigError(f"update.correction={self.update.correction!r}: {error}") from None
+        try:
+            return dataclasses.replace(algo, spec=spec, hparams=algo.hparams.replace(**self.hparams))
         except ValueError as error:
             raise ConfigError(f"hparams: {error}") from None
 

@@ -63,7 +63,11 @@ class UpdateConfig:
     ``max_skipped_steps``: consecutive RL steps whose every update was non-finite (and skipped)
     that stop a run; ``recompute_old_logprobs``: compute the old log-probs even when the update
     is on-policy (one epoch of one minibatch, no KL in the reward), where they are skipped
-    (``Learner.needs_old_logp``; the same loss and gradient, one forward pass more)."""
+    (``Learner.needs_old_logp``; the same loss and gradient, one forward pass more);
+    ``correction``, ``correction_mode``: what the loss does with the sampler's log-probs (the
+    algorithm's ``core.Spec`` fields of those names: ``ignore`` measures the mismatch only; the
+    importance weights ``token``, ``sequence``, ``geometric``, truncated or masked at
+    ``hparams.is_cap`` / ``is_floor``; or ``behaviour_ratio``)."""
     epochs: int = 1
     minibatches: int = 1
     micro_batches: int = 1
@@ -72,6 +76,8 @@ class UpdateConfig:
     chunk_size: int = 1024
     max_skipped_steps: int = 3
     recompute_old_logprobs: bool = False
+    correction: str = "ignore"
+    correction_mode: str = "truncate"
 
     def __post_init__(self):
         for name in ("epochs", "minibatches", "micro_batches", "chunk_size", "max_skipped_steps"):
@@ -81,6 +87,9 @@ class UpdateConfig:
                                 ("value_clip", self.value_clip >= 0, ">= 0 (0: no clipping)")):
             if not (ok and math.isfinite(getattr(self, name))):
                 raise ValueError(f"{name} must be finite and {valid}, got {getattr(self, name)!r}")
+        for name, allowed in (("correction", core.CORRECTIONS), ("correction_mode", core.IS_MODES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
 
     def check(self, prompts: int, group_size: int = 1, mesh: Mesh | None = None) -> None:
         """Whole prompt groups per micro-batch; with a ``mesh``, micro-batches of rows that split

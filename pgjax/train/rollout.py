@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
@@ -48,6 +49,16 @@ class RolloutConfig(Decoding):
       (``trim_padding``): the same loss and gradient (Dr. GRPO's constant length stays the
       budget), less arithmetic when the prompts are shorter than ``max_prompt_tokens`` or every
       response ends early; off: always the full ``max_prompt_tokens + max_new_tokens``.
+    staleness: asynchronous rollouts: the batch of step t + s is sampled with the parameters
+      step t starts from, while step t's update runs (0: sample, then update, on-policy; s >= 1:
+      s batches in flight, each s updates old when used; a checkpoint holds them).
+    compute_dtype: the sampler's compute dtype (``float32``, ``bfloat16``; empty: the model's),
+      e.g. a bfloat16 sampler for a float32 learner. The update sees the sampler's own log-probs
+      (``core.Batch.behaviour_logp``) and measures the mismatch every step.
+    sampler_devices: 0 (default): the sampler runs on the learner's mesh; n >= 1: on the last n
+      devices (a data-parallel sampler mesh, one process only), the learner on the others
+      (``mesh`` describes those); the weights are copied to the sampler's devices before each
+      sampling and the batch back to the learner's.
     """
     samples_per_prompt: int = 8
     max_prompt_tokens: int = 16
@@ -57,6 +68,9 @@ class RolloutConfig(Decoding):
     overlong_penalty: float = 1.0
     nonfinite_rewards: str = "error"
     trim_padding: bool = True
+    staleness: int = 0
+    compute_dtype: str = ""
+    sampler_devices: int = 0
 
     def __post_init__(self):
         super().__post_init__()
@@ -66,7 +80,11 @@ class RolloutConfig(Decoding):
                   f"in [0, max_new_tokens={self.max_new_tokens}) (0: off)"),
                  ("overlong_penalty", self.overlong_penalty >= 0 and math.isfinite(self.overlong_penalty),
                   "finite and >= 0"),
-                 ("nonfinite_rewards", self.nonfinite_rewards in NONFINITE_POLICIES, f"one of {NONFINITE_POLICIES}")]
+                 ("nonfinite_rewards", self.nonfinite_rewards in NONFINITE_POLICIES, f"one of {NONFINITE_POLICIES}"),
+                 ("staleness", self.staleness >= 0, "an integer >= 0 (0: on-policy)"),
+                 ("compute_dtype", self.compute_dtype in ("", "float32", "bfloat16"),
+                  "float32, bfloat16 or empty (the model's)"),
+                 ("sampler_devices", self.sampler_devices >= 0, "an integer >= 0 (0: the learner's devices)")]
         for name, ok, valid in rules:
             if not ok:
                 raise ValueError(f"{name} must be {valid}, got {getattr(self, name)!r}")
@@ -178,16 +196,25 @@ class Scored:
     fields: dict
 
 
+def dispatch_samples(policy: CausalLM, tokenizer, examples: list[dict], prompt_width: int, key,
+                     sampling: SamplingConfig, mesh: Mesh, prompt_format: PromptFormat = PLAIN) -> Samples:
+    """The first half of ``sample_and_score``: encode ``examples``' prompts (rendered by
+    ``prompt_format``, left-padded to ``prompt_width``) and start sampling ``sampling.n`` responses
+    each (JAX dispatches the sampler and returns; nothing waits for it)."""
+    tokens, mask = encode_prompts(tokenizer, [e["prompt"] for e in examples], prompt_width, prompt_format)
+    return generate(policy, tokens, mask, key, sampling, mesh)
+
+
 def sample_and_score(policy: CausalLM, tokenizer, examples: list[dict], prompt_width: int, key,
                      sampling: SamplingConfig, scorers: dict, mesh: Mesh, nonfinite: str = "error",
-                     prompt_format: PromptFormat = PLAIN) -> Scored:
-    """The one path from prompts to rewards: encode ``examples``' prompts (rendered by
-    ``prompt_format``, left-padded to ``prompt_width``), sample ``sampling.n`` responses each, decode them (stop tokens stripped) and
-    score them with every ``scorers[name](prompts, completions, **fields)``, each output checked by
-    ``rewards.finite_rewards`` (``nonfinite``: ``"error"`` or ``"mask"``). Rollouts, greedy
-    baselines and evaluation all go through here. ``examples`` are this process's rows."""
-    tokens, mask = encode_prompts(tokenizer, [e["prompt"] for e in examples], prompt_width, prompt_format)
-    samples = generate(policy, tokens, mask, key, sampling, mesh)
+                     prompt_format: PromptFormat = PLAIN, samples: Samples | None = None) -> Scored:
+    """The one path from prompts to rewards: sample ``sampling.n`` responses to each of ``examples``
+    (``dispatch_samples``; or ``samples`` it already dispatched with these arguments), decode them (stop
+    tokens stripped) and score them with every ``scorers[name](prompts, completions, **fields)``, each
+    output checked by ``rewards.finite_rewards`` (``nonfinite``: ``"error"`` or ``"mask"``). Rollouts,
+    greedy baselines and evaluation all go through here. ``examples`` are this process's rows."""
+    if samples is None:
+        samples = dispatch_samples(policy, tokenizer, examples, prompt_width, key, sampling, mesh, prompt_format)
     response, lengths, truncated = to_host((samples.response, samples.lengths, samples.truncated), mesh)
     completions = decode_responses(tokenizer, response, lengths, sampling.eos_ids)
     prompts, fields = repeat_examples(examples, sampling.n)
@@ -214,11 +241,36 @@ def trim_padding(rollout: Rollout, lengths) -> Rollout:
     prompt_width = rollout.tokens.shape[1] - budget
     longest_prompt = int(jnp.max(jnp.sum(rollout.attention_mask[:, :prompt_width], axis=1)))
     longest_response = int(jnp.max(lengths))
-    keep_prompt, keep_response = _round_up(longest_prompt, prompt_width), _round_up(longest_response, budget)
-    columns = slice(prompt_width - keep_prompt, prompt_width + keep_response)
+    return keep_columns(rollout, _round_up(longest_prompt, prompt_width), _round_up(longest_response, budget))
+
+
+def _response_fields(batch: core.Batch) -> dict:
+    """The ``[B, N]`` fields of a rollout's batch (the others are per row)."""
+    return {name: x for name, x in vars(batch).items() if isinstance(x, jax.Array | np.ndarray) and x.ndim == 2}
+
+
+def keep_columns(rollout: Rollout, prompt_columns: int, response_columns: int) -> Rollout:
+    """``rollout`` keeping the last ``prompt_columns`` prompt and the first ``response_columns``
+    response columns (its ``budget`` stays the full response budget)."""
+    budget = rollout.mask.shape[1]
+    prompt_width = rollout.tokens.shape[1] - budget
+    columns = slice(prompt_width - prompt_columns, prompt_width + response_columns)
+    batch = rollout.batch.replace(**{k: x[:, :response_columns] for k, x in _response_fields(rollout.batch).items()})
     return rollout.replace(tokens=rollout.tokens[:, columns], attention_mask=rollout.attention_mask[:, columns],
-                           batch=rollout.batch.replace(mask=rollout.batch.mask[:, :keep_response]),
-                           budget=rollout.budget or budget)
+                           batch=batch, budget=rollout.budget or budget)
+
+
+def pad_columns(rollout: Rollout, prompt_width: int, budget: int) -> Rollout:
+    """The inverse of ``keep_columns``: ``rollout`` widened to the full ``prompt_width`` and response
+    ``budget`` with masked padding (token 0, attention 0, 0 in every ``[B, N]`` field), so that
+    ``keep_columns`` of the result with the original widths gives ``rollout`` back exactly."""
+    response = rollout.mask.shape[1]
+    prompt = rollout.tokens.shape[1] - response
+    sides = ((0, 0), (prompt_width - prompt, budget - response))
+    batch = rollout.batch.replace(**{k: jnp.pad(x, ((0, 0), (0, budget - response)))
+                                     for k, x in _response_fields(rollout.batch).items()})
+    return rollout.replace(tokens=jnp.pad(rollout.tokens, sides), attention_mask=jnp.pad(rollout.attention_mask, sides),
+                           batch=batch)
 
 
 def _round_up(n: int, width: int) -> int:
@@ -229,8 +281,9 @@ def _round_up(n: int, width: int) -> int:
 
 def collect(policy: CausalLM, tokenizer, examples: list[dict], reward_fn, correct_fn, key,
             config: RolloutConfig, greedy_baseline: bool = False, eos_ids=None, mesh: Mesh | None = None,
-            prompt_format: PromptFormat = PLAIN) -> tuple[Rollout, dict]:
+            prompt_format: PromptFormat = PLAIN, samples: Samples | None = None) -> tuple[Rollout, dict]:
     """Sample, decode and score K responses per example; the Rollout and per-row statistics.
+    ``samples``: the responses already dispatched (``dispatch_samples`` with ``config.sampling``).
 
     ``reward_fn`` gives the training reward, ``correct_fn`` the task's verifier
     (1 = correct), both ``fn(prompts, completions, **fields)``. With
@@ -249,7 +302,7 @@ def collect(policy: CausalLM, tokenizer, examples: list[dict], reward_fn, correc
     k, pad = config.samples_per_prompt, pad_id(tokenizer)
     scored = sample_and_score(policy, tokenizer, examples, config.max_prompt_tokens, key,
                               config.sampling(eos_ids, pad), {"correct": correct_fn, "reward": reward_fn}, mesh,
-                              config.nonfinite_rewards, prompt_format)
+                              config.nonfinite_rewards, prompt_format, samples)
     lengths, truncated = scored.lengths, scored.truncated
     rewards = scored.scores["reward"] + overlong_penalty(lengths, config.max_new_tokens, config.overlong_buffer,
                                                          config.overlong_penalty)
@@ -271,7 +324,7 @@ def collect(policy: CausalLM, tokenizer, examples: list[dict], reward_fn, correc
     host = to_global({"mask": response_mask * keep[:, None], "rewards": rewards, "greedy_rewards": greedy_rewards},
                      mesh)
     rollout = Rollout(tokens=scored.samples.tokens, attention_mask=scored.samples.attention_mask,
-                      batch=core.Batch(logp=None, group_size=k, **host))
+                      batch=core.Batch(logp=None, behaviour_logp=scored.samples.logprobs, group_size=k, **host))
     if config.trim_padding:
         rollout = trim_padding(rollout, scored.samples.lengths)
     stats = {"reward": rewards, "correct": scored.scores["correct"], "length": lengths, "truncated": truncated,
