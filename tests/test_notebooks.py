@@ -30,3 +30,12 @@ def test_biases_notebook_executes_from_the_saved_results():
     assert "direction bias of the 1/|o|-only update" in text
     assert "weight with / without the std division" in text
     assert "weight share over the whole run" in text
+
+
+@pytest.mark.slow
+def test_off_policy_notebook_executes_and_shows_the_exact_costs():
+    text = _execute("03_off_policy.ipynb")
+    assert "| stale 1 | 1.99e-02 | 0.963 |" in text
+    assert "sequence IS                        staleness 4: bias 0.000  cosine +1.000  variance 0.2647" in text
+    assert "sequence TIS, C = 2                staleness 4: bias 0.470  cosine +0.910  variance 0.1336" in text
+    assert "behaviour ratio (PPO clip vs mu)   staleness 4: bias 1.368  cosine -0.435" in text

@@ -12,6 +12,15 @@ that batch: log-probs from the policy, masks and rewards of the MDP, on-policy
 and against the true gradient grad J (``mdp.objective``): the scale
 c = <E[g], grad J> / |grad J|^2, the direction bias |E[g] - c grad J| / |grad J|,
 the cosine, and the total variance trace(Cov[g]).
+
+Off-policy (``behaviour_logits``, the sampler's policy mu): the K responses are drawn from mu,
+
+  E_mu[g] = sum_p p0(p) sum_{tau_1..tau_K} prod_k mu(tau_k | p) g(p, tau_1..tau_K),
+
+and the batch carries mu's log-probs (``Batch.behaviour_logp``) for the spec's correction; the
+estimate is still taken at theta with pi_old = pi (``old_logp`` None: an update's first minibatch).
+The same enumeration also gives the moments of the correction's token weights c_t for Kish's
+effective sample size (``AuditResult.ess_fraction``).
 """
 from __future__ import annotations
 
@@ -31,6 +40,9 @@ class AuditResult:
     mean: np.ndarray
     second_moment_trace: float
     true_grad: np.ndarray
+    token_count: float = float("nan")       # E[sum_t 1] over the batch's response tokens
+    weight_sum: float = float("nan")        # E[sum_t c_t], c_t = ``correction_weights``
+    weight_sq_sum: float = float("nan")     # E[sum_t c_t^2]
 
     @property
     def scale(self) -> float:
@@ -48,6 +60,12 @@ class AuditResult:
     def total_variance(self) -> float:
         return float(self.second_moment_trace - self.mean @ self.mean)
 
+    @property
+    def ess_fraction(self) -> float:
+        """Kish's effective sample size of the token weights over the token count, in (0, 1]:
+        (E[sum_t c_t])^2 / (E[sum_t 1] E[sum_t c_t^2]); 1 when every c_t = 1."""
+        return float(self.weight_sum ** 2 / (self.token_count * self.weight_sq_sum))
+
 
 def _tuples(num_trajectories: int, k: int) -> np.ndarray:
     """Every K-tuple of trajectory indices, [N^K, K]."""
@@ -55,23 +73,90 @@ def _tuples(num_trajectories: int, k: int) -> np.ndarray:
     return np.stack([g.reshape(-1) for g in grids], axis=1)
 
 
-def _batch(mdp, prompt, rows, logp_all, values_all, greedy, k):
-    """The library's Batch for K responses ``rows`` to ``prompt``."""
+def _batch(mdp, prompt, rows, logp_all, values_all, greedy, k, behaviour_all=None):
+    """The library's Batch for K responses ``rows`` to ``prompt`` (with mu's log-probs when given)."""
     mask = jnp.asarray(mdp.mask)[rows]
     rewards = jnp.asarray(mdp.outcome_rewards)[prompt, rows] if mdp.outcome \
         else jnp.asarray(mdp.rewards)[prompt, rows]
     values = values_all[prompt][jnp.asarray(mdp.states)[rows]]
+    behaviour = None if behaviour_all is None else behaviour_all[prompt, rows]
     return core.Batch(mask=mask, rewards=rewards, logp=logp_all[prompt, rows], values=values,
-                      greedy_rewards=jnp.full((k,), greedy[prompt]), group_size=k)
+                      greedy_rewards=jnp.full((k,), greedy[prompt]), group_size=k, behaviour_logp=behaviour)
+
+
+def correction_weights(spec: core.Spec, hp: core.HParams, batch: core.Batch):
+    """c_t [B, T], the factor the spec's off-policy correction puts on token t's term A_t grad log pi
+    of the estimate at theta with pi_old = pi (0 on padding):
+
+      ignore                         1
+      token, sequence, geometric     the limited weight of ``core.correction_weights`` (pi / mu)
+      behaviour_ratio                the ratio's own factor against mu: rho-hat_t (eq. 16), i.e.
+                                     rho_t = pi(a_t|s_t) / mu(a_t|s_t), or 0 where the clip is active
+                                     (GSPO's sequence ratio for ratio 'sequence'; CISPO's
+                                     min(rho_t, 1 + eps_high) for 'truncated_is')
+    """
+    mask = batch.mask
+    logp = jax.lax.stop_gradient(batch.logp)
+    if spec.correction == "ignore":
+        return mask
+    if spec.correction != "behaviour_ratio":
+        return core.correction_weights(logp, batch.behaviour_logp, mask, spec.correction, spec.correction_mode,
+                                       hp.is_cap, hp.is_floor)[0]
+    if spec.ratio == "sequence":
+        rho = core.sequence_ratio(logp, batch.behaviour_logp, mask)
+    else:
+        rho = core.importance_ratio(logp, batch.behaviour_logp)
+    if spec.ratio == "truncated_is":
+        return core.truncated_is_weight(rho, hp.clip_eps_high) * mask
+    adv = core.advantages(spec, batch, hp)
+    return core.modified_ratio(rho, adv, hp.clip_eps_low, hp.clip_eps_high, hp.dual_clip) * mask
+
+
+_COMPILED: dict = {}
+
+
+def _moments_fn(mdp, logits_fn, spec: core.Spec, hp: core.HParams, k: int):
+    """The jitted chunk moments (sum_i w_i g_i, sum_i w_i |g_i|^2 and the weighted sums of E[sum_t 1],
+    E[sum_t c_t], E[sum_t c_t^2]) for one (MDP, policy, spec, hyperparameters, K); kept, so that audits
+    at other parameters or behaviour policies reuse its compilation. ``hp`` stays a constant of the
+    program (as ``core.loss`` sees it eagerly: its concrete checks still raise)."""
+    hp_key = tuple(np.asarray(x, np.float64).tobytes() for x in jax.tree.leaves(hp))
+    key = (id(mdp), id(logits_fn), spec, hp_key, k)
+    hit = _COMPILED.get(key)
+    if hit is not None and hit[0] is mdp and hit[1] is logits_fn:
+        return hit[2]
+
+    def estimate(th, values_all, greedy, behaviour_all, prompt, rows):
+        def loss(t):
+            logp_all = mdp_lib.trajectory_logprobs(mdp, logits_fn(t))
+            return core.loss(spec, _batch(mdp, prompt, rows, logp_all, values_all, greedy, k, behaviour_all), hp)[0]
+        logp_all = mdp_lib.trajectory_logprobs(mdp, logits_fn(th))
+        c = correction_weights(spec, hp, _batch(mdp, prompt, rows, logp_all, values_all, greedy, k, behaviour_all))
+        sums = jnp.stack([jnp.sum(jnp.asarray(mdp.mask)[rows]), jnp.sum(c), jnp.sum(c * c)])
+        return -jax.grad(loss)(th).reshape(-1), sums
+
+    @jax.jit
+    def moments(th, values_all, greedy, behaviour_all, prompt, rows, weights):
+        g, sums = jax.vmap(estimate, in_axes=(None, None, None, None, None, 0))(
+            th, values_all, greedy, behaviour_all, prompt, rows)
+        return weights @ g, weights @ jnp.sum(g * g, axis=1), weights @ sums
+
+    if len(_COMPILED) >= 64:
+        _COMPILED.clear()
+    _COMPILED[key] = (mdp, logits_fn, moments)
+    return moments
 
 
 def audit(mdp: mdp_lib.TokenMDP, policy, theta, algo: core.Algorithm, hp: core.HParams | None = None,
-          k: int = 2, chunk: int = 4096, state_baseline=None) -> AuditResult:
+          k: int = 2, chunk: int = 4096, state_baseline=None, behaviour_logits=None) -> AuditResult:
     """Exact E[g] and trace E[g g^T] of ``algo``'s gradient estimate with K samples per prompt.
 
     ``policy`` is ``(logits_fn, shape)`` from ``mdp.tabular_policy`` / ``shared_policy``.
     The value baseline b(s_t) is ``state_baseline`` ([P, S]), by default the exact
-    V_pi(s_t); ReMax's is the greedy trajectory's reward.
+    V_pi(s_t); ReMax's is the greedy trajectory's reward. ``behaviour_logits`` ([P, S, V]):
+    the sampler's policy mu, which draws the responses and gives ``Batch.behaviour_logp``
+    (None: on-policy, mu = pi). The result also holds E[sum_t 1], E[sum_t c_t] and
+    E[sum_t c_t^2] of the correction's token weights (``correction_weights``).
     """
     logits_fn, _ = policy
     hp = algo.hparams if hp is None else hp
@@ -80,24 +165,17 @@ def audit(mdp: mdp_lib.TokenMDP, policy, theta, algo: core.Algorithm, hp: core.H
     values_all = mdp_lib.state_values(mdp, logits) if state_baseline is None else jnp.asarray(state_baseline)
     values_all = jax.lax.stop_gradient(values_all)
     greedy = jnp.asarray(mdp_lib.greedy_rewards(mdp, logits))
-    traj_logp = np.asarray(jnp.sum(mdp_lib.trajectory_logprobs(mdp, logits), axis=2))   # [P, N]
+    sampler = logits if behaviour_logits is None else jnp.asarray(behaviour_logits, theta.dtype)
+    behaviour_all = None if behaviour_logits is None else mdp_lib.trajectory_logprobs(mdp, sampler)
+    traj_logp = np.asarray(jnp.sum(mdp_lib.trajectory_logprobs(mdp, sampler), axis=2))   # [P, N]
     tuples = _tuples(mdp.num_trajectories, k)
     true_grad = np.asarray(jax.grad(lambda th: mdp_lib.objective(mdp, logits_fn(th)))(theta)).reshape(-1)
-
-    def estimate(th, prompt, rows):
-        def loss(t):
-            logp_all = mdp_lib.trajectory_logprobs(mdp, logits_fn(t))
-            return core.loss(algo.spec, _batch(mdp, prompt, rows, logp_all, values_all, greedy, k), hp)[0]
-        return -jax.grad(loss)(th).reshape(-1)
-
-    @jax.jit
-    def moments(th, prompt, rows, weights):
-        g = jax.vmap(estimate, in_axes=(None, None, 0))(th, prompt, rows)
-        return weights @ g, weights @ jnp.sum(g * g, axis=1)
+    moments = _moments_fn(mdp, logits_fn, algo.spec, hp, k)
 
     core.check_hparams(hp, k if algo.spec.baseline == "group" else None)
     mean = np.zeros(true_grad.shape)
     second = 0.0
+    sums = np.zeros(3)
     for p in range(mdp.num_prompts):
         weights = np.exp(traj_logp[p][tuples].sum(axis=1)) * mdp.prompt_probs[p]
         for start in range(0, len(tuples), chunk):
@@ -106,10 +184,13 @@ def audit(mdp: mdp_lib.TokenMDP, policy, theta, algo: core.Algorithm, hp: core.H
                 pad = chunk - len(rows)
                 rows = np.concatenate([rows, np.zeros((pad, k), rows.dtype)])
                 w = np.concatenate([w, np.zeros(pad)])
-            m, s = moments(theta, p, jnp.asarray(rows), jnp.asarray(w, theta.dtype))
+            m, s, c = moments(theta, values_all, greedy, behaviour_all, p, jnp.asarray(rows),
+                              jnp.asarray(w, theta.dtype))
             mean += np.asarray(m)
             second += float(s)
-    return AuditResult(mean=mean, second_moment_trace=second, true_grad=true_grad)
+            sums += np.asarray(c)
+    return AuditResult(mean=mean, second_moment_trace=second, true_grad=true_grad, token_count=float(sums[0]),
+                       weight_sum=float(sums[1]), weight_sq_sum=float(sums[2]))
 
 
 def per_step_rloo_audit(mdp: mdp_lib.TokenMDP, policy, theta, k: int) -> AuditResult:
