@@ -54,6 +54,9 @@ CASES = {
                                                        "rollout.max_new_tokens=2: demonstration"),
     "a mesh that does not fit the devices": (["--set", "mesh.data=3"], "mesh: mesh {'data': 3, 'fsdp': 1, 'tensor': 1} "
                                                                        "needs 3 devices, 1 are present"),
+    "a sampler that leaves the learner no device": (["--set", "rollout.sampler_devices=1"],
+                                                    "mesh, rollout.sampler_devices: sampler_devices=1 must leave "
+                                                    "the learner at least one of the 1 devices"),
     "a KL coefficient where there is no KL term": (["--set", "hparams.kl_coef=0.01"],
                                                    "hparams.kl_coef=0.01 does nothing for dr_grpo"),
     "sampling and scoring temperatures that differ": (["--set", "rollout.temperature=0.8"],

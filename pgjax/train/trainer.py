@@ -125,7 +125,8 @@ class Trainer:
     def __init__(self, exp: Experiment):
         _user_error("distributed", lambda: multihost.initialize(exp.distributed))   # before any other JAX call
         self.exp = exp
-        self.mesh, self.sampler_mesh = _user_error("rollout.sampler_devices", lambda: learner_and_sampler_meshes(
+        mesh_options = "mesh, rollout.sampler_devices" if exp.rollout.sampler_devices else "mesh"
+        self.mesh, self.sampler_mesh = _user_error(mesh_options, lambda: learner_and_sampler_meshes(
             exp.mesh, exp.rollout.sampler_devices))
         validate(exp, self.mesh)
         _user_error("rollout.sampler_devices", lambda: mesh_lib.check_batch(
