@@ -93,14 +93,15 @@ def warm_checkpoint(base: experiment_lib.Experiment, seed: int, runs) -> pathlib
     return directory / "final"
 
 
-def run_seeds(base: experiment_lib.Experiment, variants: dict, seeds: int, runs, callbacks=()) -> dict:
+def run_seeds(base: experiment_lib.Experiment, variants: dict, seeds, runs, callbacks=()) -> dict:
     """Train every variant (a dict of overrides: ``hparams`` by their plain names, any other key of the
-    experiment by its dotted name, e.g. ``rollout.staleness``) for seeds 0..``seeds``-1 under
-    ``runs/<variant>/seed<k>``, each seed's variants from the same warm-started checkpoint, with the
-    trainer ``callbacks``; returns ``{variant: {seed: metric records}}``."""
+    experiment by its dotted name, e.g. ``rollout.staleness``) for each seed in ``seeds`` (a count n:
+    0..n-1, or the seeds themselves) under ``runs/<variant>/seed<k>``, each seed's variants from the
+    same warm-started checkpoint, with the trainer ``callbacks``; returns
+    ``{variant: {seed: metric records}}``."""
     started = time.perf_counter()
     out = {variant: {} for variant in variants}
-    for seed in range(seeds):
+    for seed in range(seeds) if isinstance(seeds, int) else seeds:
         warm = warm_checkpoint(base, seed, runs)
         for variant, changes in variants.items():
             hparams = {k: v for k, v in changes.items() if "." not in k}
@@ -142,6 +143,23 @@ def plot_band(ax, steps, per_seed, label: str, window: int = 10) -> None:
     ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.15)
 
 
+def finished_seeds(summary_path: pathlib.Path, settings: dict, variants, seeds: int) -> dict:
+    """``{variant: {seed: curves}}`` of the seeds below ``seeds`` that an earlier study's
+    ``summary.json`` holds for every one of ``variants``, if it ran with the same steps, smoke flag and
+    overrides; empty per variant otherwise (no file, other settings, a seed some variant lacks)."""
+    kept = {variant: {} for variant in variants}
+    if not summary_path.exists():
+        return kept
+    earlier = json.loads(summary_path.read_text())
+    same = ("steps", "smoke", "overrides")
+    if any(earlier["settings"].get(k) != settings[k] for k in same):
+        return kept
+    curves = {variant: {int(seed): c for seed, c in earlier["curves"].get(variant, {}).items()}
+              for variant in variants}
+    done = [seed for seed in range(seeds) if all(seed in curves[variant] for variant in variants)]
+    return {variant: {seed: curves[variant][seed] for seed in done} for variant in variants}
+
+
 def study(argv, doc: str, name: str, steps: int, base_experiment, variants: dict, curves, summarise, table,
           plot, callbacks=()) -> dict:
     """The command line and outputs of a multi-seed study of ``variants`` (overrides, see ``run_seeds``).
@@ -151,7 +169,10 @@ def study(argv, doc: str, name: str, steps: int, base_experiment, variants: dict
     ``--set key=value`` (overrides of the shared experiment, as in ``pgjax.run``).
     ``base_experiment(steps, smoke)`` gives the shared settings; ``curves(records)`` one run's
     curves; ``summarise(runs, tail)``, ``table(summary, tail)`` and ``plot(runs, path)`` the
-    results, written to ``<out>/summary.json``, ``<out>/<name>.md`` and ``<out>/<name>.png``."""
+    results, written to ``<out>/summary.json``, ``<out>/<name>.md`` and ``<out>/<name>.png``.
+    Seeds whose curves ``<out>/summary.json`` already holds for every variant, under the same steps,
+    smoke flag and overrides, are kept rather than trained again (``--seeds 3`` after ``--seeds 2``
+    trains seed 2 only)."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=f"experiments/results/{name}", help="summary, table and plot")
     parser.add_argument("--runs", default=f"runs/{name}", help="the runs' directories")
@@ -166,10 +187,14 @@ def study(argv, doc: str, name: str, steps: int, base_experiment, variants: dict
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     base = experiment_lib.override(base_experiment(steps, args.smoke), args.set)
-    records = run_seeds(base, variants, seeds, args.runs, callbacks)
-    runs = {variant: {seed: curves(r) for seed, r in by_seed.items()} for variant, by_seed in records.items()}
-    summary = summarise(runs, tail)
     settings = {"steps": steps, "seeds": seeds, "tail": tail, "smoke": args.smoke, "overrides": args.set}
+    runs = finished_seeds(out / "summary.json", settings, variants, seeds)
+    records = run_seeds(base, variants, [seed for seed in range(seeds) if seed not in runs[next(iter(variants))]],
+                        args.runs, callbacks)
+    for variant, by_seed in records.items():
+        runs[variant].update({seed: curves(r) for seed, r in by_seed.items()})
+        runs[variant] = dict(sorted(runs[variant].items()))
+    summary = summarise(runs, tail)
     (out / "summary.json").write_text(json.dumps({"settings": settings, "summary": summary, "curves": runs}))
     text = table(summary, tail)
     (out / f"{name}.md").write_text(text + "\n")

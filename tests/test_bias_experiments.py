@@ -1,6 +1,7 @@
-"""The Dr. GRPO bias experiments (experiments/length_bias.py, experiments/difficulty_bias.py) run end
-to end in their smoke setting and write metrics, tables and plots; the per-difficulty weights agree
-with a hand-computed example."""
+"""The multi-seed studies (experiments/length_bias.py, experiments/difficulty_bias.py,
+experiments/off_policy.py) run end to end in their smoke setting and write metrics, tables and plots;
+a study run again keeps the seeds it already has; the per-difficulty weights agree with a
+hand-computed example."""
 import importlib.util
 import json
 import pathlib
@@ -67,8 +68,42 @@ def test_difficulty_bias_smoke_run_logs_per_difficulty_weights(tmp_path):
     assert (tmp_path / "out" / "difficulty_bias.png").stat().st_size > 5000
 
 
+@pytest.mark.slow
+def test_off_policy_smoke_run_logs_mismatch_and_a_second_run_keeps_the_finished_seed(tmp_path):
+    op = _load("off_policy")
+    op.VARIANTS = {name: op.VARIANTS[name] for name in ("s0", "s1_token_tis", "s2_clip_mu")}   # of the 12
+    argv = ["--smoke", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out")]
+    summary = op.main(argv)
+    assert set(summary) == set(op.VARIANTS)
+    record = json.loads((tmp_path / "runs" / "s1_token_tis" / "seed0" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert record["policy_lag"] == 1 and {"mismatch_abs", "mismatch_kl", "is_limited"} <= set(record)
+    assert summary["s0"]["mismatch_abs"]["mean"] < 1e-5          # same weights, same precision: round-off
+    assert "| s2_clip_mu |" in (tmp_path / "out" / "off_policy.md").read_text()
+    saved = (tmp_path / "out" / "summary.json").read_text()
+    import shutil
+    shutil.rmtree(tmp_path / "runs")
+    assert json.dumps(op.main(argv)) == json.dumps(summary)      # nothing trained again (NaN-safe compare)
+    assert not (tmp_path / "runs").exists()
+    assert (tmp_path / "out" / "summary.json").read_text() == saved
+
+
+def test_a_study_keeps_only_seeds_every_variant_finished_under_the_same_settings(tmp_path):
+    from pgjax.compare import finished_seeds
+    settings = {"steps": 5, "seeds": 3, "tail": 2, "smoke": False, "overrides": ["optim.lr=0.1"]}
+    curves = {"a": {"0": {"step": [1]}, "1": {"step": [1]}}, "b": {"0": {"step": [2]}}}
+    path = tmp_path / "summary.json"
+    assert finished_seeds(path, settings, ["a", "b"], 3) == {"a": {}, "b": {}}
+    path.write_text(json.dumps({"settings": {**settings, "seeds": 2, "tail": 5}, "curves": curves}))
+    assert finished_seeds(path, settings, ["a", "b"], 3) == {"a": {0: {"step": [1]}}, "b": {0: {"step": [2]}}}
+    assert finished_seeds(path, settings, ["a", "b", "c"], 3) == {"a": {}, "b": {}, "c": {}}
+    assert finished_seeds(path, {**settings, "overrides": []}, ["a"], 3) == {"a": {}}
+    assert finished_seeds(path, {**settings, "steps": 6}, ["a"], 3) == {"a": {}}
+    assert finished_seeds(path, settings, ["a"], 1) == {"a": {0: {"step": [1]}}}
+
+
 def test_readme_tables_are_the_saved_results():
     readme = (EXPERIMENTS.parent / "README.md").read_text()
-    for name in ("length_bias", "difficulty_bias"):
-        table = (EXPERIMENTS / "results" / name / f"{name}.md").read_text().strip()
-        assert table in readme, f"README's {name} table is stale: paste experiments/results/{name}/{name}.md"
+    for folder, name in (("length_bias", "length_bias"), ("difficulty_bias", "difficulty_bias"),
+                         ("off_policy", "off_policy"), ("off_policy_warm400", "off_policy")):
+        table = (EXPERIMENTS / "results" / folder / f"{name}.md").read_text().strip()
+        assert table in readme, f"README's {folder} table is stale: paste experiments/results/{folder}/{name}.md"

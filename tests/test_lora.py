@@ -122,7 +122,7 @@ def test_dropout_acts_only_with_a_key_and_bad_settings_are_clear_errors(checkpoi
 
 
 def rollout_of(x, group_size=4):
-    prompt, response = x[:, :5], x[:, 5:]
+    response = x[:, 5:]                   # the first 5 tokens are the prompt
     rewards = (response == 7).sum(1).astype(jnp.float32) + jnp.arange(x.shape[0]) % 2
     return Rollout(tokens=x, attention_mask=jnp.ones_like(x),
                    batch=core.Batch(mask=jnp.ones(response.shape), rewards=rewards, logp=None,

@@ -133,7 +133,8 @@ def test_metrics_reach_jsonl_tensorboard_and_wandb_with_the_same_values(tmp_path
             assert events[key][record["step"]] == pytest.approx(value, rel=1e-6), key    # float32 in the event
             assert history[record["step"]][key] == pytest.approx(value, rel=1e-12), key
             checked += 1
-    assert checked >= 38 and {"reward", "eval_accuracy", "kl_ref", "time_step", "mean_advantage"} <= set(events)
+    assert checked >= 38 and {"reward", "eval_accuracy", "kl_ref", "time_step", "mean_advantage", "policy_lag",
+                              "mismatch_abs", "mismatch_abs_max", "mismatch_kl", "mismatch_outside"} <= set(events)
 
     run_id = (directory / "wandb_run_id").read_text()           # a resumed run continues the same W&B run
     train(experiment_lib.override(exp, ["steps=3"]), resume=True, progress=False)

@@ -215,14 +215,16 @@ def sample_and_score(policy: CausalLM, tokenizer, examples: list[dict], prompt_w
     greedy baselines and evaluation all go through here. ``examples`` are this process's rows."""
     if samples is None:
         samples = dispatch_samples(policy, tokenizer, examples, prompt_width, key, sampling, mesh, prompt_format)
-    response, lengths, truncated = to_host((samples.response, samples.lengths, samples.truncated), mesh)
-    completions = decode_responses(tokenizer, response, lengths, sampling.eos_ids)
-    prompts, fields = repeat_examples(examples, sampling.n)
-    scores, bad = {}, np.zeros(len(completions), bool)
-    for name, fn in scorers.items():
-        raw = as_rewards(fn(prompts, completions, **fields), len(completions), reward_name(fn))
-        scores[name], rows = finite_rewards(raw, reward_name(fn), prompts, completions, nonfinite)
-        bad |= rows
+    with jax.profiler.TraceAnnotation("pgjax/read_back"):      # waits for the sampler
+        response, lengths, truncated = to_host((samples.response, samples.lengths, samples.truncated), mesh)
+    with jax.profiler.TraceAnnotation("pgjax/decode_and_score"):
+        completions = decode_responses(tokenizer, response, lengths, sampling.eos_ids)
+        prompts, fields = repeat_examples(examples, sampling.n)
+        scores, bad = {}, np.zeros(len(completions), bool)
+        for name, fn in scorers.items():
+            raw = as_rewards(fn(prompts, completions, **fields), len(completions), reward_name(fn))
+            scores[name], rows = finite_rewards(raw, reward_name(fn), prompts, completions, nonfinite)
+            bad |= rows
     return Scored(samples, response, lengths, truncated, completions, scores, bad, prompts, fields)
 
 

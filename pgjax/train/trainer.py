@@ -33,6 +33,7 @@ a checkpoint saves them, so a resumed run continues exactly.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import pathlib
 import sys
 import time
@@ -244,6 +245,7 @@ class Trainer:
         return self.sampler_weights(self.state.params) if copy or self.sampler_mesh is not self.mesh \
             else self.state.params
 
+    @functools.partial(jax.profiler.annotate_function, name="pgjax/sample_dispatch")
     def _dispatch(self, index: int, params, key) -> tuple[int, list[dict], Samples]:
         """Start sampling the batch of step ``index`` (its prompts are a function of the seed and
         ``index``) with the sampler's model on ``params`` (on the sampler's mesh) and ``key``: (index,
@@ -258,6 +260,7 @@ class Trainer:
                                    exp.rollout.max_prompt_tokens, key, sampling, mesh, self.prompt_format)
         return index, share, samples
 
+    @functools.partial(jax.profiler.annotate_function, name="pgjax/score")
     def _score(self, dispatched: tuple[int, list[dict], Samples], params, key) -> Sampled:
         """The dispatched batch read back, decoded and scored (``rollout.collect``; ReMax's greedy
         responses sampled here with ``params`` and ``key``), placed on the learner's devices."""
@@ -328,7 +331,10 @@ class Trainer:
 
         With ``rollout.staleness`` = s the batch of step t + s is dispatched first (with a copy of
         this step's parameters), then this step's update; the host decodes and scores that batch
-        while the device runs the update (a separate sampler mesh also samples meanwhile)."""
+        while the device runs the update (a separate sampler mesh also samples meanwhile). In a
+        ``jax.profiler`` trace the phases are named ``pgjax/sample_dispatch``, ``pgjax/prepare``,
+        ``pgjax/update_dispatch``, ``pgjax/score`` (in it ``pgjax/read_back``, waiting for the sampler, and
+        ``pgjax/decode_and_score``) and ``pgjax/update_wait``."""
         exp, staleness = self.exp, self.exp.rollout.staleness
         t0 = time.perf_counter()
         if staleness:
@@ -340,7 +346,8 @@ class Trainer:
             batch = self._sample(self.step_count + 1, self._sampler_params(copy=False), self._sampling_key(1))
         t1 = time.perf_counter()
         examples = self.task.examples(exp.prompts_per_step, seed=stream_seed(exp.seed, "train", self.step_count))
-        rollout = jax.block_until_ready(self.learner.prepare(self.state, batch.rollout, self.hparams))
+        with jax.profiler.TraceAnnotation("pgjax/prepare"):
+            rollout = jax.block_until_ready(self.learner.prepare(self.state, batch.rollout, self.hparams))
         observed = {}
         for callback in callbacks:
             for name, value in (callback.before_update(self, rollout, examples, batch.stats) or {}).items():
@@ -349,12 +356,14 @@ class Trainer:
                                      "step's own record: name it differently")
                 observed[name] = float(value)
         t2 = time.perf_counter()
-        self.state, metrics = self.learner.update(self.state, rollout, self.hparams)    # dispatched, not finished
+        with jax.profiler.TraceAnnotation("pgjax/update_dispatch"):
+            self.state, metrics = self.learner.update(self.state, rollout, self.hparams)    # not finished
         scoring = 0.0
         if staleness:       # read back, decode and score the next batch while the update runs
             self.in_flight.append(self._score(ahead, weights, key))
             scoring = time.perf_counter() - t2
-        metrics = jax.device_get(metrics)
+        with jax.profiler.TraceAnnotation("pgjax/update_wait"):
+            metrics = jax.device_get(metrics)
         t3 = time.perf_counter()
         lag = self.step_count - batch.sampled_at
         self.step_count += 1
