@@ -76,8 +76,8 @@ def timeline(trace_file: pathlib.Path) -> dict:
     events = events["traceEvents"] if isinstance(events, dict) else events
     threads = {e["tid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "thread_name"}
     spans = [e for e in events if e.get("ph") == "X"]
-    host = sorted((e["name"], e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6) for e in spans
-                  if e["name"] in HOST_PHASES + SCORING_PHASES)
+    host = sorted(((e["name"], e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6) for e in spans
+                   if e["name"] in HOST_PHASES + SCORING_PHASES), key=lambda phase: phase[1])
     device = merged([(e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6) for e in spans
                      if threads.get(e["tid"], "").startswith("tf_XLA") and not e["name"].startswith(NOT_WORK)])
     origin = min(start for _, start, _ in host)
