@@ -112,7 +112,9 @@ def table(summary: dict, tail: int) -> str:
     return "\n".join(rows)
 
 
-def plot(runs: dict, path) -> None:
+def plot(runs: dict, path, title: str = "off-policy rollouts on the main job: mean over seeds") -> None:
+    """Greedy eval accuracy against step and against wall time, and KL(mu || pi) against step, of
+    ``{variant: {seed: curves}}`` (the mean over seeds; solid: on-policy, dashed: 1 step stale, dotted: 2)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -129,7 +131,7 @@ def plot(runs: dict, path) -> None:
     axes[1].set(xlabel="wall seconds (RL steps)", title="greedy eval accuracy")
     axes[2].set(xlabel="RL step", title="KL(mu || pi) per token (k3)", yscale="log")
     axes[0].legend(fontsize=7)
-    fig.suptitle("off-policy rollouts on the main job: mean over seeds", fontsize=9)
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

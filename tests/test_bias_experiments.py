@@ -1,7 +1,8 @@
 """The multi-seed studies (experiments/length_bias.py, experiments/difficulty_bias.py,
 experiments/off_policy.py) run end to end in their smoke setting and write metrics, tables and plots;
 a study run again keeps the seeds it already has; the per-difficulty weights agree with a
-hand-computed example."""
+hand-computed example; the real-model off-policy script (experiments/smollm2_off_policy.py) trains
+and evaluates only what is missing and tables what the runs recorded."""
 import importlib.util
 import json
 import pathlib
@@ -87,6 +88,57 @@ def test_off_policy_smoke_run_logs_mismatch_and_a_second_run_keeps_the_finished_
     assert (tmp_path / "out" / "summary.json").read_text() == saved
 
 
+def _fake_smollm2_step(step: int) -> dict:
+    return {"step": step, "policy_lag": step - 1, "accuracy": 0.25 * step, "mismatch_abs": 0.01 * step,
+            "mismatch_abs_max": 0.1 * step, "mismatch_kl": 1e-4 * step, "mismatch_outside": 0.0,
+            "is_limited": None, "time_step": 10.0 + 20.0 * (step - 1)}
+
+
+def _fake_smollm2_subprocess(calls):
+    """Stands in for ``pgjax.run`` (a two-step run: final/ and metrics.jsonl) and ``pgjax.eval`` (a JSON)."""
+    def run(command, check):
+        calls.append(command[2:])
+        if command[2] == "pgjax.run":
+            directory = pathlib.Path(next(a for a in command if a.startswith("run_dir=")).split("=", 1)[1])
+            (directory / "final").mkdir(parents=True)
+            records = [{"step": 0, "eval_accuracy": 0.3}, _fake_smollm2_step(1), _fake_smollm2_step(2), {"step": 2, "eval_accuracy": 0.5}]
+            (directory / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        else:
+            metric = {"value": 0.5, "ci95": [0.4, 0.6]}
+            metrics = {key: metric for key in ("greedy_accuracy", "pass@1", "pass@8", "truncation_rate")}
+            pathlib.Path(command[-1]).write_text(json.dumps(
+                {"metrics": {**metrics, "mean_length": {"value": 20.0, "ci95": [18.0, 22.0]}}}))
+    return run
+
+
+def test_smollm2_off_policy_trains_and_evaluates_only_what_is_missing_and_tables_the_records(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(EXPERIMENTS))                 # its sibling import, as when run as a script
+    sp = _load("smollm2_off_policy")
+    runs, out, calls = tmp_path / "runs", tmp_path / "out", []
+    with pytest.raises(SystemExit, match="no variant has both a final policy"):
+        sp.main(["--report", "--runs", str(runs), "--out", str(out)])
+    monkeypatch.setattr(sp.subprocess, "run", _fake_smollm2_subprocess(calls))
+    (runs / "smollm2_math_s1" / "checkpoints" / "10").mkdir(parents=True)        # interrupted: resumed
+    summary = sp.main(["--variants", "s1", "s2_token_tis", "--runs", str(runs), "--out", str(out)])
+    trained = [c for c in calls if c[0] == "pgjax.run"]
+    assert [c[-1] for c in trained] == ["--resume", "update.correction=token"]
+    assert "rollout.staleness=2" in trained[1] and f"run_dir={runs / 'smollm2_math_s2_token_tis'}" in trained[1]
+    assert [c[1] for c in calls if c[0] == "pgjax.eval"] == [str(runs / "smollm2_math_s1"),
+                                                               str(runs / "smollm2_math_s2_token_tis")]
+    assert list(summary) == ["s1", "s2_token_tis"]              # the table follows VARIANTS' order
+    row = summary["s1"]
+    assert row["mismatch_abs"] == pytest.approx(0.015) and row["mismatch_abs_max"] == pytest.approx(0.2)
+    assert row["step_seconds"] == pytest.approx(20.0) and row["wall_seconds"] == pytest.approx(40.0)
+    assert np.isnan(row["is_limited"])
+    assert ("| s1 | 0.500 [0.400, 0.600] | 0.500 [0.400, 0.600] | 0.500 [0.400, 0.600] | 20.0 [18.0, 22.0] "
+            "| 50.0% [40.0, 60.0] | 1.50e-02 | 1.5e-04 | 0.0000 | - | 20.0 s | 0.7 min |"
+            ) in (out / "smollm2_off_policy.md").read_text()
+    assert (out / "smollm2_off_policy.png").stat().st_size > 5000
+    calls.clear()
+    again = sp.main(["--variants", "s1", "s2_token_tis", "--runs", str(runs), "--out", str(out)])
+    assert calls == [] and json.dumps(again) == json.dumps(summary)   # trained and evaluated: left alone
+
+
 def test_a_study_keeps_only_seeds_every_variant_finished_under_the_same_settings(tmp_path):
     from pgjax.compare import finished_seeds
     settings = {"steps": 5, "seeds": 3, "tail": 2, "smoke": False, "overrides": ["optim.lr=0.1"]}
@@ -104,6 +156,7 @@ def test_a_study_keeps_only_seeds_every_variant_finished_under_the_same_settings
 def test_readme_tables_are_the_saved_results():
     readme = (EXPERIMENTS.parent / "README.md").read_text()
     for folder, name in (("length_bias", "length_bias"), ("difficulty_bias", "difficulty_bias"),
-                         ("off_policy", "off_policy"), ("off_policy_warm400", "off_policy")):
+                         ("off_policy", "off_policy"), ("off_policy_warm400", "off_policy"),
+                         ("smollm2_off_policy", "smollm2_off_policy")):
         table = (EXPERIMENTS / "results" / folder / f"{name}.md").read_text().strip()
         assert table in readme, f"README's {folder} table is stale: paste experiments/results/{folder}/{name}.md"
