@@ -1,4 +1,4 @@
-"""GRPO's question-difficulty bias in real training (the seed's "Dr. GRPO" section; Liu et al. 2025).
+"""GRPO's question-difficulty bias in real training (the paper's "Dr. GRPO" section; Liu et al. 2025).
 
     python experiments/difficulty_bias.py [--seeds 3] [--steps 100]      # ~10 min on 2 CPU cores
     python experiments/difficulty_bias.py --smoke --runs /tmp/db --out /tmp/db   # seconds: the CI check
@@ -30,7 +30,7 @@ difficulty d's measured share of the update:
                  groups whose K rewards are all 1 / all 0 (no signal under either variant)
 
 and, whatever the prompt's difficulty, by a group's number of correct responses k = 1..K-1:
-groups_k<k> (how many) and weight_k<k> (their summed |token weight|). The seed's claim is about
+groups_k<k> (how many) and weight_k<k> (their summed |token weight|). The paper's claim is about
 these: a group's sum of |A| is 2 k (K - k) / K, so without the std its weight is proportional to
 k (K - k), largest at k = K/2; dividing by the sample std sqrt(k (K - k) / (K (K - 1))) makes it
 proportional to sqrt(k (K - k)): nearly-always and nearly-never solved groups gain relative to

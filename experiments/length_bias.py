@@ -1,4 +1,4 @@
-"""GRPO's response-length bias in real training (the seed's "Dr. GRPO" section; Liu et al. 2025).
+"""GRPO's response-length bias in real training (the paper's "Dr. GRPO" section; Liu et al. 2025).
 
     python experiments/length_bias.py [--seeds 3] [--steps 150]      # ~15 min on 2 CPU cores
     python experiments/length_bias.py --set task.working=before --out experiments/results/length_bias_before
@@ -21,7 +21,7 @@ are common) shows 0..8 dots of free text, uniformly; responses may grow to 20
 tokens. Both designs were run (``experiments/results/length_bias`` and
 ``length_bias_before``; the README and ``notebooks/02_biases.ipynb`` discuss them).
 Four variants, all from the Dr. GRPO preset (group-mean baseline, rho-hat, sum
-over tokens / prompts, no KL), differing only in the seed's two switches:
+over tokens / prompts, no KL), differing only in the paper's two switches:
 
   grpo         / std and / |o|   (GRPO's normalisations, eq. 18)
   std_only     / std

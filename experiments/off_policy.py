@@ -9,9 +9,9 @@ checkpoint per seed, with:
   rollout.staleness = s        the batch of step t is sampled with the parameters of step t - s
                                (sampled while step t - s's update runs; 0 = on-policy)
   rollout.compute_dtype        bfloat16: a bfloat16 sampler for the float32 learner
-  update.correction            ignore (measure only), token / geometric / sequence importance
-                               weights pi_old / mu (``update.correction_mode`` truncate at
-                               ``hparams.is_cap`` = 2, or mask outside [0.5, 2]), or
+  algorithm.correction            ignore (measure only), token / geometric / sequence importance
+                               weights pi_old / mu (``algorithm.correction_mode`` truncate at
+                               ``algorithm.hparams.is_cap`` = 2, or mask outside [0.5, 2]), or
                                behaviour_ratio (the PPO clip against the sampler's mu)
 
 Variant names: ``s<staleness>``, ``bf16`` (the sampler), the correction (``tis``: truncated at 2,
@@ -28,20 +28,20 @@ from pgjax.compare import plot_band, study, tail_mean
 from pgjax.train.experiment import Experiment, ModelSection, WarmStartSection
 from pgjax.train.rollout import RolloutConfig
 
-TIS = {"update.correction": "token"}
+TIS = {"algorithm.correction": "token"}
 VARIANTS = {
     "s0": {},
     "s0_bf16": {"rollout.compute_dtype": "bfloat16"},
     "s0_bf16_token_tis": {"rollout.compute_dtype": "bfloat16", **TIS},
     "s1": {"rollout.staleness": 1},
     "s1_token_tis": {"rollout.staleness": 1, **TIS},
-    "s1_token_mis": {"rollout.staleness": 1, **TIS, "update.correction_mode": "mask"},
-    "s1_geometric_tis": {"rollout.staleness": 1, "update.correction": "geometric"},
-    "s1_sequence_tis": {"rollout.staleness": 1, "update.correction": "sequence"},
-    "s1_clip_mu": {"rollout.staleness": 1, "update.correction": "behaviour_ratio"},
+    "s1_token_mis": {"rollout.staleness": 1, **TIS, "algorithm.correction_mode": "mask"},
+    "s1_geometric_tis": {"rollout.staleness": 1, "algorithm.correction": "geometric"},
+    "s1_sequence_tis": {"rollout.staleness": 1, "algorithm.correction": "sequence"},
+    "s1_clip_mu": {"rollout.staleness": 1, "algorithm.correction": "behaviour_ratio"},
     "s2": {"rollout.staleness": 2},
     "s2_token_tis": {"rollout.staleness": 2, **TIS},
-    "s2_clip_mu": {"rollout.staleness": 2, "update.correction": "behaviour_ratio"},
+    "s2_clip_mu": {"rollout.staleness": 2, "algorithm.correction": "behaviour_ratio"},
 }
 PER_STEP = ("accuracy", "mismatch_abs", "mismatch_kl", "mismatch_outside", "is_limited", "time_step")
 

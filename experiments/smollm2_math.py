@@ -15,7 +15,7 @@ the answer. Measured on the base model (``pgjax.eval``, 64 prompts, 1-digit + - 
 pass@1 at T = 1 0.13, pass@4 0.39, boxed answers 0 %, 58 % of responses cut at 64 tokens; so
 groups of 4 samples often hold both a right and a wrong answer, and a shorter, correct answer is
 what RL can find. Rollouts sample at T = 0.7 (more groups with a right answer than at T = 1).
-No supervised warm start: the checkpoint is the start. ``--set algorithm=grpo`` gives the GRPO run
+No supervised warm start: the checkpoint is the start. ``--set algorithm.preset=grpo`` gives the GRPO run
 to compare; ``--set model.lora.rank=16 --set model.lora.alpha=32 --set optim.lr=1e-4`` the LoRA run. 40 steps of 8 prompts x 4 samples take 27 minutes on 2 CPU cores (peak memory 13.4 GB);
 the README has the before/after table.
 """

@@ -30,15 +30,15 @@ import numpy as np
 
 from off_policy import curves, plot           # the sibling study's per-run curves and plot
 from pgjax.compare import tail_mean
-from pgjax.train.run_dir import read_records
+from pgjax.train.sinks import read_records
 
-TIS = ("update.correction=token",)
+TIS = ("algorithm.correction=token",)
 VARIANTS = {
     "s0": (),
-    "s1": ("rollout.staleness=1", "update.correction=ignore"),
+    "s1": ("rollout.staleness=1", "algorithm.correction=ignore"),
     "s1_token_tis": ("rollout.staleness=1", *TIS),
-    "s1_clip_mu": ("rollout.staleness=1", "update.correction=behaviour_ratio"),
-    "s2": ("rollout.staleness=2", "update.correction=ignore"),
+    "s1_clip_mu": ("rollout.staleness=1", "algorithm.correction=behaviour_ratio"),
+    "s2": ("rollout.staleness=2", "algorithm.correction=ignore"),
     "s2_token_tis": ("rollout.staleness=2", *TIS),
 }
 EVALUATED = ("greedy_accuracy", "pass@1", "pass@8", "mean_length", "truncation_rate")

@@ -1,4 +1,4 @@
-"""Train the seed's seven algorithms with the same seed and settings and compare them.
+"""Train the paper's seven algorithms with the same seed and settings and compare them.
 
     python -m pgjax.compare [--set key=value ...] [--target 0.8] [--out runs/compare]
 
@@ -25,7 +25,7 @@ import warnings
 import numpy as np
 
 from pgjax.train import experiment as experiment_lib
-from pgjax.train.run_dir import read_records
+from pgjax.train.sinks import read_records
 from pgjax.train.trainer import train
 
 ALGORITHMS = ("reinforce", "reinforce_baseline", "remax", "rloo", "ppo", "grpo", "dr_grpo")
@@ -85,7 +85,7 @@ def compare(overrides: list[str], target: float, out, experiments="experiments",
 
 
 def warm_checkpoint(base: experiment_lib.Experiment, seed: int, runs) -> pathlib.Path:
-    """The seed's warm-started policy as a Hugging Face checkpoint (a ``steps=0`` run of ``base``
+    """Random seed ``seed``'s warm-started policy as a Hugging Face checkpoint (a ``steps=0`` run of ``base``
     under ``runs/warm/seed<k>``), reused if present."""
     directory = pathlib.Path(runs) / "warm" / f"seed{seed}"
     if not (directory / "final" / "config.json").exists():
@@ -107,7 +107,8 @@ def run_seeds(base: experiment_lib.Experiment, variants: dict, seeds, runs, call
             hparams = {k: v for k, v in changes.items() if "." not in k}
             exp = experiment_lib.override(base, [f"{k}={v}" for k, v in changes.items() if "." in k])
             exp = dataclasses.replace(exp, name=f"{base.name}_{variant}", seed=seed,
-                                      hparams={**base.hparams, **hparams},
+                                      algorithm=dataclasses.replace(exp.algorithm,
+                                                                    hparams={**exp.algorithm.hparams, **hparams}),
                                       model=dataclasses.replace(base.model, path=str(warm)),
                                       warm_start=dataclasses.replace(base.warm_start, steps=0),
                                       run_dir=str(pathlib.Path(runs) / variant / f"seed{seed}"))

@@ -1,5 +1,5 @@
 """A tour of ``pgjax.core`` on CPU in seconds: every preset's loss on one batch, and
-the seed's GRPO switches swept as a 16-setting ablation grid in one compiled call.
+the paper's GRPO switches swept as a 16-setting ablation grid in one compiled call.
 
     python -m pgjax.demo            # the tour
     python -m pgjax.demo --table    # the algorithm-to-equation table (markdown), as in the README

@@ -6,7 +6,7 @@
 (``--mesh``: sizes of the data, fsdp and tensor axes; ``--devices``: their product unless one is -1;
 ``--batch``: rows, prompt groups x ``--group-size``) builds the real ``Learner``
 (``pgjax.train.learner``) for a model config (a Hugging Face config.json, read offline), AdamW
-(``optim.make_optimizer(OptimConfig())``) and an algorithm preset on a device mesh, with every array
+(``learner.build_learner`` with ``OptimConfig()``) and an algorithm preset on a device mesh, with every array
 abstract: the policy is constructed inside ``jax.eval_shape`` (its weights are tracers there, never
 allocated), and the training state and the rollout are ``jax.ShapeDtypeStruct``s carrying the
 shardings the Learner itself uses (``learner.state_sharding``, ``parallel.mesh.batch_sharding``).
@@ -60,8 +60,8 @@ from pgjax.models import hf
 from pgjax.models.lora import LoRAConfig
 from pgjax.models.transformer import REMAT_POLICIES, CausalLM, ModelConfig
 from pgjax.parallel import mesh as mesh_lib
-from pgjax.train.learner import Learner, Rollout, UpdateConfig
-from pgjax.train.optim import OptimConfig, make_optimizer
+from pgjax.train.learner import Learner, Rollout, UpdateConfig, build_learner, keeps_reference, placeholder_rollout
+from pgjax.train.optim import OptimConfig
 
 GIB = 2 ** 30
 MAX_COMPILES = 8        # compiled batch sizes per largest-batch search, the two first probes included
@@ -170,7 +170,7 @@ def batch_unit(mesh: jax.sharding.Mesh, group_size: int, micro_batches: int) -> 
     return micro_batches * group_size * shards // math.gcd(group_size, shards)
 
 
-def check_batch(rows: int, group_size: int, micro_batches: int, mesh) -> None:
+def check_batch_arguments(rows: int, group_size: int, micro_batches: int, mesh) -> None:
     """A ValueError unless ``rows`` is whole groups that split into ``micro_batches`` and over the
     ``data`` x ``fsdp`` axes of ``mesh`` (a ``Mesh``, or an ``AbstractMesh`` before the devices exist)."""
     if group_size < 1:
@@ -223,8 +223,7 @@ class Planner:
         if group_size < 1 or (self.algorithm.spec.baseline == "group" and group_size < 2):
             raise ValueError(f"group size {group_size}: {algorithm} needs at least "
                              f"{2 if self.algorithm.spec.baseline == 'group' else 1}")
-        default = float(self.algorithm.hparams.kl_coef) > 0 and self.algorithm.spec.kl_placement != "none"
-        self.reference = default if reference is None else reference
+        self.reference = keeps_reference(self.algorithm) if reference is None else reference
         self.hparams = self.algorithm.hparams if self.reference else dataclasses.replace(
             self.algorithm.hparams, kl_coef=0.0)
         self.model, self.name = model, name or f"{model.family} {model.num_hidden_layers} layers"
@@ -240,33 +239,29 @@ class Planner:
         Both are built inside ``jax.eval_shape``: the Learner's constructor copies the policy's arrays
         (its own ``jax.eval_shape`` of a fresh state), which tracers allow and the ShapeDtypeStructs of
         an ``nnx.eval_shape`` policy do not. What the Learner keeps of the policy is its graph definition."""
-        algorithm, built = self.algorithm, {}
-        critic = make_optimizer(OptimConfig()) if algorithm.spec.baseline == "value" else None
+        built = {}
 
         def state():
             policy = CausalLM(self.model, nnx.Rngs(0))
-            built["learner"] = Learner(policy, algorithm, self.group_size, self.update,
-                                       make_optimizer(OptimConfig()), critic, self.reference, self.mesh)
+            built["learner"] = build_learner(policy, self.algorithm, self.group_size, self.update, OptimConfig(),
+                                             OptimConfig(), self.mesh, self.reference)
             return built["learner"].init_state(policy, jax.random.PRNGKey(0))
 
         abstract = jax.eval_shape(state)
         return built["learner"], _placed(abstract, built["learner"].state_sharding)
 
     def rollout(self, rows: int) -> Rollout:
-        """The abstract rollout the sampler hands ``prepare``: prompt + response tokens, response mask and
-        outcome rewards (ReMax: greedy rewards too), split over the batch axes."""
-        batch = lambda *shape, dtype=jnp.float32: jax.ShapeDtypeStruct(  # noqa: E731
-            shape, dtype, sharding=mesh_lib.batch_sharding(self.mesh))
-        width = self.prompt_len + self.response_len
-        greedy = batch(rows) if self.algorithm.spec.baseline == "greedy" else None
-        return Rollout(tokens=batch(rows, width, dtype=jnp.int32), attention_mask=batch(rows, width, dtype=jnp.int32),
-                       batch=core.Batch(mask=batch(rows, self.response_len), rewards=batch(rows), logp=None,
-                                        greedy_rewards=greedy, group_size=self.group_size))
+        """The abstract rollout the sampler hands ``prepare`` (``learner.placeholder_rollout``: tokens,
+        response mask, rewards, the sampler's log-probs, ReMax's greedy rewards), split over the batch axes."""
+        sharding = mesh_lib.batch_sharding(self.mesh)
+        return placeholder_rollout(rows, self.prompt_len, self.response_len, self.group_size,
+                                   self.algorithm.spec.baseline == "greedy",
+                                   lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding))
 
     def plan(self, rows: int) -> Plan:
         """Compile ``prepare`` and the optimizer step at ``rows`` rows (cached per batch size)."""
         if rows not in self._plans:
-            check_batch(rows, self.group_size, self.update.micro_batches, self.mesh)
+            check_batch_arguments(rows, self.group_size, self.update.micro_batches, self.mesh)
             self._plans[rows] = self._plan(rows)
         return self._plans[rows]
 
@@ -438,7 +433,7 @@ def main(argv=None) -> int:
         mesh = parse_mesh(args.mesh)
         devices = default_devices(mesh) if args.devices is None else args.devices
         sizes = mesh.sizes(devices)
-        check_batch(args.batch, args.group_size, args.micro_batches,
+        check_batch_arguments(args.batch, args.group_size, args.micro_batches,
                     jax.sharding.AbstractMesh(sizes, mesh_lib.MESH_AXES))
         if devices > jax.device_count() and CHILD not in os.environ:
             return _rerun_on_simulated_devices(argv, devices)

@@ -14,15 +14,15 @@ import sys
 
 from pgjax.parallel import multihost
 from pgjax.train import experiment as experiment_lib
-from pgjax.train.experiment import ConfigError
-from pgjax.train.run_dir import read_records
-from pgjax.train.trainer import RunStopped, train
+from pgjax.train.experiment import ConfigError, RunStopped
+from pgjax.train.sinks import read_records
+from pgjax.train.trainer import train
 
 
 def _epilog() -> str:
     lines = ["sections of an experiment (--set <section>.<field>=value; --print-config lists every key):"]
     lines += [f"  {name:<13} {summary}" for name, summary in experiment_lib.sections().items()]
-    lines += ["  hparams       the algorithm's traced hyperparameters (core.HParams), e.g. hparams.kl_coef=0.01",
+    lines += ["  (the algorithm's traced hyperparameters, core.HParams: e.g. algorithm.hparams.kl_coef=0.01)",
               "", "exit status: 0 done, 1 stopped by a non-finite reward or update (the last checkpoint is intact),",
               "             2 a configuration error, a run directory in use or nothing intact to resume (nothing "
               "was written)"]

@@ -1,66 +1,69 @@
-"""Shared test helpers: random batches whose log-probs are a function of parameters."""
+"""Test-session setup and the fixtures shared by several modules (plain helpers: helpers.py).
+
+A persistent XLA compilation cache, shared by the tests and the subprocesses they start: most of the
+suite's time is XLA compiling the same tiny programs again in every test and every process. It lives in
+pytest's cache directory (``.pytest_cache/d/jax_compilation``; ``--cache-clear`` empties it) unless
+``JAX_COMPILATION_CACHE_DIR`` names another, and it is set here before anything compiles, and exported
+(``JAX_COMPILATION_CACHE_DIR``, ``JAX_PERSISTENT_CACHE_MIN_*``) so that every subprocess inherits it. A
+fresh clone fills it on its first run, whose tests already share what an earlier test compiled. An
+entry's key covers the program, the XLA flags (simulated device counts), the devices, the compile options
+and the jax / jaxlib versions, so a hit gives the executable a fresh compilation would give. Off with
+``JAX_ENABLE_COMPILATION_CACHE=false``.
+"""
+import os
+import pathlib
+
 import jax
-import jax.numpy as jnp
-import numpy as np
 import pytest
-from flax import nnx
 
-from pgjax.core import Batch, token_logprobs
-
-VOCAB = 5
-
-
-# What XLA's CPU runtime prints when it gives up on a collective whose participants never all arrived.
-XLA_COLLECTIVE_HANG = "Termination timeout for"
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+CACHE_EVENTS = {"/jax/compilation_cache/cache_hits": "hits", "/jax/compilation_cache/cache_misses": "misses"}
+cache_counts = {"hits": 0, "misses": 0, "saved": 0.0, "entries": 0}
 
 
-def simulated_devices(count: int) -> str:
-    """XLA_FLAGS for ``count`` simulated CPU devices. On this 2-core machine an 8-device program now
-    and then never completes a collective (seen in the sampler's while loop on a 2x2x2 mesh: the
-    devices wait in different collectives; XLA aborts after 40 s by default, and a 10-minute limit
-    hung just the same), so the wait is cut at 120 s and the caller may retry (``XLA_COLLECTIVE_HANG``)."""
-    return (f"--xla_force_host_platform_device_count={count} --xla_cpu_collective_call_terminate_timeout_seconds=120"
-            " --xla_cpu_collective_call_warn_stuck_timeout_seconds=60")
+def compilation_cache_directory(config) -> pathlib.Path:
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return pathlib.Path(os.environ["JAX_COMPILATION_CACHE_DIR"])
+    if getattr(config, "cache", None) is not None:             # the cacheprovider plugin (not -p no:cacheprovider)
+        return config.cache.mkdir("jax_compilation")
+    return ROOT / ".pytest_cache" / "d" / "jax_compilation"
 
 
-def make_batch(seed: int, prompts: int = 3, group_size: int = 4, length: int = 6, *, dtype=jnp.float32):
-    """A batch of P * K rows with varied response lengths (one empty response, one full,
-    i.e. truncated), binary rewards with one all-equal group, and behaviour / reference
-    log-probs near the current ones so that some tokens are clipped.
-
-    Returns ``(batch, theta, tokens)``; ``batch.logp == token_logprobs(theta, tokens)``.
-    """
-    rng = np.random.default_rng(seed)
-    b = prompts * group_size
-    lengths = rng.integers(1, length + 1, size=b)
-    lengths[0], lengths[1] = 0, length
-    mask = (np.arange(length)[None, :] < lengths[:, None]).astype(np.float64)
-    rewards = rng.integers(0, 2, size=b).astype(np.float64)
-    rewards[group_size:2 * group_size] = 1.0  # prompt 1: every sample correct
-    theta = rng.normal(size=(b, length, VOCAB))
-    tokens = rng.integers(0, VOCAB, size=(b, length))
-    theta, tokens = jnp.asarray(theta, dtype), jnp.asarray(tokens)
-    logp = token_logprobs(theta, tokens)
-    noise = lambda scale: jnp.asarray(rng.normal(scale=scale, size=(b, length)), dtype)
-    batch = Batch(mask=jnp.asarray(mask, dtype), rewards=jnp.asarray(rewards, dtype), logp=logp,
-                  old_logp=logp + noise(0.3), ref_logp=logp + noise(0.2),
-                  values=noise(1.0), bootstrap=jnp.asarray(np.where(lengths == length, 0.5, 0.0), dtype),
-                  greedy_rewards=jnp.asarray(rng.integers(0, 2, size=b), dtype), group_size=group_size)
-    return batch, theta, tokens
+def cache_entries(directory) -> int:
+    return sum(1 for p in pathlib.Path(directory).glob("*-cache*")) if directory else 0
 
 
-def per_layer(grads, config) -> dict:
-    """{(layer, name): array} of a gradient tree, stacked (``scan_layers``) or one subtree per layer."""
-    flat = {}
-    for path, leaf in jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(grads)):
-        keys = [getattr(k, "key", getattr(k, "idx", None)) for k in path]
-        if keys[0] == "layers" and config.scan_layers:
-            flat.update(((i, tuple(keys[1:])), leaf[i]) for i in range(config.num_hidden_layers))
-        elif keys[0] == "layers":
-            flat[(keys[1], tuple(keys[2:]))] = leaf
-        else:
-            flat[(None, tuple(keys))] = leaf
-    return flat
+def pytest_configure(config):
+    directory = compilation_cache_directory(config)
+    directory.mkdir(parents=True, exist_ok=True)
+    settings = {"jax_compilation_cache_dir": str(directory), "jax_persistent_cache_min_compile_time_secs": "0",
+                "jax_persistent_cache_min_entry_size_bytes": "0"}
+    for name, default in settings.items():
+        value = os.environ.setdefault(name.upper(), default)      # subprocesses inherit the environment
+        jax.config.update(name, value if name.endswith("_dir") else type(jax.config.values[name])(value))
+    cache_counts["entries"] = cache_entries(directory)
+
+    def count(event, **_):
+        if event in CACHE_EVENTS:
+            cache_counts[CACHE_EVENTS[event]] += 1
+
+    def saved(event, seconds, **_):
+        if event == "/jax/compilation_cache/compile_time_saved_sec":
+            cache_counts["saved"] += seconds
+
+    jax.monitoring.register_event_listener(count)
+    jax.monitoring.register_event_duration_secs_listener(saved)
+
+
+def pytest_terminal_summary(terminalreporter):
+    directory = jax.config.values.get("jax_compilation_cache_dir")
+    if not jax.config.values.get("jax_enable_compilation_cache", True) or not directory:
+        return
+    entries = cache_entries(directory)
+    terminalreporter.write_line(
+        f"XLA compilation cache {directory}: {cache_counts['hits']} hits, {cache_counts['misses']} misses in the "
+        f"pytest process ({max(cache_counts['saved'], 0):.0f} s of compiling saved); {entries} entries "
+        f"(+{entries - cache_counts['entries']} this run, subprocesses included)")
 
 
 @pytest.fixture

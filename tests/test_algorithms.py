@@ -1,5 +1,5 @@
-"""The unified objective: presets against literal float64 references of the seed's
-equations, the seed's identities, micro-batch invariance, vmapped ablation grids
+"""The unified objective: presets against literal float64 references of the paper's
+equations, the paper's identities, micro-batch invariance, vmapped ablation grids
 and bad input."""
 import dataclasses
 
@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import make_batch
+from helpers import make_batch
 from pgjax import core
 from pgjax.core import (PRESETS, Batch, HParams, Spec, combine_metrics, finalize_metrics, hparam_grid,
                         loss_normalizer, preset, token_logprobs)
@@ -66,7 +66,7 @@ def _k3(logp, ref):
 
 
 def reference_loss(name, x, k):
-    """Each preset's loss written from the seed's equation with explicit loops."""
+    """Each preset's loss written from the paper's equation with explicit loops."""
     m, r, logp, old = x["mask"], x["rewards"], x["logp"], x["old_logp"]
     b = len(r)
     p = b // k
@@ -146,7 +146,7 @@ def test_every_preset_is_finite_with_empty_responses_and_equal_groups():
         assert np.all(np.asarray(grad[0]) == 0.0), name
 
 
-# ---------------------------------------------------------------- the seed's identities
+# ---------------------------------------------------------------- the paper's identities
 
 def _grad(spec, hp, batch, theta, tokens, norm=None):
     def f(th):
@@ -249,7 +249,7 @@ def _true_gradient(theta):
 
 
 def test_state_baseline_leaves_expected_gradient_unchanged_exactly(x64):
-    """Seed, eq. 11: E[b(s_t) grad log pi(a_t|s_t)] = 0 for any b that depends on s_t only."""
+    """The paper, eq. 11: E[b(s_t) grad log pi(a_t|s_t)] = 0 for any b that depends on s_t only."""
     theta = jnp.asarray(np.random.default_rng(0).normal(size=(4, 3)))
     baseline_table = jnp.asarray([0.7, -1.3, 2.0, 0.4])
     true = _true_gradient(theta)

@@ -12,21 +12,21 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import XLA_COLLECTIVE_HANG, simulated_devices
+from helpers import EMIT_X, XLA_COLLECTIVE_HANG, comparable, simulated_devices, tiny_experiment
 from pgjax.models import hf
 from pgjax.train import experiment as experiment_lib
-from pgjax.train.experiment import ConfigError
+from pgjax.train.experiment import AlgorithmSection, ConfigError
 from pgjax.train.learner import UpdateConfig
 from pgjax.train.rollout import keep_columns, pad_columns
-from pgjax.train.run_dir import read_records
-from pgjax.train.trainer import MISMATCH_KEYS, Trainer, train
-from test_train import EMIT_X, comparable, tiny_experiment
+from pgjax.train.sinks import read_records
+from pgjax.train.records import MISMATCH_KEYS
+from pgjax.train.trainer import Trainer, train
 
 
 def stale_experiment(tmp_path, staleness=1, correction="token", **rollout):
     exp = tiny_experiment(tmp_path, task=EMIT_X, steps=4)
     return dataclasses.replace(exp, rollout=dataclasses.replace(exp.rollout, staleness=staleness, **rollout),
-                               update=UpdateConfig(correction=correction))
+                               algorithm=AlgorithmSection(correction=correction))
 
 
 def test_same_precision_sampler_and_learner_agree_to_float32_round_off(tmp_path):
@@ -42,7 +42,7 @@ def test_same_precision_sampler_and_learner_agree_to_float32_round_off(tmp_path)
 def test_a_bfloat16_sampler_for_a_float32_learner_is_measured_and_corrected(tmp_path):
     exp = stale_experiment(tmp_path, staleness=0, correction="token", compute_dtype="bfloat16")
     trainer = Trainer(exp)
-    assert trainer.sampler_graphdef is not trainer.learner.graphdef
+    assert trainer.pipeline.graphdef is not trainer.learner.graphdef
     record = trainer.step()
     assert 1e-4 < record["mismatch_abs"] < 0.1 and record["mismatch_abs_max"] > record["mismatch_abs"]
     assert 0 < record["is_weight"] < 2 and record["is_limited"] == 0.0
@@ -76,12 +76,12 @@ def test_staleness_zero_is_the_on_policy_run(tmp_path):
     sampler's copy of the weights is never taken."""
     trainer = Trainer(stale_experiment(tmp_path, staleness=0, correction="ignore"))
     records = [trainer.step() for _ in range(2)]
-    assert [r["policy_lag"] for r in records] == [0, 0] and trainer.in_flight == []
+    assert [r["policy_lag"] for r in records] == [0, 0] and trainer.pipeline.in_flight == []
 
 
 def test_the_sampler_weights_are_a_copy_that_outlives_the_update(tmp_path):
     trainer = Trainer(stale_experiment(tmp_path))
-    copy = trainer.sampler_weights(trainer.state.params)
+    copy = trainer.pipeline.weight_copy(trainer.state.params)
     before = jax.tree.map(np.asarray, copy)
     trainer.step()                                          # donates the state's own buffers
     trainer.step()
@@ -93,8 +93,8 @@ def test_the_sampler_weights_are_a_copy_that_outlives_the_update(tmp_path):
 
 def test_a_batch_widened_for_a_checkpoint_is_cut_back_exactly(tmp_path):
     trainer = Trainer(stale_experiment(tmp_path))
-    trainer._fill_pipeline()
-    batch = trainer.in_flight[0]
+    trainer.pipeline.fill(trainer.state, trainer.step_count)
+    batch = trainer.pipeline.in_flight[0]
     full, meta = batch.saved(prompt_width=4, budget=3)
     assert full.tokens.shape[1] == 7
     back = keep_columns(full, meta["prompt_columns"], meta["response_columns"])
@@ -107,19 +107,19 @@ def test_a_batch_widened_for_a_checkpoint_is_cut_back_exactly(tmp_path):
 @pytest.mark.parametrize("assignments, message", [
     (["rollout.staleness=-1"], "staleness must be an integer >= 0"),
     (["rollout.compute_dtype=float16"], "compute_dtype must be float32, bfloat16"),
-    (["update.correction=tis"], "correction must be one of ignore, token"),
-    (["algorithm=rloo", "update.correction=behaviour_ratio"], "ratio 'on_policy' has none"),
+    (["algorithm.correction=tis"], "algorithm.correction='tis' is invalid: one of ignore, token"),
+    (["algorithm.preset=rloo", "algorithm.correction=behaviour_ratio"], "ratio 'on_policy' has none"),
 ])
 def test_bad_asynchronous_settings_are_config_errors(tmp_path, assignments, message):
     with pytest.raises(ConfigError, match=message):
-        experiment_lib.override(tiny_experiment(tmp_path), assignments).algorithm_preset()
+        experiment_lib.override(tiny_experiment(tmp_path), assignments).algorithm.build()
 
 
 def test_the_switches_are_experiment_keys(tmp_path):
     exp = experiment_lib.override(tiny_experiment(tmp_path), [
-        "rollout.staleness=2", "rollout.compute_dtype=bfloat16", "update.correction=sequence",
-        "update.correction_mode=mask", "hparams.is_cap=3", "hparams.is_floor=0.2"])
-    algo = exp.algorithm_preset()
+        "rollout.staleness=2", "rollout.compute_dtype=bfloat16", "algorithm.correction=sequence",
+        "algorithm.correction_mode=mask", "algorithm.hparams.is_cap=3", "algorithm.hparams.is_floor=0.2"])
+    algo = exp.algorithm.build()
     assert (algo.spec.correction, algo.spec.correction_mode) == ("sequence", "mask")
     assert (float(algo.hparams.is_cap), float(algo.hparams.is_floor)) == (3.0, 0.2)
     assert exp.rollout.staleness == 2 and exp.rollout.compute_dtype == "bfloat16"
@@ -132,7 +132,7 @@ import dataclasses, pathlib, sys
 import jax
 sys.path.insert(0, {tests!r})
 from pgjax.parallel.mesh import MeshConfig
-from pgjax.train.run_dir import read_records
+from pgjax.train.sinks import read_records
 from pgjax.train.trainer import train
 from test_async_rollouts import stale_experiment
 assert len(jax.devices()) == 8
@@ -150,14 +150,14 @@ from pgjax.train.trainer import Trainer
 exp = dataclasses.replace(stale_experiment(root / "split", 1), mesh=MeshConfig(data=2, fsdp=2))
 exp = dataclasses.replace(exp, rollout=dataclasses.replace(exp.rollout, sampler_devices=4))
 trainer = Trainer(exp)
-learner_devices, sampler_devices = set(trainer.mesh.devices.flat), set(trainer.sampler_mesh.devices.flat)
+learner_devices, sampler_devices = set(trainer.mesh.devices.flat), set(trainer.pipeline.sampler_mesh.devices.flat)
 assert len(learner_devices) == len(sampler_devices) == 4 and not learner_devices & sampler_devices
-weights = trainer.sampler_weights(trainer.state.params)
+weights = trainer.pipeline.weight_copy(trainer.state.params)
 for copy, own in zip(jax.tree.leaves(weights), jax.tree.leaves(trainer.state.params), strict=True):
     assert copy.sharding.device_set == sampler_devices and own.sharding.device_set <= learner_devices
     np.testing.assert_array_equal(np.asarray(copy), np.asarray(own))
 records = [trainer.step() for _ in range(3)]
-assert all(leaf.sharding.device_set <= learner_devices for leaf in jax.tree.leaves(trainer.in_flight[0].rollout))
+assert all(leaf.sharding.device_set <= learner_devices for leaf in jax.tree.leaves(trainer.pipeline.in_flight[0].rollout))
 print("SPLIT LAGS", [r["policy_lag"] for r in records], "REWARD", records[-1]["reward"])
 """
 

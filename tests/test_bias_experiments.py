@@ -121,7 +121,7 @@ def test_smollm2_off_policy_trains_and_evaluates_only_what_is_missing_and_tables
     (runs / "smollm2_math_s1" / "checkpoints" / "10").mkdir(parents=True)        # interrupted: resumed
     summary = sp.main(["--variants", "s1", "s2_token_tis", "--runs", str(runs), "--out", str(out)])
     trained = [c for c in calls if c[0] == "pgjax.run"]
-    assert [c[-1] for c in trained] == ["--resume", "update.correction=token"]
+    assert [c[-1] for c in trained] == ["--resume", "algorithm.correction=token"]
     assert "rollout.staleness=2" in trained[1] and f"run_dir={runs / 'smollm2_math_s2_token_tis'}" in trained[1]
     assert [c[1] for c in calls if c[0] == "pgjax.eval"] == [str(runs / "smollm2_math_s1"),
                                                                str(runs / "smollm2_math_s2_token_tis")]

@@ -18,7 +18,7 @@ from pgjax.train.experiment import ConfigError, TaskSection
 from pgjax.train.rollout import (PLAIN, PromptFormat, RolloutConfig, collect, encode_prompts, prompt_format_for,
                                  stop_tokens)
 from pgjax.train.trainer import Trainer
-from test_train import tiny_experiment
+from helpers import tiny_experiment
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -121,8 +121,8 @@ def test_the_trainer_renders_prompts_and_stops_at_the_end_of_turn(tmp_path):
                            rollout=RolloutConfig(samples_per_prompt=2, max_prompt_tokens=48, max_new_tokens=4))
     trainer = Trainer(base)
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    assert trainer.prompt_format == PromptFormat(chat=True, system_prompt="be brief")
-    assert trainer.eos_ids[0] == end and tokenizer.eos_token_id in trainer.eos_ids and trainer.end_id == end
+    assert trainer.context.prompt_format == PromptFormat(chat=True, system_prompt="be brief")
+    assert trainer.context.eos_ids[0] == end and tokenizer.eos_token_id in trainer.context.eos_ids and trainer.context.end_id == end
     record = trainer.step()
     assert record["step"] == 1 and record["skipped_updates"] == 0
     plain = Trainer(experiment_lib.override(base, ["task.chat_template=none", "task.system_prompt="]))

@@ -37,8 +37,10 @@ CASES = {
     "negative steps": (["--set", "steps=-5"], "steps=-5 is invalid: an integer >= 0"),
     "zero batch": (["--set", "prompts_per_step=0"], "prompts_per_step=0 is invalid: an integer >= 1"),
     "non-positive learning rate": (["--set", "optim.lr=0"], "optim.lr='0' is invalid: lr must be finite and > 0"),
-    "bad hyperparameter": (["--set", "hparams.clip_eps_low=1.5"], "hyperparameter clip_eps_low=1.5 must be in [0, 1)"),
-    "unknown algorithm": (["--set", "algorithm=trpo"], "algorithm='trpo' is unknown; valid: reinforce"),
+    "bad hyperparameter": (["--set", "algorithm.hparams.clip_eps_low=1.5"], "hyperparameter clip_eps_low=1.5 must be in [0, 1)"),
+    "unknown algorithm": (["--set", "algorithm.preset=trpo"], "algorithm.preset='trpo' is invalid: one of reinforce"),
+    "a renamed key": (["--set", "hparams.kl_coef=0.01"], "did you mean algorithm.hparams.kl_coef?"),
+    "the old algorithm key": (["--set", "algorithm=grpo"], "did you mean algorithm.preset?"),
     "unknown task": (["--set", "task.name=sudoku"], "task.name='sudoku' is unknown; valid: arithmetic"),
     "micro-batches that do not divide": (["--set", "update.micro_batches=3"],
                                          "32 prompt groups per step (prompts_per_step) do not split into "
@@ -57,7 +59,7 @@ CASES = {
     "a sampler that leaves the learner no device": (["--set", "rollout.sampler_devices=1"],
                                                     "mesh, rollout.sampler_devices: sampler_devices=1 must leave "
                                                     "the learner at least one of the 1 devices"),
-    "a KL coefficient where there is no KL term": (["--set", "hparams.kl_coef=0.01"],
+    "a KL coefficient where there is no KL term": (["--set", "algorithm.hparams.kl_coef=0.01"],
                                                    "hparams.kl_coef=0.01 does nothing for dr_grpo"),
     "sampling and scoring temperatures that differ": (["--set", "rollout.temperature=0.8"],
                                                       "update.temperature=1.0 differs from rollout.temperature=0.8"),
@@ -111,8 +113,8 @@ def test_print_config_lists_every_key_with_its_resolved_value(capsys):
     values = dict(line.split(" = ", 1) for line in lines)
     keys = [k for k in experiment_lib.valid_keys()]
     assert sorted(values) == sorted(keys)
-    assert values["rollout.temperature"] == "0.8" and values["algorithm"] == "'grpo'"
-    assert values["hparams.kl_coef"] == "0.04" and values["hparams.divide_by_std"] == "1.0"   # the preset's
+    assert values["rollout.temperature"] == "0.8" and values["algorithm.preset"] == "'grpo'"
+    assert values["algorithm.hparams.kl_coef"] == "0.04" and values["algorithm.hparams.divide_by_std"] == "1.0"   # the preset's
 
 
 def test_help_lists_the_sections(capsys):
@@ -120,7 +122,8 @@ def test_help_lists_the_sections(capsys):
         run.main(["--help"])
     assert exit_status.value.code == 0
     out = capsys.readouterr().out
-    for section in ("model", "task", "rollout", "update", "optim", "warm_start", "logging", "mesh", "distributed",
-                    "hparams"):
+    for section in ("algorithm", "model", "task", "rollout", "update", "optim", "warm_start", "logging", "mesh",
+                    "distributed"):
         assert f"\n  {section} " in out, section
+    assert "algorithm.hparams.kl_coef=0.01" in out
     assert "--print-config" in out and "--resume" in out

@@ -9,11 +9,13 @@ from fractions import Fraction
 import jax
 import numpy as np
 import pytest
-from test_train import EMIT_X, EmitX, tiny_experiment
+from helpers import EMIT_X, EmitX, tiny_experiment
 
-from pgjax import eval as evaluation
+from pgjax import eval as eval_cli
+from pgjax.train import evaluation
+from pgjax.train.checkpoints import Checkpoints
 from pgjax.train.experiment import TaskSection
-from pgjax.train.run_dir import Checkpoints, read_records
+from pgjax.train.sinks import read_records
 from pgjax.train.trainer import Trainer, train
 
 METRICS = {"greedy_accuracy", "pass@1", "pass@2", "pass@4", "format_rate", "mean_length", "truncation_rate"}
@@ -104,10 +106,10 @@ def test_greedy_accuracy_is_the_trainers_on_varied_prompts(tmp_path):
     """An untrained policy answers some of 32 different prompts right: the two agree on a fraction."""
     exp = tiny_experiment(tmp_path, task=TaskSection(name="test_eval:VariedX"), eval_prompts=32)
     trainer = Trainer(exp)
-    results = evaluation.evaluate(trainer.policy, trainer.tokenizer, trainer.task, trainer.eval_examples,
+    results = evaluation.evaluate(trainer.policy, trainer.tokenizer, trainer.task, trainer.context.eval_examples,
                                   samples=0, decoding=exp.rollout, max_prompt_tokens=exp.rollout.max_prompt_tokens,
-                                  eos_ids=trainer.eos_ids, key=jax.random.PRNGKey(3), mesh=trainer.mesh,
-                                  prompt_format=trainer.prompt_format)
+                                  eos_ids=trainer.context.eos_ids, key=jax.random.PRNGKey(3), mesh=trainer.mesh,
+                                  prompt_format=trainer.context.prompt_format)
     accuracy = trainer.evaluate()
     assert 0 < accuracy < 1 and results["metrics"]["greedy_accuracy"]["value"] == accuracy
     assert list(results["metrics"]) == ["greedy_accuracy"] and results["samples"] == 0
@@ -124,10 +126,10 @@ def test_greedy_accuracy_is_the_trainers_evaluation(run):
     exp, directory = run
     trainer = Trainer(exp)
     trainer.restore(Checkpoints(directory / "checkpoints"))
-    results = evaluation.evaluate(trainer.policy, trainer.tokenizer, trainer.task, trainer.eval_examples,
+    results = evaluation.evaluate(trainer.policy, trainer.tokenizer, trainer.task, trainer.context.eval_examples,
                                   samples=4, ks=(1, 4), decoding=exp.rollout,
-                                  max_prompt_tokens=exp.rollout.max_prompt_tokens, eos_ids=trainer.eos_ids,
-                                  key=jax.random.PRNGKey(1), mesh=trainer.mesh, prompt_format=trainer.prompt_format)
+                                  max_prompt_tokens=exp.rollout.max_prompt_tokens, eos_ids=trainer.context.eos_ids,
+                                  key=jax.random.PRNGKey(1), mesh=trainer.mesh, prompt_format=trainer.context.prompt_format)
     greedy = results["metrics"]["greedy_accuracy"]
     assert greedy["value"] == trainer.evaluate() == read_records(directory)[-1]["eval_accuracy"]
     assert greedy["interval"] == "wilson" and greedy["ci95"][0] <= greedy["value"] <= greedy["ci95"][1]
@@ -135,15 +137,15 @@ def test_greedy_accuracy_is_the_trainers_evaluation(run):
     assert set(results["metrics"]) == METRICS - {"pass@2"}
     assert results["metrics"]["pass@1"]["value"] <= results["metrics"]["pass@4"]["value"]
     with pytest.raises(ValueError, match="k=8"):
-        evaluation.evaluate(trainer.policy, trainer.tokenizer, trainer.task, trainer.eval_examples, samples=4,
-                            ks=(8,), decoding=exp.rollout, max_prompt_tokens=4, eos_ids=trainer.eos_ids,
+        evaluation.evaluate(trainer.policy, trainer.tokenizer, trainer.task, trainer.context.eval_examples, samples=4,
+                            ks=(8,), decoding=exp.rollout, max_prompt_tokens=4, eos_ids=trainer.context.eos_ids,
                             key=jax.random.PRNGKey(1))
 
 
 def test_command_line_on_a_run_prints_the_table_and_writes_json(run, tmp_path, capsys):
     exp, directory = run
     out = tmp_path / "eval.json"
-    assert evaluation.main([str(directory), "--samples", "4", "--k", "1,2,4", "--json", str(out)]) == 0
+    assert eval_cli.main([str(directory), "--samples", "4", "--k", "1,2,4", "--json", str(out)]) == 0
     table = capsys.readouterr().out
     assert table.startswith("| metric | value | 95% CI |")
     assert all(f"| {name} |" in table for name in METRICS)
@@ -155,6 +157,11 @@ def test_command_line_on_a_run_prints_the_table_and_writes_json(run, tmp_path, c
         assert low <= metric["value"] <= high, name
     assert report["metrics"]["greedy_accuracy"]["value"] == read_records(directory)[-1]["eval_accuracy"]
     assert report["decoding"]["max_new_tokens"] == exp.rollout.max_new_tokens       # the run's budget
+    assert report["task_options"] == exp.task.options()                               # what the prompts were
+    per_prompt = report["per_prompt"]                                                  # each prompt's counts
+    assert len(per_prompt["greedy_correct"]) == len(per_prompt["sampled_correct"]) == exp.eval_prompts
+    assert np.mean(per_prompt["greedy_correct"]) == report["metrics"]["greedy_accuracy"]["value"]
+    assert np.mean(per_prompt["sampled_correct"]) / 4 == pytest.approx(report["metrics"]["pass@1"]["value"])
 
 
 @pytest.mark.parametrize("arguments,message", [
@@ -164,13 +171,13 @@ def test_command_line_on_a_run_prints_the_table_and_writes_json(run, tmp_path, c
     (["--k", "1,x"], "comma-separated integers"),
 ])
 def test_command_line_reports_bad_input_in_one_line(run, capsys, arguments, message):
-    assert evaluation.main([str(run[1]), *arguments]) == 2
+    assert eval_cli.main([str(run[1]), *arguments]) == 2
     error = capsys.readouterr().err
     assert message in error and error.count("\n") == 1
 
 
 def test_command_line_needs_a_model_directory_and_a_task_for_a_checkpoint(run, tmp_path, capsys):
-    assert evaluation.main([str(tmp_path / "missing"), "--task", "arithmetic"]) == 2
+    assert eval_cli.main([str(tmp_path / "missing"), "--task", "arithmetic"]) == 2
     assert "neither a Hugging Face checkpoint directory" in capsys.readouterr().err
-    assert evaluation.main([str(run[1] / "final")]) == 2
+    assert eval_cli.main([str(run[1] / "final")]) == 2
     assert "--task is required" in capsys.readouterr().err

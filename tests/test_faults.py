@@ -12,6 +12,7 @@ import pathlib
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -26,12 +27,15 @@ from pgjax import run as cli
 from pgjax.models import hf
 from pgjax.models.transformer import CausalLM, ModelConfig
 from pgjax.train import experiment as experiment_lib
-from pgjax.train.experiment import ConfigError, TaskSection
+from pgjax.train.checkpoints import Checkpoints
+from pgjax.train.experiment import AlgorithmSection, ConfigError, RunStopped, TaskSection
 from pgjax.train.learner import UpdateConfig
 from pgjax.train.optim import OptimConfig
-from pgjax.train.run_dir import Checkpoints, RunDirectory, RunLock, locate, read_records
-from pgjax.train.trainer import RunStopped, Trainer, train
-from test_train import EMIT_X, comparable, sampled_rollout, tiny_experiment, tiny_learner
+from pgjax.train.run_dir import RunDirectory, RunLock, locate
+from pgjax.train.sinks import read_records
+from pgjax.train.trainer import Trainer, train
+from helpers import (EMIT_X, comparable, read_events, sampled_rollout, save_tiny_tokenizer, tiny_experiment,
+                     tiny_learner)
 
 ROOT = pathlib.Path(__file__).parent.parent
 
@@ -40,7 +44,7 @@ def experiment_file(tmp_path, **changes) -> pathlib.Path:
     """An experiment file for the command line: ``tiny_experiment`` on the EmitX task."""
     file = tmp_path / "faulty.py"
     extra = "".join(f", {k}={v}" for k, v in changes.items())
-    file.write_text("import pathlib\nfrom test_train import EMIT_X, tiny_experiment\n"
+    file.write_text("import pathlib\nfrom helpers import EMIT_X, tiny_experiment\n"
                     "from pgjax.train.learner import UpdateConfig\nfrom pgjax.train.optim import OptimConfig\n\n"
                     "def experiment():\n"
                     f"    return tiny_experiment(pathlib.Path({str(tmp_path)!r}), task=EMIT_X{extra})\n")
@@ -87,6 +91,28 @@ def copy_of(finished, tmp_path) -> tuple:
     exp, directory = finished[:2]
     shutil.copytree(directory, tmp_path / "run")
     return dataclasses.replace(exp, run_dir=str(tmp_path / "run")), tmp_path / "run"
+
+
+def plain_mode() -> int:
+    """The mode a plain file write gives here: 0666 less the umask."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def file_modes(folder: pathlib.Path) -> dict[str, int]:
+    """``{relative path: permission bits}`` of every file under ``folder``."""
+    return {str(p.relative_to(folder)): stat.S_IMODE(p.stat().st_mode) for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+def test_exported_files_are_readable_like_the_checkpoints(finished):
+    """Every file of final/ has the mode of a plain write (0644 under umask 022), as orbax's files have
+    (safetensors alone would leave model.safetensors 0600)."""
+    directory = finished[1]
+    final, checkpoint = file_modes(directory / "final"), file_modes(directory / "checkpoints" / "4")
+    assert {"model.safetensors", "config.json", "tokenizer_config.json"} <= set(final)
+    assert set(final.values()) == set(checkpoint.values()) == {plain_mode()}, (final, checkpoint)
 
 
 # ---------------------------------------------------------------- NaN / inf rewards
@@ -267,11 +293,11 @@ def test_no_intact_checkpoint_is_a_one_line_error(finished, tmp_path):
 # ---------------------------------------------------------------- a changed experiment on resume
 
 @pytest.mark.parametrize("changes, listed", [
-    (dict(algorithm="rloo"), "algorithm: 'dr_grpo' -> 'rloo'"),
-    (dict(hparams={"clip_eps": 0.1}), "(hparams.clip_eps: None -> 0.1)"),
+    (dict(algorithm="rloo"), "algorithm.preset: 'dr_grpo' -> 'rloo'"),
+    (dict(algorithm=AlgorithmSection(hparams={"clip_eps": 0.1})), "(algorithm.hparams.clip_eps: None -> 0.1)"),
     (dict(seed=1), "seed: 0 -> 1"),
     (dict(prompts_per_step=8), "prompts_per_step: 4 -> 8"),
-    (dict(task=TaskSection(name="arithmetic")), "task.name: 'test_train:EmitX' -> 'arithmetic'"),
+    (dict(task=TaskSection(name="arithmetic")), "task.name: 'helpers:EmitX' -> 'arithmetic'"),
     (dict(optim=OptimConfig(lr=2e-2)), "optim.lr: 0.01 -> 0.02"),
     (dict(eval_prompts=16), "eval_prompts: 8 -> 16"),
 ])
@@ -361,7 +387,6 @@ def test_a_new_run_without_run_dir_passes_over_a_directory_in_use(tmp_path, monk
 @pytest.fixture(scope="module")
 def checkpoint_dir(tmp_path_factory):
     """A tiny Hugging Face checkpoint (config with a 32-token context, a character tokenizer)."""
-    from test_models import save_tiny_tokenizer
     directory = tmp_path_factory.mktemp("checkpoint")
     config = ModelConfig(family="qwen2", vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=1, head_dim=8)
@@ -453,8 +478,8 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_metrics_and_parameters(tm
     assert resumed.wait() == 0, resumed.stdout.read()
     assert whole.wait() == 0, whole.stdout.read()
     assert comparable(metrics) == comparable(tmp_path / "whole" / "metrics.jsonl")
-    from test_trainer import read_events      # TensorBoard keeps one value per step: the killed run's
-    events = read_events(tmp_path / "killed")   # events after the checkpoint are purged on resume
+    events = read_events(tmp_path / "killed")   # TensorBoard keeps one value per step: the killed run's events
+                                                # after the checkpoint are purged on resume
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert events["reward"] == pytest.approx({r["step"]: r["reward"] for r in records if "reward" in r})
     a = hf.load(tmp_path / "whole" / "final")

@@ -1,5 +1,5 @@
-"""docs/design.md's layering: imports only point down, and pgjax.core imports nothing else from pgjax and does
-no I/O."""
+"""docs/design.md's layering: imports only point down, no module or unit imports in a cycle, no library module
+imports a command line, and pgjax.core imports nothing else from pgjax and does no I/O."""
 import ast
 import pathlib
 
@@ -34,8 +34,96 @@ def test_core_imports_only_core_and_does_no_io():
                 assert name not in IO_CALLS, f"{path.name} calls {name}()"
 
 
-LAYERS = {"core": 0, "host_memory": 0, "theory": 1, "models": 1, "parallel": 1, "sample": 2, "rewards": 2, "train": 3, "eval": 3,
-          "run": 4, "compare": 4, "demo": 4, "plan": 4}
+ENTRY_POINTS = {"run", "eval", "compare", "demo", "plan"}      # command lines (python -m pgjax.NAME)
+LAYERS = {"core": 0, "host_memory": 0, "theory": 1, "models": 1, "parallel": 1, "sample": 2, "rewards": 2, "train": 3,
+          **dict.fromkeys(ENTRY_POINTS, 4)}
+PACKAGE = CORE.parent
+
+
+def _module(path: pathlib.Path) -> str:
+    """``pgjax.a.b`` of ``pgjax/a/b.py`` (a package's ``__init__.py``: the package)."""
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """{module: the pgjax modules it imports} over every module of the package (``from pgjax.x import
+    name`` counts as importing ``pgjax.x.name`` when that is a module, else ``pgjax.x``)."""
+    modules = {_module(path): path for path in PACKAGE.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            found = []
+            if isinstance(node, ast.Import):
+                found = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found = [f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules else node.module
+                         for alias in node.names]
+            targets |= {target for target in found if target in modules and target != name}
+        graph[name] = targets
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one node (every import cycle), by Tarjan's algorithm."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def _unit(module: str) -> str:
+    """The layer unit of a module: ``pgjax/<package>/`` or ``pgjax/<module>.py``."""
+    return module.split(".")[1] if module.count(".") else "__init__"
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles_between_modules_or_units():
+    graph = import_graph()
+    assert len(graph) > 40
+    assert not cycles(graph), f"import cycles between modules: {cycles(graph)}"
+    units = {}
+    for module, targets in graph.items():
+        units.setdefault(_unit(module), set()).update(_unit(t) for t in targets if _unit(t) != _unit(module))
+    units.pop("__init__", None)
+    assert not cycles(units), f"import cycles between units: {cycles(units)}"
+
+
+def test_the_library_never_imports_an_entry_point():
+    """``run``, ``eval``, ``compare``, ``demo`` and ``plan`` are command lines: no library module imports
+    one (the evaluation library is ``pgjax.train.evaluation``, importable without its command line)."""
+    for module, targets in import_graph().items():
+        if _unit(module) not in ENTRY_POINTS:
+            entry = sorted(t for t in targets if _unit(t) in ENTRY_POINTS)
+            assert not entry, f"{module} (library) imports the entry point(s) {entry}"
 
 
 def test_imports_only_point_down_the_layers():

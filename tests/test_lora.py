@@ -5,6 +5,8 @@ adapters with the base as its KL reference, and a LoRA run checkpoints only the 
 to the uninterrupted run's result. The sharded (8 simulated devices) check is in ``test_sharding.py``."""
 import dataclasses
 import json
+import os
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -92,8 +94,9 @@ def test_peft_and_plain_transformers_reproduce_the_adapted_logits(checkpoint, tm
     from transformers import AutoModelForCausalLM
     model, x = adapted(checkpoint, config=LoRAConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj", "up_proj"))), tokens()
     want = np.asarray(model(x))
-    hf.save_peft(model, tmp_path / "adapter", base_model=str(checkpoint))
+    hf.save_peft(model, tmp_path / "adapter", base_model=os.path.relpath(checkpoint))   # recorded absolute
     written = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert written["base_model_name_or_path"] == str(checkpoint.resolve())
     assert written["r"] == 4 and written["lora_alpha"] == 8.0 and written["target_modules"] == ["q_proj", "up_proj",
                                                                                                    "v_proj"]
     assert len(load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))) == 2 * 3 * CONFIG.num_hidden_layers
@@ -155,9 +158,9 @@ def test_the_learner_trains_only_the_adapters_against_the_base_as_reference(chec
 
 @pytest.mark.slow
 def test_a_lora_run_checkpoints_only_the_adapters_and_resumes_to_the_uninterrupted_result(tmp_path):
-    from test_train import EMIT_X, tiny_experiment
+    from helpers import EMIT_X, tiny_experiment
 
-    from pgjax.train.run_dir import Checkpoints, layout
+    from pgjax.train.checkpoints import Checkpoints, layout
     from pgjax.train.trainer import train
     exp = lambda name, steps: dataclasses.replace(                                          # noqa: E731
         tiny_experiment(tmp_path / name, algorithm="grpo", steps=steps, task=EMIT_X, checkpoint_every=1,
@@ -176,3 +179,58 @@ def test_a_lora_run_checkpoints_only_the_adapters_and_resumes_to_the_uninterrupt
     saved = [key for key in layout(getattr(metadata, "tree", metadata)) if key.startswith("params.")]
     checkpoints.close()
     assert saved and all("_lora." in key for key in saved), saved
+
+
+@pytest.mark.slow
+def test_a_lora_export_names_a_base_that_peft_loads_from_another_directory(tmp_path, monkeypatch):
+    """A LoRA run on a random base writes the base beside its adapter (final/base) and records its
+    absolute path; an adapter on a local checkpoint given by a relative model.path records that
+    checkpoint's absolute path. From another working directory, offline, peft's
+    AutoPeftModelForCausalLM loads each adapter with its base and gives the policy's logits; every
+    exported file is readable like a checkpoint's."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    from huggingface_hub import constants
+    from peft import AutoPeftModelForCausalLM
+    from test_faults import file_modes, plain_mode
+    from helpers import EMIT_X, tiny_experiment
+
+    from pgjax.train.run_dir import RunDirectory
+    from pgjax.train.trainer import Trainer
+
+    monkeypatch.chdir(tmp_path)                             # relative run_dir and model.path below
+    exp = tiny_experiment(pathlib.Path("random"), algorithm="grpo", task=EMIT_X, steps=3, eval_every=10)
+    exp = dataclasses.replace(exp, model=dataclasses.replace(exp.model, lora=LoRASection(rank=2)))
+    local = dataclasses.replace(exp, run_dir="local/run",
+                                model=dataclasses.replace(exp.model, path="random/run/final/base"))
+    trainer = Trainer(exp)
+    for experiment, steps in ((exp, True), (local, False)):  # the second exports the same policy
+        run = RunDirectory(experiment, resume=False)
+        run.create()
+        run.start(trainer.tokenizer, trainer.step_count)
+        if steps:
+            trainer.fit(run, progress=False)
+        else:
+            run.log({"step": trainer.step_count, "eval_accuracy": 0.0})
+        trainer.export(run)
+        run.close()
+    policy, base = trainer.policy, tmp_path / "random" / "run" / "final" / "base"
+    x = jax.random.randint(jax.random.PRNGKey(3), (2, 7), 0, policy.config.vocab_size)
+    want = np.asarray(policy(x))
+    assert np.abs(want - np.asarray(lora.base(policy)(x))).max() > 1e-3      # the adapters moved
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)   # read once, when huggingface_hub was imported
+    for final in (tmp_path / "random" / "run" / "final", tmp_path / "local" / "run" / "final"):
+        config = json.loads((final / "adapter" / "adapter_config.json").read_text())
+        assert config["base_model_name_or_path"] == str(base.resolve())
+        model = AutoPeftModelForCausalLM.from_pretrained(str(final / "adapter"), dtype=torch.float32).eval()
+        with torch.no_grad():
+            got = model(torch.tensor(np.asarray(x))).logits.numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        assert set(file_modes(final).values()) == {plain_mode()}, file_modes(final)
+    assert not (tmp_path / "local" / "run" / "final" / "base").exists()
+    assert {"config.json", "model.safetensors", "tokenizer_config.json"} <= set(file_modes(base))

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import per_layer
+from helpers import per_layer
 
 from pgjax.core import token_logprobs
 from pgjax.models import hf
@@ -124,12 +124,28 @@ def test_options_survive_a_checkpoint_round_trip_and_stay_out_of_config_json(tmp
 
 
 def test_unknown_names_are_clear_errors(checkpoint):
-    with pytest.raises(ValueError, match="unknown remat policy 'sometimes'"):
+    with pytest.raises(ValueError, match=r"remat='sometimes' is invalid: one of \('off'"):
         dataclasses.replace(CONFIG, remat="sometimes")
-    with pytest.raises(ConfigError, match="model.remat='sometimes' is invalid"):
+    with pytest.raises(ConfigError, match=r"model.remat='sometimes' is invalid: one of \('off'"):
         ModelSection(remat="sometimes")
+    with pytest.raises(ConfigError, match="model.num_key_value_heads=3 is invalid: a divisor of num_attention_heads=4"):
+        ModelSection(num_attention_heads=4, num_key_value_heads=3)
     with pytest.raises(TypeError, match=r"unknown model options \['scan'\]"):
         hf.load(checkpoint, scan=True)
+
+
+def test_the_model_section_is_model_configs_fields_and_checks():
+    """The experiment's model section names ModelConfig's fields (plus the checkpoint path and the LoRA
+    section) and builds the same config; ModelConfig's checks are the section's."""
+    section = {f.name for f in dataclasses.fields(ModelSection)} - {"path"}
+    assert section <= {f.name for f in dataclasses.fields(ModelConfig)}
+    config = ModelSection().config(vocab_size=11)
+    assert all(getattr(config, name) == getattr(ModelSection(), name) for name in section - {"lora"})
+    for field, bad in (("hidden_size", 0), ("rms_norm_eps", 0.0), ("param_dtype", "float16"), ("family", "gpt2")):
+        with pytest.raises(ValueError, match=f"^{field}={bad!r} is invalid"):
+            dataclasses.replace(CONFIG, **{field: bad})
+        with pytest.raises(ConfigError, match=f"^model.{field}={bad!r} is invalid"):
+            ModelSection(**{field: bad})
 
 
 @pytest.mark.slow
@@ -137,7 +153,7 @@ def test_bfloat16_compute_training_tracks_the_float32_run(tmp_path):
     """float32 weights and AdamW state, bfloat16 activations and matmuls (``compute_dtype``): six GRPO
     steps on the tiny emit-x task raise p(x) as the float32 run does, within 0.02 (measured: 5e-4),
     and the first step's gradient norm (the same rollout: samples have not diverged yet) agrees to 2%."""
-    from test_train import EMIT_X, EmitX, p_first_x, tiny_experiment
+    from helpers import EMIT_X, EmitX, p_first_x, tiny_experiment
 
     from pgjax.train.trainer import Trainer, train
 

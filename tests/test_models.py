@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from helpers import save_tiny_tokenizer, tiny_hf_config
 from pgjax.core import chunked_logprobs_and_entropy, token_logprobs
 from pgjax.models import hf
 from pgjax.models.transformer import CausalLM, ModelConfig, rope_frequencies
@@ -15,20 +16,6 @@ from pgjax.models.transformer import CausalLM, ModelConfig, rope_frequencies
 transformers = pytest.importorskip("transformers")
 
 FAMILIES = [("llama", False), ("llama", True), ("qwen2", False), ("qwen2", True), ("qwen3", False), ("qwen3", True)]
-LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                  "original_max_position_embeddings": 16}
-
-
-def tiny_hf_config(family, tied):
-    common = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=tied, rms_norm_eps=1e-6)
-    if family == "llama":
-        return transformers.LlamaConfig(**common, rope_scaling=LLAMA3_SCALING, rope_theta=500000.0)
-    if family == "qwen2":
-        return transformers.Qwen2Config(**common)
-    return transformers.Qwen3Config(**common, head_dim=16)
-
-
 def left_padded_batch():
     tokens = np.random.default_rng(0).integers(1, 64, size=(3, 9))
     mask = np.ones((3, 9), np.int64)
@@ -173,21 +160,6 @@ def test_bfloat16_checkpoint_loads_and_runs_in_bfloat16(tmp_path):
     # bf16 compute vs the same bf16 weights computed in float32: logits ~1, measured error ~7e-3
     assert np.abs(want).max() > 0.5
     assert np.abs(got - want)[mask > 0].max() < 0.03
-
-
-def save_tiny_tokenizer(directory, chat_template=None):
-    """A character-level tokenizer built offline (tokenizers + transformers), 64 ids, <eos> = 1,
-    with ``chat_template`` (a string, or a dict of named templates) if given."""
-    tokenizers = pytest.importorskip("tokenizers")
-    chars = "0123456789+-*= abcdefghijklmnopqrstuvwxyz"
-    vocab = {"<pad>": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate(chars)}}
-    vocab.update({f"<extra{i}>": i for i in range(len(vocab), 64)})
-    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<pad>"))
-    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Split("", "isolated")
-    tokenizer.decoder = tokenizers.decoders.Fuse()
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<eos>", pad_token="<pad>")
-    fast.chat_template = chat_template
-    fast.save_pretrained(directory)
 
 
 def test_a_transformers_checkpoint_loads_samples_and_saves_back_losslessly(checkpoint, tmp_path):

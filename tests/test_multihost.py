@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import simulated_devices
+from helpers import simulated_devices
 from pgjax.models import hf
-from pgjax.train.trainer import TIMING_KEYS
+from pgjax.train.records import TIMING_KEYS
 
 EXPERIMENT = """
 from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection

@@ -1,5 +1,5 @@
 """Tests of pgjax.core.objectives against float64 NumPy references written from the
-formulas of the seed (eq. 15 clipped objective, eq. 16 modified ratio rho-hat) and
+formulas of the paper (eq. 15 clipped objective, eq. 16 modified ratio rho-hat) and
 the docstrings (GSPO sequence ratio, CISPO truncated IS weight, KL k1/k2/k3, value loss).
 """
 import jax
@@ -335,7 +335,7 @@ def test_mismatched_shapes_raise():
 
 
 # ----------------------------------------------------------------------------------------
-# The seed's identity: grad (rho-hat A) == grad of eq. (15).
+# The paper's identity: grad (rho-hat A) == grad of eq. (15).
 
 
 def _params_and_data(seed, old_scale=0.7):

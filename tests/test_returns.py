@@ -223,7 +223,7 @@ def test_discounted_returns_hand_examples():
     # outcome reward 3 on a length-2 response, gamma 0.9: G = [2.7, 3, 0]
     g = discounted_returns(jnp.array([3.0]), jnp.array([[1.0, 1.0, 0.0]]), gamma=0.9)
     np.testing.assert_allclose(np.asarray(g), [[2.7, 3.0, 0.0]], rtol=1e-6, atol=1e-6)
-    # gamma = 1 outcome: every response token sees the outcome (seed, below eq. 18: G_t = R(s_{T-1}, a_{T-1}))
+    # gamma = 1 outcome: every response token sees the outcome (the paper, below eq. 18: G_t = R(s_{T-1}, a_{T-1}))
     g = discounted_returns(jnp.array([1.0, -2.0]), jnp.array([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]]))
     np.testing.assert_array_equal(np.asarray(g), [[1.0, 1.0, 1.0], [-2.0, 0.0, 0.0]])
 

@@ -402,6 +402,9 @@ def test_malformed_answers_are_not_equal_and_do_not_raise_or_hang(bad):
     ("Natalia sold 48/2 = 24 clips.\n#### 72", "72"), ("#### 1,000\n", "1,000"),
     ("The answer is 42.", "42"), ("costs -3 then 5-3", "3"), ("about 2.5 or -1.25", "-1.25"), ("3/4 of it", "3/4"),
     ("no number here", None), ("", None),
+    (r"\boxed{}", None), (r"The answer is \boxed{ }. So 12", "12"),  # blank boxes are passed over
+    (r"\boxed{1} then \boxed{2", None),                 # a cut-off last box: no answer
+    (r"\boxed 5.", "5"), (r"x = \frac{3}{4}", r"\frac{3}{4}"), ("1,2,3", "3"),
 ])
 def test_extract_answer(text, expected):
     assert extract_answer(text) == expected

@@ -99,7 +99,7 @@ def check_model_options(policy, algo, rollout):
     import numpy as np
     import optax
 
-    from conftest import per_layer
+    from helpers import per_layer
     from pgjax.models import hf
     from pgjax.parallel import mesh as mesh_lib
     from pgjax.train.learner import Learner, UpdateConfig
@@ -128,7 +128,7 @@ def check_model_options(policy, algo, rollout):
 
 @pytest.mark.slow
 def test_sharded_update_and_sampling_equal_the_single_device_run():
-    from conftest import XLA_COLLECTIVE_HANG, simulated_devices
+    from helpers import XLA_COLLECTIVE_HANG, simulated_devices
     env = {**os.environ, "XLA_FLAGS": simulated_devices(8), "JAX_PLATFORMS": "cpu"}
     for _ in range(3):       # only XLA's CPU collective hang (see simulated_devices) is retried
         done = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900)
@@ -196,11 +196,11 @@ def test_one_process_feeds_and_reads_back_every_row():
 def test_a_batch_that_does_not_split_over_the_batch_axes_raises_naming_it():
     import types
 
-    from pgjax.parallel.mesh import check_batch
+    from pgjax.parallel.mesh import check_divisible_rows
     mesh = types.SimpleNamespace(shape={"data": 2, "fsdp": 2, "tensor": 2})
-    check_batch(8, mesh, "prompts_per_step")
+    check_divisible_rows(8, mesh, "prompts_per_step")
     with pytest.raises(ValueError, match="prompts_per_step: 6 rows do not split over data x fsdp = 4"):
-        check_batch(6, mesh, "prompts_per_step")
+        check_divisible_rows(6, mesh, "prompts_per_step")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The seed's claims about each estimator, computed exactly (float64, no sampling) with
+"""The paper's claims about each estimator, computed exactly (float64, no sampling) with
 the library's own losses on enumerable token MDPs."""
 import itertools
 
@@ -103,7 +103,7 @@ def test_grpo_is_biased_in_direction_on_prompts_of_mixed_difficulty():
 
 
 def test_std_division_reweights_questions_toward_easy_and_hard_ones():
-    """Seed, question-level difficulty bias. With binary outcome rewards, dividing by the group
+    """The paper, question-level difficulty bias. With binary outcome rewards, dividing by the group
     std only rescales each prompt's gradient (no direction bias on one prompt), but by a factor
     that grows as the prompt gets easier or harder (lower std): so on several prompts the
     direction is biased, and the up-weighting is largest for the most extreme prompt."""
@@ -135,7 +135,7 @@ def _expected_length(mdp, logits, correct: bool):
 
 
 def test_length_normalisation_shortens_correct_and_lengthens_incorrect_responses():
-    """Seed, response-level length bias. Dividing by |o| (without the std division) biases the
+    """The paper, response-level length bias. Dividing by |o| (without the std division) biases the
     direction even on one prompt; compared with the unbiased update of the same size along
     grad J, it lowers the expected length of correct responses and raises that of incorrect ones
     (directional derivatives of E[|o| 1{correct}] and E[|o| 1{incorrect}])."""
@@ -155,18 +155,19 @@ def test_length_normalisation_shortens_correct_and_lengthens_incorrect_responses
 
 
 @pytest.mark.slow
-def test_readme_audit_table_is_the_audit_commands_output():
+def test_theory_page_audit_table_is_the_audit_commands_output():
     import pathlib
     import re
 
     from pgjax.theory.audit import report
-    readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
-    copy = re.search(r"<!-- audit-table:start -->\n(.*?)\n<!-- audit-table:end -->", readme, re.S).group(1)
-    assert copy.strip() == report().strip(), "README's audit table is stale: paste `python -m pgjax.theory.audit`"
+    page = (pathlib.Path(__file__).parent.parent / "docs" / "theory.md").read_text()
+    copy = re.search(r"<!-- audit-table:start -->\n(.*?)\n<!-- audit-table:end -->", page, re.S).group(1)
+    assert copy.strip() == report().strip(), \
+        "docs/theory.md's audit table is stale: paste `python -m pgjax.theory.audit`"
 
 
 def test_per_step_greedy_baseline_is_unbiased():
-    """The seed's ReMax b_t = G-hat_t, the greedy completion's return from every s_t: a state function."""
+    """The paper's ReMax b_t = G-hat_t, the greedy completion's return from every s_t: a state function."""
     mdp, pol, theta = _setup(reward="process")
     greedy = mdp_lib.greedy_state_values(mdp, pol[0](theta))
     assert np.ptp(greedy) > 0

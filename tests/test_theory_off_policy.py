@@ -34,7 +34,7 @@ def lab():
 
 
 def _label(name):
-    return next(c for c in op.CORRECTIONS if c.label.startswith(name)).label
+    return next(c for c in op.AUDITED_CORRECTIONS if c.label.startswith(name)).label
 
 
 # ---- NumPy references for the tabular policy -------------------------------------------------------
@@ -102,7 +102,7 @@ def _reinforce(correction: op.Correction):
 
 # ---- mu = pi -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("correction", op.CORRECTIONS, ids=lambda c: c.label)
+@pytest.mark.parametrize("correction", op.AUDITED_CORRECTIONS, ids=lambda c: c.label)
 def test_staleness_zero_is_the_on_policy_audit(lab, correction):
     """mu = pi: every weight is 1 and the tuples are drawn from pi: mean, variance and ESS as on-policy."""
     algo, hp = correction.apply(core.preset("ppo_multi_sample"))
@@ -152,7 +152,7 @@ def test_dr_grpo_is_k_minus_1_times_eq_19_under_every_correction(lab):
     over K vs mean): the weights and the clip's sign test leave that alone, so its off-policy table is
     eq. 19's with the variance times (K - 1)^2."""
     b = next(b for b in lab.behaviours if b.label == "stale 2")
-    for correction in op.CORRECTIONS:
+    for correction in op.AUDITED_CORRECTIONS:
         algo, hp = correction.apply(core.preset("dr_grpo"))
         result = audit(lab.mdp, lab.policy, lab.theta, algo, hp, k=K, behaviour_logits=b.logits)
         cell = lab.cells[b.label, correction.label].result
@@ -187,7 +187,8 @@ def test_sequence_truncation_bias_is_the_mass_above_the_cap(lab, behaviour):
 def test_ignoring_mu_is_the_score_weighted_by_mu(lab, behaviour):
     """K = 1 REINFORCE, correction ignore: E_mu[g] = sum_tau mu(tau) R(tau) grad log pi(tau)."""
     pi_logits, mu_logits = _k1_setting(lab, behaviour)
-    result = audit(lab.mdp, lab.policy, lab.theta, *_reinforce(op.CORRECTIONS[0]), k=1, behaviour_logits=mu_logits)
+    result = audit(lab.mdp, lab.policy, lab.theta, *_reinforce(op.AUDITED_CORRECTIONS[0]), k=1,
+                   behaviour_logits=mu_logits)
     want = _reinforce_mean(lab.mdp, pi_logits, mu_logits, lambda pi, mu: np.ones_like(pi))
     np.testing.assert_allclose(result.mean, want, rtol=0, atol=1e-10)
 
@@ -198,7 +199,8 @@ def test_token_is_is_the_policy_gradient_under_mus_states_and_returns(lab, behav
     = sum_s d_mu(s) sum_a pi(a|s) Q_mu(s, a) grad log pi(a|s): pi's actions, mu's state distribution and
     returns (grad J is the same sum with d_pi, Q_pi; the difference is token IS's bias)."""
     pi_logits, mu_logits = _k1_setting(lab, behaviour)
-    result = audit(lab.mdp, lab.policy, lab.theta, *_reinforce(op.CORRECTIONS[1]), k=1, behaviour_logits=mu_logits)
+    result = audit(lab.mdp, lab.policy, lab.theta, *_reinforce(op.AUDITED_CORRECTIONS[1]), k=1,
+                   behaviour_logits=mu_logits)
     np.testing.assert_allclose(result.mean, _state_action_mean(lab.mdp, pi_logits, mu_logits), rtol=0, atol=1e-10)
     np.testing.assert_allclose(result.true_grad, _state_action_mean(lab.mdp, pi_logits, pi_logits), rtol=0, atol=1e-10)
     assert np.linalg.norm(result.mean - result.true_grad) > 1e-3
@@ -210,7 +212,7 @@ def test_behaviour_ratio_is_the_clip_against_mu_by_enumeration(lab):
     enumerated over pairs of trajectories from mu."""
     mdp = lab.mdp
     pi_logits, mu_logits = _k1_setting(lab, "stale 2")
-    algo, hp = op.CORRECTIONS[-1].apply(core.preset("ppo_multi_sample"))
+    algo, hp = op.AUDITED_CORRECTIONS[-1].apply(core.preset("ppo_multi_sample"))
     result = audit(mdp, lab.policy, lab.theta, algo, hp, k=2, behaviour_logits=mu_logits)
     rho = _token_probs(mdp, pi_logits) / _token_probs(mdp, mu_logits)                  # [P, N, T]
     mu = _token_probs(mdp, mu_logits).prod(2)
@@ -307,11 +309,11 @@ def test_behaviours_are_what_the_module_says():
 
 
 @pytest.mark.slow
-def test_readme_off_policy_table_is_the_commands_output():
+def test_theory_page_off_policy_table_is_the_commands_output():
     import pathlib
     import re
 
-    readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
-    copy = re.search(r"<!-- off-policy-table:start -->\n(.*?)\n<!-- off-policy-table:end -->", readme, re.DOTALL).group(1)
+    page = (pathlib.Path(__file__).parent.parent / "docs" / "theory.md").read_text()
+    copy = re.search(r"<!-- off-policy-table:start -->\n(.*?)\n<!-- off-policy-table:end -->", page, re.DOTALL).group(1)
     assert copy.strip() == op.report().strip(), \
-        "README's off-policy table is stale: paste `python -m pgjax.theory.off_policy`"
+        "docs/theory.md's off-policy table is stale: paste `python -m pgjax.theory.off_policy`"

@@ -11,59 +11,19 @@ import optax
 import pytest
 from flax import nnx
 
+from helpers import EMIT_X, EmitX, p_first_x, sampled_rollout, starts_with_x, tiny_experiment, tiny_learner
 from pgjax import core
 from pgjax.models import hf
 from pgjax.models.scoring import response_logprobs
 from pgjax.models.transformer import CausalLM, ModelConfig
-from pgjax.rewards import char_tokenizer, per_example
 from pgjax.sample import SamplingConfig, generate
 from pgjax.train import experiment as experiment_lib
-from pgjax.train.experiment import ConfigError, Experiment, ModelSection, TaskSection, WarmStartSection
-from pgjax.train.learner import Learner, Rollout, UpdateConfig
-from pgjax.train.optim import OptimConfig, make_optimizer
+from pgjax.train.experiment import ConfigError, Experiment, ModelSection, TaskSection
+from pgjax.train.learner import Rollout, UpdateConfig
 from pgjax.train.rollout import RolloutConfig, collect, encode_prompts, overlong_penalty, trim_padding
-from pgjax.train.trainer import TIMING_KEYS
 from pgjax.train.trainer import Trainer, train
 
 SEVEN = ["reinforce", "reinforce_baseline", "remax", "rloo", "ppo", "grpo", "dr_grpo"]
-TINY_MODEL = ModelSection(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                          num_key_value_heads=1, head_dim=16)
-
-
-@per_example
-def starts_with_x(prompt, completion, **_):
-    return float(completion.startswith("x"))
-
-
-@dataclasses.dataclass(frozen=True)
-class EmitX:
-    """Reward 1 for a response whose first token is ``x``."""
-    name: str = "emit_x"
-    format_pattern: str = "[abx]*"
-    reward_fn = staticmethod(starts_with_x)
-
-    def tokenizer(self):
-        return char_tokenizer("abx")
-
-    def examples(self, n, seed=0):
-        return [{"prompt": "ab", "answer": "x"} for _ in range(n)]
-
-
-EMIT_X = TaskSection(name="test_train:EmitX")      # a user's task, by import path (tests/ is on sys.path)
-
-
-def p_first_x(policy, tokenizer) -> float:
-    tokens, mask = encode_prompts(tokenizer, ["ab"], 4)
-    logits = policy(jnp.asarray(tokens), jnp.asarray(mask))[0, -1]
-    return float(jax.nn.softmax(logits)[tokenizer.convert_tokens_to_ids("x")])
-
-
-def tiny_experiment(tmp_path, **changes) -> Experiment:
-    base = Experiment(name="t", steps=4, prompts_per_step=4, model=TINY_MODEL, eval_every=2, eval_prompts=8,
-                      checkpoint_every=2, run_dir=str(tmp_path / "run"), optim=OptimConfig(lr=1e-2),
-                      critic_optim=OptimConfig(lr=1e-2), warm_start=WarmStartSection(steps=0),
-                      rollout=RolloutConfig(samples_per_prompt=4, max_prompt_tokens=4, max_new_tokens=3))
-    return dataclasses.replace(base, **changes)
 
 
 @pytest.mark.slow
@@ -85,31 +45,6 @@ def test_every_algorithm_raises_the_probability_of_the_rewarded_token(algorithm,
     assert (steps[0]["kl_ref"] is not None) == (algorithm == "grpo")
     assert steps[-1]["reward"] > steps[0]["reward"]
     assert (directory / "curves.png").stat().st_size > 1000
-
-
-def comparable(path) -> list[dict]:
-    """The metric lines without wall-clock timings."""
-    records = [json.loads(line) for line in pathlib.Path(path).read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in records]
-
-
-def tiny_learner(algorithm, update, group_size=4, optimizer=None):
-    config = ModelConfig(family="qwen2", vocab_size=12, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=8)
-    policy = CausalLM(config, nnx.Rngs(0))
-    algo = core.preset(algorithm)
-    optimizer = optimizer or make_optimizer(OptimConfig(lr=1e-2))
-    learner = Learner(policy, algo, group_size, update, optimizer, optimizer, use_reference=False)
-    return policy, algo, learner
-
-
-def sampled_rollout(policy, group_size=4, prompts=4):
-    tokens = np.tile(np.arange(2, 6), (prompts, 1))
-    samples = generate(policy, tokens, np.ones_like(tokens), jax.random.key(0),
-                       SamplingConfig(max_new_tokens=5, eos_ids=(1,), n=group_size))
-    rewards = jnp.asarray((np.asarray(samples.response) == 7).sum(1), jnp.float32)
-    return Rollout(tokens=samples.tokens, attention_mask=samples.attention_mask,
-                   batch=core.Batch(mask=samples.response_mask, rewards=rewards, logp=None, group_size=group_size))
 
 
 @pytest.mark.parametrize("algorithm", ["dr_grpo", "ppo"])
@@ -293,10 +228,10 @@ def test_remax_scores_a_greedy_response_per_prompt():
 
 
 def test_set_overrides_typed_fields_and_rejects_what_is_not_valid():
-    exp = experiment_lib.override(Experiment(), ["rollout.temperature=0.7", "steps=3", "hparams.kl_coef=0.01",
+    exp = experiment_lib.override(Experiment(), ["rollout.temperature=0.7", "steps=3", "algorithm.hparams.kl_coef=0.01",
                                                  "rollout.mask_truncated=true", "task.name=countdown"])
     assert exp.rollout.temperature == 0.7 and exp.steps == 3 and exp.rollout.mask_truncated is True
-    assert exp.algorithm_preset().hparams.kl_coef == 0.01 and exp.task.name == "countdown"
+    assert exp.algorithm.build().hparams.kl_coef == 0.01 and exp.task.name == "countdown"
     cases = [("rollout.temprature=0.7", r"unknown config key 'rollout.temprature'; did you mean rollout.temperature\?"),
              ("steps=many", r"steps='many' is invalid: an int is expected"),
              ("steps", "key=value"),
@@ -307,12 +242,13 @@ def test_set_overrides_typed_fields_and_rejects_what_is_not_valid():
              ("rollout.top_p=1.5", r"rollout.top_p='1.5' is invalid: top_p must be in \(0, 1\]"),
              ("model.family=gpt2", r"model.family='gpt2' is invalid: one of \('llama', 'qwen2', 'qwen3'\)"),
              ("rollout.mask_truncated=maybe", "a bool, true or false"),
-             ("hparams.kl_coef=nan", "a finite number")]
+             ("algorithm.hparams.kl_coef=nan", "a finite number"),
+             ("update.correction=token", "did you mean algorithm.correction?")]
     for assignment, message in cases:
         with pytest.raises(ConfigError, match=message):
             experiment_lib.override(Experiment(), [assignment])
     with pytest.raises(ConfigError, match="hyperparameter kl_coef"):
-        experiment_lib.override(Experiment(), ["hparams.kl_coef=-1"]).algorithm_preset()
+        experiment_lib.override(Experiment(), ["algorithm.hparams.kl_coef=-1"]).algorithm.build()
     # all assignments are made at once: the order of two fields checked together does not matter
     for order in (["rollout.overlong_buffer=8", "rollout.max_new_tokens=16"],
                   ["rollout.max_new_tokens=16", "rollout.overlong_buffer=8"]):
@@ -323,7 +259,7 @@ def test_an_experiment_file_with_a_renamed_or_unknown_field_is_a_config_error(tm
     file = tmp_path / "old.py"
     file.write_text("from pgjax.train.experiment import Experiment, ModelSection\n"
                     "def experiment():\n    return Experiment(model=ModelSection(layers=2))\n")
-    with pytest.raises(ConfigError, match="unexpected keyword argument 'layers'.*layers is now num_hidden_layers"):
+    with pytest.raises(ConfigError, match="unexpected keyword argument 'layers'.*layers is now model.num_hidden_layers"):
         experiment_lib.load(file)
     file.write_text("from pgjax.train.experiment import Experiment\ndef experiment():\n"
                     "    return Experiment(steps=-1)\n")
@@ -334,7 +270,7 @@ def test_an_experiment_file_with_a_renamed_or_unknown_field_is_a_config_error(tm
 def test_experiment_files_load_and_name_their_algorithm():
     for algorithm in SEVEN:
         exp = experiment_lib.load(pathlib.Path(__file__).parent.parent / "experiments" / f"arithmetic_{algorithm}.py")
-        assert exp.algorithm == algorithm and exp.algorithm_preset().spec.name == algorithm
+        assert exp.algorithm.preset == algorithm and exp.algorithm.build().spec.name == algorithm
 
 
 def test_bad_experiments_fail_before_anything_is_written(tmp_path):
@@ -352,7 +288,7 @@ def test_bad_experiments_fail_before_anything_is_written(tmp_path):
         (dict(task=TaskSection(name="no_such_module:make")), "cannot be imported"),
         (dict(task=TaskSection(digits=0)), "digits must be an int"),
         (dict(model=ModelSection(path=str(tmp_path))), "config.json missing"),
-        (dict(algorithm="trpo"), "algorithm='trpo' is unknown"),
+        (dict(algorithm="trpo"), "algorithm.preset='trpo' is invalid"),
         (dict(algorithm="grpo", rollout=RolloutConfig(samples_per_prompt=1)), "group baseline compares K >= 2"),
         (dict(prompts_per_step=3, update=UpdateConfig(minibatches=2)), "do not split"),
     ]
@@ -383,7 +319,7 @@ def test_a_new_run_never_overwrites_a_saved_one(tmp_path, monkeypatch):
 def test_the_checkpoint_experiment_trains_a_local_hf_checkpoint_on_a_jsonl_dataset(tmp_path):
     pytest.importorskip("torch", reason="builds the checkpoint with transformers + torch")
     import transformers
-    from test_models import save_tiny_tokenizer, tiny_hf_config
+    from helpers import save_tiny_tokenizer, tiny_hf_config
     checkpoint = tmp_path / "checkpoint"
     transformers.AutoModelForCausalLM.from_config(tiny_hf_config("qwen2", True)).save_pretrained(checkpoint)
     save_tiny_tokenizer(checkpoint)

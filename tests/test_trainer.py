@@ -13,10 +13,12 @@ import sys
 import numpy as np
 import pytest
 
+from helpers import read_events
 from pgjax.train import experiment as experiment_lib
 from pgjax.train.progress import Progress
-from pgjax.train.run_dir import read_records
-from pgjax.train.trainer import TIMING_KEYS, Callback, Trainer, train
+from pgjax.train.sinks import read_records
+from pgjax.train.records import TIMING_KEYS
+from pgjax.train.trainer import Callback, Trainer, train
 
 ROOT = pathlib.Path(__file__).parent.parent
 EXPERIMENT = """
@@ -72,14 +74,6 @@ class Recorder(Callback):
 
     def after_step(self, trainer, record):
         self.records.append(record)
-
-
-def read_events(directory) -> dict:
-    """{tag: {step: value}} of the TensorBoard event files in ``directory`` (tensorboard's own reader)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    events = EventAccumulator(str(directory), size_guidance={"scalars": 0})
-    events.Reload()
-    return {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
 
 
 def read_wandb_history(path) -> list[dict]:

@@ -105,8 +105,10 @@ VERIFIER_CASES = [  # completion, target 71: (boxed_or_last_number reward, boxed
     ("71 is wrong, it is 72", 0, 0),
     ("", 0, 0),
     ("I don't know.", 0, 0),
-    ("\\boxed{71", 1, 0),                                 # truncated box: not a box; 71 is the last number
-    ("\\boxed{71} then \\boxed{12", 1, 1),
+    ("\\boxed{71", 0, 0),                                 # a cut-off last box: no answer
+    ("\\boxed{71} then \\boxed{12", 0, 0),                # (not the earlier box, not the last number)
+    ("\\boxed 71.", 1, 1),                                # a bare-token box
+    ("\\boxed{142/2}", 1, 1),                              # a fraction is one number, of value 71
     ("{ so \\boxed {71}", 1, 1),
     ("\\boxed{-71}", 0, 0),
     ("7" * 100, 0, 0),                                     # too long to be a number
@@ -121,16 +123,64 @@ def test_verifier_both_answer_from_modes(completion, unboxed_ok, boxed_only):
     assert R.WordMathTask().reward_fn is R.word_math_reward
 
 
-def test_final_answer_numbers():
-    assert R.final_answer("48 - 71 = -23") == -23
-    assert R.final_answer("5-3=2") == 2 and R.final_answer("(5)-3") == 3
-    assert R.final_answer("The total is 1,104 pencils.") == 1104
-    assert R.final_answer("\\boxed{1,104}") == 1104 and R.final_answer("\\boxed{\\$2.5}") == 2.5
-    assert R.final_answer("\\boxed{\\boxed{7}}") == 7
-    assert R.final_answer("it is 71", answer_from="boxed") is None
+def test_answer_numbers():
+    def number(text, **options):
+        return R.extract_answer(text, number_only=True, **options)
+
+    assert number("48 - 71 = -23") == "-23"
+    assert number("5-3=2") == "2" and number("(5)-3") == "3"
+    assert number("The total is 1,104 pencils.") == "1,104"
+    assert number("\\boxed{1,104}") == "1,104" and number("\\boxed{\\$2.5}") == "2.5"
+    assert number("\\boxed{\\boxed{7}}") == "7"
+    assert number("it is 71", answer_from="boxed") is None
     assert score(R.word_math_reward, ["-23"], -23) == [1.0]
     with pytest.raises(ValueError, match="answer_from"):
-        R.final_answer("1", answer_from="last")
+        R.extract_answer("1", answer_from="last")
+
+
+# completion, integer answer, reward: the same through word_math's and jsonl_math's reward functions,
+# since both read the answer with math_answers.extract_answer (word_math with number_only=True)
+SHARED_ANSWER_CASES = [
+    ("\\boxed{}", 0, 0),                                   # an empty box is no answer ...
+    ("The answer is \\boxed{}. It is 12", 12, 1),           # ... and is passed over
+    ("\\boxed{12} and \\boxed{ }", 12, 1),
+    ("\\boxed 5", 5, 1),                                   # a bare-token box
+    ("So $\\boxed 5$.", 5, 1),
+    ("\\boxed 5, not 6", 5, 1),
+    ("\\boxed{3/4}", 4, 0),                                 # a fraction is one number ...
+    ("\\boxed{3/4}", 3, 0),
+    ("\\boxed{6/2}", 3, 1),
+    ("x = \\frac{3}{4}", 4, 0),                             # ... never its denominator
+    ("x = \\frac{6}{2}", 3, 1),
+    ("\\boxed{\\dfrac{6}{2}}", 3, 1),
+    ("48 - 71 = -23", -23, 1),                              # negative numbers
+    ("\\boxed{-23}", 23, 0),
+    ("5-3=2", 2, 1),                                        # a "-" after a digit is not a sign
+    ("The total is 1,104 pencils.", 1104, 1),               # thousands commas
+    ("\\boxed{1,104}", 1104, 1),
+    ("1,2,3", 3, 1),                                        # a list is not one number
+    ("23 + 48 = 71", 71, 1),                                # no box: the last number
+    ("71 is wrong, it is 72", 71, 0),
+    ("71, no wait: \\boxed{70}", 71, 0),                    # a box beats the last number
+    ("\\boxed{71", 71, 0),                                  # a cut-off last box is no answer
+    ("\\boxed{71} then \\boxed{12", 71, 0),
+    ("I don't know.", 0, 0),
+]
+
+
+@pytest.mark.parametrize("completion,answer,reward", SHARED_ANSWER_CASES)
+def test_word_math_and_math_rewards_read_the_same_answer(completion, answer, reward):
+    assert score(R.word_math_reward, [completion], answer) == [reward]
+    assert R.math_reward(["p"], [completion], answer=[str(answer)]).tolist() == [reward]
+
+
+def test_number_only_is_where_the_tasks_differ():
+    # word_math's answer is one number; jsonl_math's an expression that answers_equal compares
+    assert R.extract_answer("\\boxed{23 + 48}") == "23 + 48"
+    assert R.extract_answer("\\boxed{23 + 48}", number_only=True) is None
+    assert score(R.word_math_reward, ["\\boxed{23 + 48}"], 71) == [0.0]
+    assert R.math_reward(["p"], ["\\boxed{23 + 48}"], answer=["71"]).tolist() == [1.0]
+    assert R.extract_answer("\\boxed{71 apples}", number_only=True) == "71"
 
 
 FORMAT_CASES = [

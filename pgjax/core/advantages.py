@@ -53,12 +53,12 @@ def group_std(scores: Array, group_size: int, ddof=1.0) -> Array:
 
 def group_advantages(scores: Array, group_size: int, leave_one_out=0.0, divide_by_std=0.0,
                      std_eps=1e-6, std_ddof=1.0) -> Array:
-    """Group-relative advantages of the seed's group family, ``[B]``.
+    """Group-relative advantages of the paper's group family, ``[B]``.
 
       b_k = (1 - l) mean_i G_i + l (1/(K-1)) sum_{i != k} G_i
       A_k = (G_k - b_k) / ((1 - s) + s (std[G] + eps))
 
-    l = ``leave_one_out``: 0 is the plain group mean with the seed's 1/K (GRPO,
+    l = ``leave_one_out``: 0 is the plain group mean with the paper's 1/K (GRPO,
     eq. 18; biased by (K-1)/K), 1 the leave-one-out baseline, i.e. the 1/(K-1)
     scaling of RLOO (eq. 14) and eq. (19). s = ``divide_by_std``: 1 divides by
     the group std (eq. 18, 20). Both are floats so ``vmap`` can sweep them.
@@ -80,7 +80,7 @@ def greedy_baseline_advantages(scores: Array, greedy_scores: Array) -> Array:
     """ReMax (eq. 13): A = G - G_hat, with G_hat the return of the greedy rollout
     from the same prompt, ``[B]``.
 
-    The seed's b_t = G_hat_t is the greedy return from every s_t; as in ReMax's
+    The paper's b_t = G_hat_t is the greedy return from every s_t; as in ReMax's
     implementation we use the greedy return from s_0 for every t.
     """
     chex.assert_rank([scores, greedy_scores], 1)
@@ -92,8 +92,8 @@ def whiten(x: Array, mask: Array, eps=1e-8, ddof=1.0) -> Array:
     """(A - E[A]) / (std[A] + eps) over the masked entries of the whole batch (PPO, REINFORCE++).
 
     E and std are over every masked token of the batch (the usual practice;
-    the seed's PPO note writes the same normalisation over one trajectory's
-    T steps), std with ``ddof`` (the seed uses 1). Off-mask entries are 0. With fewer than ddof + 1
+    the paper's PPO note writes the same normalisation over one trajectory's
+    T steps), std with ``ddof`` (the paper uses 1). Off-mask entries are 0. With fewer than ddof + 1
     masked entries the divisor n - ddof is replaced by 1 (no NaN). Off-mask
     entries may hold anything (they are selected away, not multiplied).
     """

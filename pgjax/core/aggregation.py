@@ -16,7 +16,7 @@ w_b the per-sequence length weight:
   seq_mean_const_len   (1/B) sum_b w_b sum_t m x / L  Dr. GRPO in practice: a constant L
                                                       (the token budget) instead of |o_b|
 
-w_b = s / |o_b| + (1 - s) with s = ``divide_by_length``, the seed's 1/|o|
+w_b = s / |o_b| + (1 - s) with s = ``divide_by_length``, the paper's 1/|o|
 switch (a traced float, so one compiled loss sweeps it); it applies in every
 mode, though only ``seq_mean`` with it is a named algorithm (GRPO). An empty
 response (|o_b| = 0) contributes 0. L is the token budget: pass it to
@@ -59,7 +59,7 @@ def loss_normalizer(mask: Array, group_size: int, max_length=None) -> Normalizer
 
 
 def length_weights(mask: Array, divide_by_length=0.0) -> Array:
-    """w_b = s / max(|o_b|, 1) + (1 - s), ``[B]``: the seed's 1/|o| switch (eq. 18)."""
+    """w_b = s / max(|o_b|, 1) + (1 - s), ``[B]``: the paper's 1/|o| switch (eq. 18)."""
     length = jnp.sum(at_least_f32(mask), axis=1)
     return divide_by_length / jnp.maximum(length, 1.0) + (1.0 - divide_by_length)
 

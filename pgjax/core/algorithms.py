@@ -1,11 +1,11 @@
-"""The unified objective: every algorithm of the seed as one choice per column.
+"""The unified objective: every algorithm of the paper as one choice per column.
 
 An algorithm is an ``Algorithm(spec, hparams)``:
 - ``Spec`` holds the static choices (part of the compiled program): which
   baseline, which ratio, where the KL goes, which KL estimator, how per-token
   terms are aggregated;
 - ``HParams`` is a pytree of float scalars (traced): clip epsilons, KL and
-  entropy coefficients, gamma, lambda, and the seed's on/off switches as 0/1
+  entropy coefficients, gamma, lambda, and the paper's on/off switches as 0/1
   floats (divide by std, divide by |o|, leave-one-out i.e. 1/(K-1) vs 1/K,
   batch whitening; KL off is ``kl_coef = 0``). So
   ``jax.vmap(algo.loss, in_axes=(None, 0))(batch, grid)`` evaluates a whole
@@ -220,8 +220,12 @@ class Batch:
         return dataclasses.replace(self, **changes)
 
 
-def check_batch(spec: Spec, batch: Batch) -> None:
-    """Shapes, dtypes and the fields ``spec`` needs; raises a ValueError naming the problem."""
+def check_batch_for_spec(spec: Spec, batch: Batch) -> None:
+    """Check ``batch`` against ``spec``: mask [B, T] float; rewards [B] or [B, T]; every per-token
+    field [B, T] and every per-row field [B]; the fields ``spec`` reads present (``behaviour_logp``
+    for a correction other than 'ignore', ``values`` / ``greedy_rewards`` for its baseline unless
+    ``advantages`` are given) and ``group_size`` dividing B (K >= 2 for the group baseline). Raises
+    a ValueError naming the problem."""
     chex.assert_rank(batch.mask, 2)
     if not jnp.issubdtype(batch.mask.dtype, jnp.floating):
         raise ValueError(f"mask must be a float array (1.0 / 0.0), got {batch.mask.dtype}")
@@ -273,7 +277,7 @@ def _old_logp(batch: Batch) -> Array:
 
 def advantages(spec: Spec, batch: Batch, hp: HParams) -> Array:
     """Per-token advantages ``[B, T]`` (no gradient) of ``spec`` on the *global* batch."""
-    check_batch(spec, batch)
+    check_batch_for_spec(spec, batch)
     mask = batch.mask
     kl_penalty = _kl_reward_penalty(spec, batch, hp)
     if spec.baseline in ("none", "value"):
@@ -306,7 +310,7 @@ def _kl_reward_penalty(spec: Spec, batch: Batch, hp: HParams) -> Array:
 def value_targets(spec: Spec, batch: Batch, hp: HParams) -> Array:
     """Critic regression targets ``[B, T]``: the lambda-returns G^lambda_t = A_t + V(s_t) of eq. (17),
     from the same (KL-penalised) token rewards as ``advantages`` but before any whitening."""
-    check_batch(spec, batch)
+    check_batch_for_spec(spec, batch)
     if batch.values is None:
         raise ValueError(f"{spec.name}: value_targets needs batch.values from a critic")
     token_rewards = as_token_rewards(batch.rewards, batch.mask) - _kl_reward_penalty(spec, batch, hp)
@@ -344,7 +348,7 @@ def loss(spec: Spec, batch: Batch, hp: HParams, norm: Normalizer | None = None):
     Whatever padded positions of the log-probs and entropy hold (even -inf)
     is replaced by 0 first, so it reaches neither the value nor the gradient.
     """
-    check_batch(spec, batch)
+    check_batch_for_spec(spec, batch)
     computes_group_std = batch.advantages is None and spec.baseline == "group"
     check_hparams(hp, batch.group_size if computes_group_std else None)
     batch = _zero_padding(batch)

@@ -1,9 +1,9 @@
-"""Algorithm presets: the seed's algorithms (and DAPO, REINFORCE++, GSPO, CISPO) as
+"""Algorithm presets: the paper's algorithms (and DAPO, REINFORCE++, GSPO, CISPO) as
 ``Algorithm(spec, hparams)`` values. ``algorithm_table()`` renders them, so the
 README's table is generated from the presets themselves.
 
 Each preset reproduces its equation up to a positive constant factor that the
-learning rate absorbs, except where the seed's point is the factor itself
+learning rate absorbs, except where the paper's point is the factor itself
 (1/K vs 1/(K-1)); see each ``equation`` and the float64 references in
 tests/test_algorithms.py.
 """
@@ -44,19 +44,19 @@ PRESETS: dict[str, Algorithm] = {
         "Dr. GRPO: group mean, no std, no |o|: sum_k sum_t rho-hat (r_k - mean r)",
         name="dr_grpo", equation="21", baseline="group", ratio="clip", aggregation="prompt_mean"),
     "dapo": _preset(
-        "DAPO (beyond the seed): clip-higher, token-mean, / std, no KL",
+        "DAPO (beyond the paper): clip-higher, token-mean, / std, no KL",
         HParams(clip_eps_high=0.28, divide_by_std=1.0), name="dapo", equation="-",
         baseline="group", ratio="clip", aggregation="token_mean"),
     "reinforce_pp": _preset(
-        "REINFORCE++ (beyond the seed): returns-to-go with k1 KL in the reward, batch whitening, clip",
+        "REINFORCE++ (beyond the paper): returns-to-go with k1 KL in the reward, batch whitening, clip",
         HParams(whiten=1.0, kl_coef=0.01), name="reinforce_pp", equation="-",
         baseline="none", ratio="clip", aggregation="token_mean", kl_placement="reward", kl_estimator="k1"),
     "gspo": _preset(
-        "GSPO (beyond the seed): clipped length-normalised sequence ratio",
+        "GSPO (beyond the paper): clipped length-normalised sequence ratio",
         HParams(clip_eps_low=3e-4, clip_eps_high=4e-4, divide_by_std=1.0, divide_by_length=1.0),
         name="gspo", equation="-", baseline="group", ratio="sequence", aggregation="seq_mean"),
     "cispo": _preset(
-        "CISPO (beyond the seed): truncated IS weight sg(min(rho, 1+eps_high)) A log pi",
+        "CISPO (beyond the paper): truncated IS weight sg(min(rho, 1+eps_high)) A log pi",
         HParams(clip_eps_high=4.0, divide_by_std=1.0), name="cispo", equation="-",
         baseline="group", ratio="truncated_is", aggregation="token_mean"),
 }

@@ -12,6 +12,7 @@ Nothing is ever downloaded: the directory must exist locally.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import shutil
 
@@ -251,7 +252,6 @@ def hf_config_dict(config: ModelConfig) -> dict:
 def save(model: CausalLM, directory, tokenizer_dir=None) -> None:
     """Write config.json and model.safetensors (and tokenizer files from ``tokenizer_dir``). A model
     with LoRA adapters is refused: save ``lora.merged(model)``, or the adapters with ``save_peft``."""
-    from safetensors.numpy import save_file
     if model.config.lora is not None:
         raise ValueError("hf.save: the model has LoRA adapters, which a Hugging Face checkpoint cannot hold; "
                          "save pgjax.models.lora.merged(model), or the adapters alone with hf.save_peft")
@@ -261,7 +261,7 @@ def save(model: CausalLM, directory, tokenizer_dir=None) -> None:
     # contiguous: a transposed NumPy view (a model holding host arrays) would be written in its memory order
     tensors = {hf_name: np.ascontiguousarray(to_hf(_weight(model, path)))
                for hf_name, path, _, to_hf in _layout(config)}
-    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    _save_tensors(tensors, directory / "model.safetensors")
     (directory / "config.json").write_text(json.dumps(hf_config_dict(config), indent=2))
     if tokenizer_dir is not None:
         _copy_tokenizer(pathlib.Path(tokenizer_dir), directory)
@@ -271,8 +271,9 @@ def save_peft(model: CausalLM, directory, base_model: str = "") -> None:
     """A PEFT LoRA adapter directory of ``model``'s adapters: adapter_config.json and
     adapter_model.safetensors (``lora_A.weight`` [r, in] = A^T, ``lora_B.weight`` [out, r] = B^T
     under PEFT's ``base_model.model.<module>`` names), which ``peft.PeftModel.from_pretrained``
-    loads onto the transformers model of the base checkpoint (``base_model``: its path, recorded)."""
-    from safetensors.numpy import save_file
+    loads onto the transformers model of the base checkpoint (``base_model``, recorded: a local
+    directory that exists as its absolute path, so that the adapter loads from any working directory;
+    anything else, e.g. a hub id, as given)."""
     lora = model.config.lora
     if lora is None:
         raise ValueError("hf.save_peft: the model has no LoRA adapters")
@@ -287,12 +288,38 @@ def save_peft(model: CausalLM, directory, base_model: str = "") -> None:
                 tensors[f"{name}.lora_{matrix.upper()}.weight"] = np.ascontiguousarray(value.T)
     directory = pathlib.Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(directory / "adapter_model.safetensors"), metadata={"format": "pt"})
+    _save_tensors(tensors, directory / "adapter_model.safetensors")
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": lora.rank, "lora_alpha": lora.alpha,
               "lora_dropout": lora.dropout, "target_modules": sorted(lora.targets), "bias": "none",
               "fan_in_fan_out": False, "use_rslora": False, "init_lora_weights": True, "inference_mode": True,
-              "base_model_name_or_path": base_model, "modules_to_save": None}
+              "base_model_name_or_path": _absolute_if_local(base_model), "modules_to_save": None}
     (directory / "adapter_config.json").write_text(json.dumps(config, indent=2))
+
+
+def _absolute_if_local(name: str) -> str:
+    """``name``'s absolute, resolved path where it names an existing local directory, else ``name``."""
+    return str(pathlib.Path(name).resolve()) if name and pathlib.Path(name).is_dir() else name
+
+
+def _umask() -> int:
+    """This process's umask (read from /proc where it can be: setting it to read it races other threads)."""
+    try:
+        for line in pathlib.Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _save_tensors(tensors: dict, path: pathlib.Path) -> None:
+    """Write a safetensors file with the mode a plain file write gives (0666 less the umask: readable
+    by the group like any checkpoint); safetensors itself leaves its files 0600."""
+    from safetensors.numpy import save_file
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    os.chmod(path, 0o666 & ~_umask())
 
 
 def _weight(model: CausalLM, path) -> np.ndarray:
@@ -303,9 +330,11 @@ def _weight(model: CausalLM, path) -> np.ndarray:
 
 
 def _copy_tokenizer(source: pathlib.Path, directory: pathlib.Path) -> None:
-    """Copy the ``COPIED_FILES`` that ``source`` holds, and its ``CHAT_TEMPLATE_DIR``, into ``directory``."""
+    """Copy the ``COPIED_FILES`` that ``source`` holds, and its ``CHAT_TEMPLATE_DIR``, into ``directory``
+    (the bytes only: the copies get a new file's mode, not the source's)."""
     for name in COPIED_FILES:
         if (source / name).exists():
-            shutil.copy(source / name, directory / name)
+            shutil.copyfile(source / name, directory / name)
     if (source / CHAT_TEMPLATE_DIR).is_dir():
-        shutil.copytree(source / CHAT_TEMPLATE_DIR, directory / CHAT_TEMPLATE_DIR, dirs_exist_ok=True)
+        shutil.copytree(source / CHAT_TEMPLATE_DIR, directory / CHAT_TEMPLATE_DIR, dirs_exist_ok=True,
+                        copy_function=shutil.copyfile)

@@ -13,7 +13,8 @@ without a second copy of the weights.
 Target names follow Hugging Face / PEFT (``q_proj`` ... ``down_proj``). Export: ``save_peft``
 writes a PEFT adapter directory (``adapter_config.json`` + ``adapter_model.safetensors``) that
 ``peft.PeftModel.from_pretrained`` loads onto the transformers model; ``merged`` folds every
-adapter into its weight (W + (alpha/r) A B) for a plain Hugging Face checkpoint (``hf.save``).
+adapter into its weight (W + (alpha/r) A B) for a plain Hugging Face checkpoint (``hf.save``), and
+``base`` drops the adapters (the base checkpoint of an adapter trained on a random base).
 """
 from __future__ import annotations
 
@@ -116,19 +117,32 @@ def initialise_adapters(model) -> None:
 def merged(model):
     """A copy of the adapted ``model`` without adapters, each folded into its weight:
     W + (alpha / r) A B (reshaped to W's layout), the same function up to rounding."""
+    return _plain(model, model.config.lora.scale)
+
+
+def base(model):
+    """A copy of the adapted ``model`` without its adapters: the frozen weights W alone, the base
+    model its adapters apply to (a PEFT adapter's base checkpoint, saved with ``hf.save``)."""
+    return _plain(model, None)
+
+
+def _plain(model, scale: float | None):
+    """A copy of the adapted ``model`` as a model without LoRA: each adapter folded into its weight
+    with ``scale``, or dropped with ``scale`` None."""
     pure = nnx.to_pure_dict(nnx.state(model))
-    _merge_into(pure, model.config.lora.scale)
+    _merge_into(pure, scale)
     plain = nnx.eval_shape(lambda: type(model)(dataclasses.replace(model.config, lora=None), nnx.Rngs(0)))
     state = nnx.state(plain)
     nnx.replace_by_pure_dict(state, pure)
     return nnx.merge(nnx.graphdef(plain), state)
 
 
-def _merge_into(tree: dict, scale: float) -> None:
-    """Fold and remove every ``<target>_lora`` entry of a pure state dict, recursively."""
+def _merge_into(tree: dict, scale: float | None) -> None:
+    """Fold (``scale`` None: drop) and remove every ``<target>_lora`` entry of a pure state dict,
+    recursively."""
     for target, weight in WEIGHTS.items():
         lora = tree.pop(f"{target}_lora", None)
-        if lora is not None:
+        if lora is not None and scale is not None:
             w = tree[weight]
             delta = jnp.einsum("...ir,...ro->...io", lora["a"], lora["b"]) * scale
             tree[weight] = w + delta.reshape(w.shape).astype(w.dtype)

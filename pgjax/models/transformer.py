@@ -24,6 +24,7 @@ from pgjax.models.lora import Adapter, LoRAConfig, adapter, dropout_keys
 from pgjax.parallel.mesh import constrain
 
 FAMILIES = ("llama", "qwen2", "qwen3")
+DTYPES = ("float32", "bfloat16")      # parameter and compute dtypes
 # rematerialisation of each layer in a full forward pass (what its backward pass keeps, what it
 # recomputes): "off" keeps every activation; "save_matmuls" keeps the 2-D projection and MLP
 # products and recomputes the rest (norms, RoPE, attention scores and probabilities, SwiGLU);
@@ -61,13 +62,21 @@ class ModelConfig:
     pad_token_id: int | None = None
 
     def __post_init__(self):
-        if self.family not in FAMILIES:
-            raise ValueError(f"unsupported model family {self.family!r}; supported: {FAMILIES}")
-        if self.remat not in REMAT_POLICIES:
-            raise ValueError(f"unknown remat policy {self.remat!r}; one of {tuple(REMAT_POLICIES)}")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"num_attention_heads={self.num_attention_heads} is not a multiple of "
-                             f"num_key_value_heads={self.num_key_value_heads}")
+        """ValueError ``NAME=VALUE is invalid: WHAT IS VALID`` for the first field out of its range."""
+        sizes = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                 "num_key_value_heads", "head_dim")
+        rules = [("family", lambda: self.family in FAMILIES, f"one of {FAMILIES}"),
+                 *((name, lambda name=name: getattr(self, name) >= 1, "an integer >= 1") for name in sizes),
+                 ("num_key_value_heads", lambda: self.num_attention_heads % self.num_key_value_heads == 0,
+                  f"a divisor of num_attention_heads={self.num_attention_heads}"),
+                 ("rms_norm_eps", lambda: self.rms_norm_eps > 0, "> 0"),
+                 ("rope_theta", lambda: self.rope_theta > 0, "> 0"),
+                 ("param_dtype", lambda: self.param_dtype in DTYPES, f"one of {DTYPES}"),
+                 ("compute_dtype", lambda: self.compute_dtype in DTYPES, f"one of {DTYPES}"),
+                 ("remat", lambda: self.remat in REMAT_POLICIES, f"one of {tuple(REMAT_POLICIES)}")]
+        for name, ok, valid in rules:
+            if not ok():
+                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: {valid}")
 
     @property
     def qkv_bias(self) -> bool:

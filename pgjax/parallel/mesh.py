@@ -143,7 +143,9 @@ def batch_shards(mesh: Mesh) -> int:
     return _axis_size(mesh, BATCH_AXES)
 
 
-def check_batch(rows: int, mesh: Mesh, what: str) -> None:
+def check_divisible_rows(rows: int, mesh: Mesh, what: str) -> None:
+    """Raise a ValueError naming ``what`` unless ``rows`` % (data x fsdp) == 0, i.e. unless a batch of
+    ``rows`` rows splits evenly over the mesh's batch axes."""
     if rows % batch_shards(mesh):
         raise ValueError(f"{what}: {rows} rows do not split over data x fsdp = {batch_shards(mesh)} devices of "
                          f"the mesh {dict(mesh.shape)}; make it a multiple or change the mesh sizes")

@@ -18,7 +18,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, PartitionSpec
 
-from pgjax.parallel.mesh import BATCH_AXES, batch_sharding, check_batch
+from pgjax.parallel.mesh import BATCH_AXES, batch_sharding, check_divisible_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +83,7 @@ def barrier(name: str) -> None:
 
 def process_rows(rows: int, mesh: Mesh) -> slice:
     """The rows of a ``rows``-row global batch that this process's devices hold (and feed)."""
-    check_batch(rows, mesh, "global batch")
+    check_divisible_rows(rows, mesh, "global batch")
     indices = batch_sharding(mesh).addressable_devices_indices_map((rows,)).values()
     starts = sorted({(i[0].start or 0, rows if i[0].stop is None else i[0].stop) for i in indices})
     lo, hi = starts[0][0], starts[-1][1]

@@ -34,8 +34,9 @@ save one beside a checkpoint with ``tok.save_pretrained(dir)`` and read it
 back with ``pgjax.models.hf.load_tokenizer(dir)``. ``make_task(name, **options)`` builds a task of
 the registry ``TASKS`` or a user's own by import path (``registry``).
 
-Math answers (``math_answers``): ``extract_answer`` (last ``\\boxed{}``, else
-``####``, else the last number) and ``answers_equal`` (numeric, then
+Math answers (``math_answers``): ``extract_answer``, the one answer extractor of ``jsonl_math`` and
+``word_math`` (last non-blank ``\\boxed{}``, else ``####``, else the last number; options
+``answer_from`` and ``number_only``) and ``answers_equal`` (numeric, then
 symbolic with sympy). Percent rule: ``50\\%`` equals ``50``, not ``0.5``.
 """
 from pgjax.rewards.arithmetic import (
@@ -78,7 +79,6 @@ from pgjax.rewards.tokenizer import EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID, char
 from pgjax.rewards.word_math import (
     WordMathTask,
     boxed_answer_reward,
-    final_answer,
     is_word_math_answer,
     word_math_format_reward,
     word_math_reward,
@@ -94,6 +94,6 @@ __all__ = [
     "is_arithmetic_answer", "is_countdown_solution",
     "is_scratchpad_answer", "load_jsonl", "make_task", "math_reward", "normalize_answer",
     "parse_number", "per_example", "reference_answer", "reward_name", "scratchpad_reward", "task_factory",
-    "trailing_scratch_reward", "WordMathTask", "boxed_answer_reward", "final_answer", "is_word_math_answer",
+    "trailing_scratch_reward", "WordMathTask", "boxed_answer_reward", "is_word_math_answer",
     "word_math_format_reward", "word_math_reward",
 ]

@@ -1,7 +1,11 @@
 """Final answers of math problems (GSM8K / MATH style): extraction and equivalence.
 
-``extract_answer`` takes the content of the last ``\\boxed{...}`` of a
-completion, else the text after GSM8K's ``####``, else the last number.
+``extract_answer``, the answer extractor of both math tasks (``jsonl_math``'s
+``math_reward`` and ``word_math``), takes the content of the last non-blank ``\\boxed{...}`` of a
+completion, else the text after GSM8K's ``####``, else the last number (a
+fraction is one number); ``answer_from="boxed"`` reads boxes only and
+``number_only=True`` reduces the answer to its one number.
+
 ``answers_equal`` normalises both answers (``normalize_answer``) and compares
 them as strings, then as exact numbers (with a 1e-6 relative tolerance), then
 symbolically with sympy after a small LaTeX-to-sympy rewrite of our own
@@ -36,7 +40,15 @@ from pgjax.rewards.base import per_example
 MAX_CHARS = 200  # longer answers are compared as strings only
 REL_TOL = Fraction(1, 10**6)
 
-_NUMBER = re.compile(r"(?:(?<![\w)])-)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|(?:(?<![\w)])-)?\.\d+")
+ANSWER_FROM = ("boxed_or_last_number", "boxed")  # where ``extract_answer`` reads an answer
+# A plain number: 71, 1,104 (thousands commas), 2.5. Also the number of word_math's format rule.
+NUMBER_BODY = r"(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
+# One number: an optional "-" (a sign unless after a letter, digit or ")": "5-3" holds 5 and 3), then
+# \frac{a}{b} (\dfrac, \tfrac), a/b, a plain number or .5; a fraction is one number, not two.
+_NUMBER = re.compile(r"(?:(?<![\w)])-)?(?:\\[dt]?frac\{\s*-?\d+(?:\.\d+)?\s*\}\{\s*\d+(?:\.\d+)?\s*\}"
+                     r"|\d+/\d+(?!\.\d)|" + NUMBER_BODY + r"|(?<!\w)\.\d+)")
+_BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])\s*")
+_UNCLOSED = object()  # a box whose braces never close
 
 
 def _braced(text: str, i: int) -> tuple[str, int] | None:
@@ -52,32 +64,76 @@ def _braced(text: str, i: int) -> tuple[str, int] | None:
     return None
 
 
-def extract_answer(text: str) -> str | None:
-    """The final answer of a solution text, or None.
-
-    Rule: the content of the last ``\\boxed{...}`` / ``\\fbox{...}`` (nested
-    braces handled; ``\\boxed 5`` also accepted; an unbalanced last box gives
-    None); else the rest of the line after the last GSM8K ``####``; else the
-    last number in the text (``1,000``, ``-2.5``, ``3/4``).
-    """
-    text = str(text)
-    pos = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    if pos >= 0:
-        i = pos + (6 if text.startswith("\\boxed", pos) else 5)
-        rest = text[i:].lstrip()
-        if rest.startswith("{"):
-            group = _braced(rest, 0)
-            content = group[0].strip() if group else ""
-        elif text[i:i + 1].isspace():
-            content = re.split(r"[\s$]", rest, maxsplit=1)[0]
+def _boxes(text: str) -> list:
+    """The content of every box of ``text`` in order of its opening (``_UNCLOSED`` for a box whose braces
+    never close, or a ``\\boxed`` ending the text): ``\\boxed{...}`` / ``\\fbox{...}`` with nested braces
+    kept, or the bare token of ``\\boxed 5`` (up to whitespace or ``$``, without trailing ``.,;:!?``)."""
+    boxes = []
+    for match in _BOX.finditer(text):
+        i = match.end()
+        if text[i:i + 1] == "{":
+            group = _braced(text, i)
+            boxes.append(_UNCLOSED if group is None else group[0])
         else:
-            content = ""
-        return content or None
-    if "####" in text:
-        lines = text.rsplit("####", 1)[1].strip().splitlines()
-        return (lines[0].strip() if lines else "") or None
+            boxes.append(re.match(r"[^\s${}]*", text[i:]).group().rstrip(".,;:!?") if i < len(text)
+                         else _UNCLOSED)
+    return boxes
+
+
+def _only_number(text: str) -> str | None:
+    """The one number of ``text`` (``_NUMBER``), whatever surrounds it; None for none or several."""
     numbers = _NUMBER.findall(text)
-    return numbers[-1] if numbers else None
+    return numbers[0] if len(numbers) == 1 else None
+
+
+def extract_answer(text: str, *, answer_from: str = "boxed_or_last_number", number_only: bool = False
+                   ) -> str | None:
+    """The final answer of a solution text, or None: the extractor of both math tasks (``math_reward``
+    and ``reference_answer`` with the defaults; ``word_math`` with ``number_only=True`` and its
+    ``answer_from``).
+
+    Rule:
+      1. Boxes: ``\\boxed{...}`` / ``\\fbox{...}`` (nested braces handled) and ``\\boxed 5`` (one bare
+         token). Blank boxes (``\\boxed{}``, ``\\boxed{ }``) are passed over. If a box is left, the last
+         opened one decides: its content; None if its braces never close (a response cut off inside
+         its final answer has none; an earlier box does not stand in for it).
+      2. No box: with ``answer_from="boxed_or_last_number"`` the rest of the line after the last
+         GSM8K ``####`` if there is one, else the last number of the text; with ``"boxed"`` None.
+
+    Numbers (one syntax for every task): ``-`` is a sign unless it follows a letter, digit or ``)``
+    (``-23``; ``5-3`` holds 5 and 3); thousands commas (``1,104``); decimals (``2.5``, ``.5``); a
+    fraction ``3/4`` or ``\\frac{3}{4}`` (``\\dfrac``, ``\\tfrac``) is one number, so the last number of
+    ``"... = \\frac{3}{4}"`` is 3/4, not 4.
+
+    ``number_only=False``: the answer as written (an expression for ``answers_equal``).
+    ``number_only=True``: the answer's only number, whatever text surrounds it (``x = 71``,
+    ``71 apples``, ``\\$71``); None when it holds no number or several (``23 + 48``).
+
+    These settle where the two former extractors (``math_answers`` and ``word_math``) disagreed: an
+    empty box is passed over (the task's own instruction says ``\\boxed{}``; before, math read no
+    answer); ``\\boxed 5`` is a box for both (word_math read it only as a last number); fractions are
+    numbers for both (word_math read ``\\boxed{3/4}`` as two numbers); a cut-off last box is no answer
+    for both (word_math passed over it to an earlier box or the last number).
+    """
+    if answer_from not in ANSWER_FROM:
+        raise ValueError(f"answer_from must be one of {ANSWER_FROM}, got {answer_from!r}")
+    text = str(text)
+    boxes = [b for b in _boxes(text) if b is _UNCLOSED or b.strip()]
+    if boxes:
+        if boxes[-1] is _UNCLOSED:
+            return None
+        answer = boxes[-1].strip()
+    elif answer_from == "boxed":
+        return None
+    elif "####" in text:
+        lines = text.rsplit("####", 1)[1].strip().splitlines()
+        answer = lines[0].strip() if lines else ""
+    else:
+        numbers = _NUMBER.findall(text)
+        answer = numbers[-1] if numbers else ""
+    if number_only:
+        return _only_number(answer)
+    return answer or None
 
 
 def reference_answer(answer) -> str:

@@ -16,11 +16,14 @@ target is a non-negative integer. Each prompt is a word problem with
 probability ``word_share`` (default 0.5), its template drawn from those of the
 operator, else a bare expression.
 
-Answers: the verifier reads the last ``\\boxed{}`` with non-blank content,
-or, with ``answer_from="boxed_or_last_number"`` (the default) and no such box,
-the last number of the text, since an untrained model rarely boxes;
-``answer_from="boxed"`` reads boxes only. The format reward asks for exactly
-one boxed number at the end (``FORMAT_PATTERN``). Whether a response ended
+Answers: the verifier reads the only number of the last ``\\boxed{}`` with
+non-blank content, or, with ``answer_from="boxed_or_last_number"`` (the
+default) and no such box, the last number of the text, since an untrained
+model rarely boxes; ``answer_from="boxed"`` reads boxes only. It is
+``pgjax.rewards.math_answers.extract_answer(..., number_only=True)``, the
+extractor ``jsonl_math`` uses too (its docstring has the full rule). The
+format reward asks for exactly one boxed number at the end
+(``FORMAT_PATTERN``). Whether a response ended
 properly (EOS / end of turn rather than cut off at ``max_new_tokens``) is not
 visible to a reward function, which sees the decoded text with EOS stripped:
 that is the rollout's ``mask_truncated`` / overlong penalty
@@ -29,17 +32,15 @@ that is the rollout's ``mask_truncated`` / overlong penalty
 from __future__ import annotations
 
 import dataclasses
-import re
-from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
 from pgjax.rewards.arithmetic import _validate_arithmetic
 from pgjax.rewards.base import format_reward, per_example
+from pgjax.rewards.math_answers import ANSWER_FROM, NUMBER_BODY, extract_answer, normalize_answer, parse_number
 
 INSTRUCTION = "Put your final answer within \\boxed{}."
-ANSWER_FROM = ("boxed_or_last_number", "boxed")
 SYMBOLS = {"+": "+", "-": "-", "*": "×"}
 NAMES = ("Mia", "Leo", "Ana", "Sam", "Zoe", "Omar", "Lily", "Ben")
 
@@ -57,75 +58,26 @@ WORD_TEMPLATES = {
           "{name} buys {a} bags with {b} marbles in each. How many marbles does {name} buy?"),
 }
 
-_NUMBER_BODY = r"(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"  # 71, 1,104 (thousands commas), 2.5
 # Exactly one \boxed, holding only a number (spaces around it allowed), then only whitespace, punctuation
 # (. , ; : ! ?), closing brackets, $ or * (markdown bold), or the LaTeX math closers \) and \].
-FORMAT_PATTERN = r"(?s)(?:(?!\\boxed).)*\\boxed\s*\{\s*-?" + _NUMBER_BODY + r"\s*\}(?:[\s.,;:!?)\]$*]|\\[)\]])*"
-_NUMBER = re.compile(r"(?:(?<![\w)])-)?" + _NUMBER_BODY)  # "-" is a sign unless after a letter, digit or ")"
-_BRACE = re.compile(r"\\boxed\s*\{|\{|\}")
-_MAX_NUMBER_CHARS = 64  # a longer "number" is not an answer (and too long for Fraction() to be cheap)
-
-
-def boxed_contents(text: str) -> list[str]:
-    """The contents of every ``\\boxed{...}`` of ``text`` in order of their opening; nested braces are kept,
-    and a box whose braces never close (a truncated response) is skipped."""
-    open_groups, boxes = [], []  # open_groups: (is a box, index after its "{") of each unclosed "{"
-    for match in _BRACE.finditer(text):
-        if match.group() != "}":
-            open_groups.append((match.group() != "{", match.end()))
-        elif open_groups:
-            is_box, start = open_groups.pop()
-            if is_box:
-                boxes.append((start, text[start:match.start()]))
-    return [content for _, content in sorted(boxes)]
-
-
-def _value(number: str) -> Fraction | None:
-    """The exact value of a matched number (thousands commas dropped); None if over 64 characters."""
-    return Fraction(number.replace(",", "")) if len(number) <= _MAX_NUMBER_CHARS else None
-
-
-def box_value(content: str) -> Fraction | None:
-    """The value of a box's content: its only number, whatever text surrounds it (``71``, ``1,104``,
-    ``x = 71``, ``71 apples``, ``\\$71``); None when it holds no number or more than one (``23 + 48``)."""
-    numbers = _NUMBER.findall(content)
-    return _value(numbers[0]) if len(numbers) == 1 else None
-
-
-def last_number(text: str) -> Fraction | None:
-    """The value of the last number of ``text`` (``-25``, ``1,104``, ``2.5``), or None if there is none.
-
-    A ``-`` is a sign unless it follows a letter, digit or ``)``: ``"5-3=2"`` holds 5, 3 and 2.
-    """
-    numbers = _NUMBER.findall(text)
-    return _value(numbers[-1]) if numbers else None
-
-
-def final_answer(completion: str, answer_from: str = "boxed_or_last_number") -> Fraction | None:
-    """The answer a completion gives, or None.
-
-    Rule: ``box_value`` of the last ``\\boxed{}`` whose content is not blank (empty boxes such as
-    ``"The answer is \\boxed{}."`` are passed over); with no such box, the last number of the whole
-    text for ``answer_from="boxed_or_last_number"``, and None for ``answer_from="boxed"``.
-    """
-    if answer_from not in ANSWER_FROM:
-        raise ValueError(f"answer_from must be one of {ANSWER_FROM}, got {answer_from!r}")
-    boxes = [content for content in boxed_contents(completion) if content.strip()]
-    if boxes:
-        return box_value(boxes[-1])
-    return last_number(completion) if answer_from == "boxed_or_last_number" else None
+FORMAT_PATTERN = r"(?s)(?:(?!\\boxed).)*\\boxed\s*\{\s*-?" + NUMBER_BODY + r"\s*\}(?:[\s.,;:!?)\]$*]|\\[)\]])*"
 
 
 def is_word_math_answer(completion: str, target: int, answer_from: str = "boxed_or_last_number") -> bool:
-    """True iff ``final_answer(completion, answer_from)`` equals the integer ``target``."""
-    value = final_answer(completion, answer_from)
+    """True iff the completion's answer, ``extract_answer(completion, answer_from=answer_from,
+    number_only=True)`` (one number; ``pgjax.rewards.math_answers``), has the exact value of the integer
+    ``target``: for 71, ``71``, ``71.0``, ``142/2`` and ``\\frac{142}{2}`` do; a number of over 64
+    characters is no answer."""
+    answer = extract_answer(completion, answer_from=answer_from, number_only=True)
+    value = None if answer is None else parse_number(normalize_answer(answer))
     return value is not None and value == int(target)
 
 
 @per_example
 def word_math_reward(prompt: str, completion: str, *, target, **_) -> float:
     """Row rule: 1.0 if the completion's answer is ``target`` (field), else 0.0; the answer is the last
-    non-blank ``\\boxed{}``, else the last number of the text (``answer_from="boxed_or_last_number"``)."""
+    non-blank ``\\boxed{}``, else the last number of the text (``is_word_math_answer`` with
+    ``answer_from="boxed_or_last_number"``)."""
     return float(is_word_math_answer(completion, target, "boxed_or_last_number"))
 
 

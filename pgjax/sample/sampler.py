@@ -38,7 +38,7 @@ from jax.sharding import Mesh
 
 from pgjax.core import token_logprobs
 from pgjax.models.transformer import CausalLM
-from pgjax.parallel.mesh import batch_shards, check_batch, constrain
+from pgjax.parallel.mesh import batch_shards, check_divisible_rows, constrain
 from pgjax.parallel.multihost import to_global
 
 
@@ -66,6 +66,12 @@ class Decoding:
     def decoding(self) -> dict:
         """The ``Decoding`` fields of this config, by name."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(Decoding)}
+
+    def sampling(self, eos_ids, pad_id: int, n: int = 1, greedy: bool = False) -> SamplingConfig:
+        """The sampler's settings for these ``Decoding`` fields: ``n`` responses per prompt ending at
+        any of ``eos_ids``, padded with ``pad_id``, argmax when ``greedy`` (the one conversion the
+        rollouts and the evaluation use)."""
+        return SamplingConfig(**self.decoding(), eos_ids=tuple(eos_ids), pad_id=pad_id, n=n, greedy=greedy)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -162,7 +168,7 @@ def generate(model: CausalLM, prompts, prompt_mask, key, config: SamplingConfig,
     prompts, prompt_mask = prompts.astype(np.int32), prompt_mask.astype(np.int32)
     if mesh is not None:
         prompts, prompt_mask = to_global((prompts, prompt_mask), mesh)
-        check_batch(prompts.shape[0], mesh, "prompts")
+        check_divisible_rows(prompts.shape[0], mesh, "prompts")
     graphdef, state = nnx.split(model)
     return _generate(graphdef, state, prompts, prompt_mask, key, config, mesh)
 

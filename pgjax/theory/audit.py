@@ -41,7 +41,7 @@ class AuditResult:
     second_moment_trace: float
     true_grad: np.ndarray
     token_count: float = float("nan")       # E[sum_t 1] over the batch's response tokens
-    weight_sum: float = float("nan")        # E[sum_t c_t], c_t = ``correction_weights``
+    weight_sum: float = float("nan")        # E[sum_t c_t], c_t = ``spec_correction_weights``
     weight_sq_sum: float = float("nan")     # E[sum_t c_t^2]
 
     @property
@@ -84,9 +84,10 @@ def _batch(mdp, prompt, rows, logp_all, values_all, greedy, k, behaviour_all=Non
                       greedy_rewards=jnp.full((k,), greedy[prompt]), group_size=k, behaviour_logp=behaviour)
 
 
-def correction_weights(spec: core.Spec, hp: core.HParams, batch: core.Batch):
+def spec_correction_weights(spec: core.Spec, hp: core.HParams, batch: core.Batch):
     """c_t [B, T], the factor the spec's off-policy correction puts on token t's term A_t grad log pi
-    of the estimate at theta with pi_old = pi (0 on padding):
+    of the estimate at theta with pi_old = pi (0 on padding), for every ``Spec.correction``
+    (``core.CORRECTIONS``); ``core.correction_weights`` covers only the importance-sampling levels:
 
       ignore                         1
       token, sequence, geometric     the limited weight of ``core.correction_weights`` (pi / mu)
@@ -131,7 +132,7 @@ def _moments_fn(mdp, logits_fn, spec: core.Spec, hp: core.HParams, k: int):
             logp_all = mdp_lib.trajectory_logprobs(mdp, logits_fn(t))
             return core.loss(spec, _batch(mdp, prompt, rows, logp_all, values_all, greedy, k, behaviour_all), hp)[0]
         logp_all = mdp_lib.trajectory_logprobs(mdp, logits_fn(th))
-        c = correction_weights(spec, hp, _batch(mdp, prompt, rows, logp_all, values_all, greedy, k, behaviour_all))
+        c = spec_correction_weights(spec, hp, _batch(mdp, prompt, rows, logp_all, values_all, greedy, k, behaviour_all))
         sums = jnp.stack([jnp.sum(jnp.asarray(mdp.mask)[rows]), jnp.sum(c), jnp.sum(c * c)])
         return -jax.grad(loss)(th).reshape(-1), sums
 
@@ -156,7 +157,7 @@ def audit(mdp: mdp_lib.TokenMDP, policy, theta, algo: core.Algorithm, hp: core.H
     V_pi(s_t); ReMax's is the greedy trajectory's reward. ``behaviour_logits`` ([P, S, V]):
     the sampler's policy mu, which draws the responses and gives ``Batch.behaviour_logp``
     (None: on-policy, mu = pi). The result also holds E[sum_t 1], E[sum_t c_t] and
-    E[sum_t c_t^2] of the correction's token weights (``correction_weights``).
+    E[sum_t c_t^2] of the correction's token weights (``spec_correction_weights``).
     """
     logits_fn, _ = policy
     hp = algo.hparams if hp is None else hp
@@ -194,7 +195,7 @@ def audit(mdp: mdp_lib.TokenMDP, policy, theta, algo: core.Algorithm, hp: core.H
 
 
 def per_step_rloo_audit(mdp: mdp_lib.TokenMDP, policy, theta, k: int) -> AuditResult:
-    """The seed's per-time-step RLOO with K trajectories per prompt, each of which gets at
+    """The paper's per-time-step RLOO with K trajectories per prompt, each of which gets at
     every s_t the baseline b_t = mean return of K - 1 more continuations sampled from s_t.
 
     b_t does not depend on a_t and E[b_t | s_t] = V(s_t), so one trajectory's E[g]
@@ -230,7 +231,7 @@ def per_step_rloo_audit(mdp: mdp_lib.TokenMDP, policy, theta, k: int) -> AuditRe
     return AuditResult(mean=mean, second_moment_trace=second, true_grad=true_grad)
 
 
-# (label, preset, hyperparameter changes): the seed's estimators and its GRPO ablations
+# (label, preset, hyperparameter changes): the paper's estimators and its GRPO ablations
 # (labels are markdown: | is escaped).
 ESTIMATORS = (
     ("REINFORCE (eq. 10)", "reinforce", {}),
@@ -285,7 +286,7 @@ def report(k: int = 4, vocab: int = 3, horizon: int = 3, prompts: int = 3, rewar
 
 def main(argv=None):
     import argparse
-    parser = argparse.ArgumentParser(description="Exact bias and variance of every estimator of the seed.")
+    parser = argparse.ArgumentParser(description="Exact bias and variance of every estimator of the paper.")
     parser.add_argument("--k", type=int, default=4, help="samples per prompt")
     parser.add_argument("--vocab", type=int, default=3)
     parser.add_argument("--horizon", type=int, default=3)

@@ -37,7 +37,7 @@ class LabAlgorithm:
 
 
 def default_algorithms() -> tuple[LabAlgorithm, ...]:
-    """The seed's algorithms (KL off) plus GRPO's single-switch ablations and DAPO."""
+    """The paper's algorithms (KL off) plus GRPO's single-switch ablations and DAPO."""
     def entry(label, name, epochs=1, **changes):
         algo = core.preset(name)
         return LabAlgorithm(label, algo, algo.hparams.replace(**changes), epochs)

@@ -1,4 +1,4 @@
-"""Token-level MDPs small enough to enumerate every trajectory (the seed's token-level MDP).
+"""Token-level MDPs small enough to enumerate every trajectory (the paper's token-level MDP).
 
 A prompt p is the initial state; the state s_t is the prompt plus the tokens
 generated so far; the transition is deterministic (s_{t+1} = s_t | a_t); an
@@ -182,7 +182,7 @@ def return_second_moments(mdp: TokenMDP, logits: Array) -> Array:
 
 
 def greedy_state_values(mdp: TokenMDP, logits) -> Array:
-    """[P, S] return of the greedy completion from every prefix (the seed's ReMax b_t = G-hat_t, eq. 13).
+    """[P, S] return of the greedy completion from every prefix (the paper's ReMax b_t = G-hat_t, eq. 13).
 
     Trajectory n is the greedy completion of its prefix at t when every token from t on
     is the argmax of its state's logits (a reverse cumulative AND); its return-to-go

@@ -61,7 +61,9 @@ class Correction:
         return dataclasses.replace(algo, spec=spec, hparams=hp), hp
 
 
-CORRECTIONS = (
+# The corrections the audit compares, one row each: every ``core.CORRECTIONS`` name, the token and
+# sequence levels plain (IS), truncated (TIS, min(c, C)) and masked (MIS, 0 outside [f, C]).
+AUDITED_CORRECTIONS = (
     Correction("ignore"),
     Correction("token IS", "token"),
     Correction("token TIS, C = 2", "token", cap=2.0),
@@ -150,8 +152,9 @@ class Cell:
         return self.result.ess_fraction
 
 
-def off_policy_audit(mdp: mdp_lib.TokenMDP, policy, theta, algo: core.Algorithm, behaviours, corrections=CORRECTIONS,
-                     k: int = 3, hp: core.HParams | None = None) -> tuple[AuditResult, list[Cell]]:
+def off_policy_audit(mdp: mdp_lib.TokenMDP, policy, theta, algo: core.Algorithm, behaviours,
+                     corrections=AUDITED_CORRECTIONS, k: int = 3,
+                     hp: core.HParams | None = None) -> tuple[AuditResult, list[Cell]]:
     """The on-policy audit of ``algo`` and one ``Cell`` per (behaviour, correction), behaviours outer."""
     reference = audit(mdp, policy, theta, algo, hp, k=k)
     cells = []

@@ -4,7 +4,7 @@ A separate model, not a value head on the policy: a copy of the policy's
 transformer trunk plus a linear head (zero-initialised, so V = 0 at the start),
 trained by its own optimizer on the value loss. Keeping it separate means the
 value regression never pulls on the policy's features and the two learning
-rates are independent (the PPO-for-LLM setups of the seed's references train a
+rates are independent (the PPO-for-LLM setups of the paper's references train a
 separate critic); the cost is a second set of trunk weights in memory.
 """
 from __future__ import annotations

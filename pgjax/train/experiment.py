@@ -3,8 +3,9 @@ validated before anything runs or is written.
 
 An experiment file is a Python module with a function ``experiment()`` that
 returns an ``Experiment``. ``--set rollout.temperature=0.7`` replaces one
-field (dotted path, value parsed by the field's type); ``hparams.<name>``
-overrides one of the algorithm's traced hyperparameters (``core.HParams``).
+field (dotted path, value parsed by the field's type); ``algorithm.hparams.<name>``
+overrides one of the algorithm's traced hyperparameters (``core.HParams``). A renamed key
+(``RENAMED``) is an unknown key whose message names the new one.
 
 Every mistake a user can make in a configuration raises ``ConfigError`` (a
 ``ValueError``) with a message naming the key, the value and what would be
@@ -30,21 +31,37 @@ import numpy as np
 
 from pgjax import core
 from pgjax.models.lora import TARGETS, LoRAConfig
-from pgjax.models.transformer import FAMILIES, REMAT_POLICIES, RUNTIME_OPTIONS, ModelConfig
-from pgjax.parallel.mesh import MeshConfig, check_batch
+from pgjax.models.transformer import RUNTIME_OPTIONS, ModelConfig
+from pgjax.parallel.mesh import MeshConfig, check_divisible_rows
 from pgjax.parallel.multihost import DistributedConfig
 from pgjax.rewards import accepted_options, import_object, task_factory
 from pgjax.train.learner import UpdateConfig
 from pgjax.train.optim import OptimConfig
 from pgjax.train.rollout import RolloutConfig
 
-DTYPES = ("float32", "bfloat16")
 RENAMED = {"model.layers": "model.num_hidden_layers", "model.heads": "model.num_attention_heads",
-           "model.kv_heads": "model.num_key_value_heads", "task.dataset": "task.path", "task.numbers": "task.count"}
+           "model.kv_heads": "model.num_key_value_heads", "task.dataset": "task.path", "task.numbers": "task.count",
+           "algorithm": "algorithm.preset", "hparams": "algorithm.hparams", "update.correction": "algorithm.correction",
+           "update.correction_mode": "algorithm.correction_mode"}
+
+HPARAMS = "algorithm.hparams."      # the traced hyperparameters' keys: algorithm.hparams.<core.HParams field>
+
+
+def renamed(key: str) -> str | None:
+    """The key an old ``key`` is now called (``RENAMED``, and ``hparams.NAME`` -> ``algorithm.hparams.NAME``)."""
+    head, _, rest = key.partition(".")
+    if key in RENAMED:
+        return RENAMED[key]
+    return f"{RENAMED[head]}.{rest}" if head == "hparams" and rest else None
 
 
 class ConfigError(ValueError):
     """A user's configuration mistake, found before anything is written (printed without a traceback)."""
+
+
+class RunStopped(RuntimeError):
+    """Training cannot go on: a reward function's NaN or infinity, repeated non-finite updates, or a
+    non-finite state about to be saved. Nothing non-finite was written; the last checkpoint is intact."""
 
 
 def _require(ok: bool, key: str, value, valid: str) -> None:
@@ -92,6 +109,7 @@ class ModelSection:
     ``scan_layers``: the layers stored stacked and run as one ``lax.scan`` (one traced layer, so
     compile time does not grow with depth; a run resumes only with the layout it started with)."""
     path: str = ""
+    # ModelConfig's architecture fields (a test keeps the names in step), with a tiny model's defaults
     family: str = "qwen3"
     hidden_size: int = 128
     intermediate_size: int = 384
@@ -109,17 +127,10 @@ class ModelSection:
     lora: LoRASection = LoRASection()
 
     def __post_init__(self):
-        _require(self.family in FAMILIES, "model.family", self.family, f"one of {FAMILIES}")
-        for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                     "num_key_value_heads", "head_dim"):
-            _require(getattr(self, name) >= 1, f"model.{name}", getattr(self, name), "an integer >= 1")
-        _require(self.num_attention_heads % self.num_key_value_heads == 0, "model.num_key_value_heads",
-                 self.num_key_value_heads, f"a divisor of num_attention_heads={self.num_attention_heads}")
-        _require(self.rms_norm_eps > 0, "model.rms_norm_eps", self.rms_norm_eps, "> 0")
-        _require(self.rope_theta > 0, "model.rope_theta", self.rope_theta, "> 0")
-        for name in ("param_dtype", "compute_dtype"):
-            _require(getattr(self, name) in DTYPES, f"model.{name}", getattr(self, name), f"one of {DTYPES}")
-        _require(self.remat in REMAT_POLICIES, "model.remat", self.remat, f"one of {tuple(REMAT_POLICIES)}")
+        try:            # the architecture's checks are ModelConfig's own
+            self.config(vocab_size=1)
+        except ValueError as error:
+            raise ConfigError(f"model.{error}") from None
 
     def runtime_options(self) -> dict:
         """The ``RUNTIME_OPTIONS`` (dtypes, remat, scan_layers) to load a checkpoint with."""
@@ -210,6 +221,43 @@ class LoggingSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class AlgorithmSection:
+    """The estimator (the paper's unified policy gradient, docs/design.md): ``preset``, a name of
+    ``core.PRESETS`` (REINFORCE, ReMax, RLOO, PPO, GRPO, Dr. GRPO and relatives); ``hparams``, its
+    traced hyperparameters (``core.HParams`` fields by name, e.g. ``{"kl_coef": 0.01}``) over the
+    preset's own; ``correction`` and ``correction_mode``, what the loss does with the sampler's
+    log-probs (the ``core.Spec`` fields of those names: ``ignore`` measures the learner-sampler
+    mismatch only; importance weights pi_old / mu per ``token``, ``sequence`` or ``geometric`` mean,
+    truncated or masked at ``hparams.is_cap`` / ``is_floor``; or ``behaviour_ratio``, the PPO clip
+    against mu). In an experiment file ``algorithm="grpo"`` is short for
+    ``AlgorithmSection(preset="grpo")``."""
+    preset: str = "dr_grpo"
+    hparams: dict = dataclasses.field(default_factory=dict)
+    correction: str = "ignore"
+    correction_mode: str = "truncate"
+
+    def __post_init__(self):
+        _require(self.preset in core.PRESETS, "algorithm.preset", self.preset, f"one of {', '.join(core.PRESETS)}")
+        _require(self.correction in core.CORRECTIONS, "algorithm.correction", self.correction,
+                 f"one of {', '.join(core.CORRECTIONS)}")
+        _require(self.correction_mode in core.IS_MODES, "algorithm.correction_mode", self.correction_mode,
+                 f"one of {', '.join(core.IS_MODES)}")
+
+    def build(self) -> core.Algorithm:
+        """The preset with ``hparams`` and the off-policy correction applied (ConfigError for a
+        correction the preset's ratio cannot take, or an unknown or invalid hyperparameter)."""
+        algo = core.preset(self.preset)
+        try:
+            spec = algo.spec.replace(correction=self.correction, correction_mode=self.correction_mode)
+        except ValueError as error:
+            raise ConfigError(f"algorithm.correction={self.correction!r}: {error}") from None
+        try:
+            return dataclasses.replace(algo, spec=spec, hparams=algo.hparams.replace(**self.hparams))
+        except ValueError as error:
+            raise ConfigError(f"algorithm.hparams: {error}") from None
+
+
+@dataclasses.dataclass(frozen=True)
 class Experiment:
     """One run. The defaults are the README's main job: Dr. GRPO on 2-digit addition with a tiny
     Qwen3-style model and a short supervised warm start, sized for 2 CPU cores. ``steps`` RL steps
@@ -220,8 +268,7 @@ class Experiment:
     from the environment)."""
     name: str = "experiment"
     seed: int = 0
-    algorithm: str = "dr_grpo"
-    hparams: dict = dataclasses.field(default_factory=dict)
+    algorithm: AlgorithmSection = AlgorithmSection()
     steps: int = 250
     prompts_per_step: int = 32
     model: ModelSection = ModelSection()
@@ -240,26 +287,13 @@ class Experiment:
     distributed: DistributedConfig = DistributedConfig()
 
     def __post_init__(self):
+        if isinstance(self.algorithm, str):         # algorithm="grpo": the preset's name
+            object.__setattr__(self, "algorithm", AlgorithmSection(preset=self.algorithm))
         _require(bool(self.name) and "/" not in self.name, "name", self.name, "a non-empty name without '/'")
         _require(self.seed >= 0, "seed", self.seed, "an integer >= 0")
         _require(self.steps >= 0, "steps", self.steps, "an integer >= 0 (0: only the warm start)")
         for name in ("prompts_per_step", "eval_every", "eval_prompts", "checkpoint_every"):
             _require(getattr(self, name) >= 1, name, getattr(self, name), "an integer >= 1")
-
-    def algorithm_preset(self) -> core.Algorithm:
-        """The preset named ``algorithm`` with ``hparams`` and the update's off-policy ``correction``
-        applied (unknown names raise ConfigError)."""
-        if self.algorithm not in core.PRESETS:
-            raise ConfigError(f"algorithm={self.algorithm!r} is unknown; valid: {', '.join(core.PRESETS)}")
-        algo = core.preset(self.algorithm)
-        try:
-            spec = algo.spec.replace(correction=self.update.correction, correction_mode=self.update.correction_mode)
-        except ValueError as error:
-            raise ConfigError(f"update.correction={self.update.correction!r}: {error}") from None
-        try:
-            return dataclasses.replace(algo, spec=spec, hparams=algo.hparams.replace(**self.hparams))
-        except ValueError as error:
-            raise ConfigError(f"hparams: {error}") from None
 
 
 def stream_seed(seed: int, stream: str, index: int) -> int:
@@ -274,17 +308,18 @@ def validate(exp: Experiment, mesh) -> None:
     scoring temperature equal to the sampling one, every batch size, the task (importing a user's task
     or reward module) and the options it takes, and the files a run reads. Raises ConfigError; writes
     nothing."""
-    algo = exp.algorithm_preset()
+    algo = exp.algorithm.build()
     k = exp.rollout.samples_per_prompt
     if algo.spec.baseline == "group" and k < 2:
-        raise ConfigError(f"rollout.samples_per_prompt={k} is invalid for {exp.algorithm}: its group baseline "
+        raise ConfigError(f"rollout.samples_per_prompt={k} is invalid for {exp.algorithm.preset}: its group baseline "
                           "compares K >= 2 responses per prompt")
     try:
         core.check_hparams(algo.hparams, k if algo.spec.baseline == "group" else None)
     except ValueError as error:
-        raise ConfigError(f"hparams: {error}") from None
+        raise ConfigError(f"algorithm.hparams: {error}") from None
     if algo.spec.kl_placement == "none" and float(algo.hparams.kl_coef) != 0:
-        raise ConfigError(f"hparams.kl_coef={float(algo.hparams.kl_coef)} does nothing for {exp.algorithm}: its "
+        raise ConfigError(f"algorithm.hparams.kl_coef={float(algo.hparams.kl_coef)} does nothing for "
+                          f"{exp.algorithm.preset}: its "
                           "preset has no KL term (use grpo, ppo or reinforce_pp for one)")
     if exp.update.temperature != exp.rollout.temperature:
         raise ConfigError(f"update.temperature={exp.update.temperature} differs from rollout.temperature="
@@ -338,7 +373,7 @@ def check_batches(exp: Experiment, mesh) -> None:
     try:
         exp.update.check(exp.prompts_per_step, exp.rollout.samples_per_prompt, mesh)
         for what, rows in batches.items():
-            check_batch(rows, mesh, what)
+            check_divisible_rows(rows, mesh, what)
     except ValueError as error:
         raise ConfigError(str(error)) from None
 
@@ -358,15 +393,16 @@ def load(path) -> Experiment:
     except ValueError as error:      # a section's own range check
         raise ConfigError(f"{path}: {error}") from None
     except TypeError as error:       # a field that does not exist (or was renamed), a value of the wrong type
-        renamed = [f"{old.split('.')[1]} is now {new.split('.')[1]}" for old, new in RENAMED.items()
-                   if f"'{old.split('.')[1]}'" in str(error)]
-        raise ConfigError(f"{path}: {error}" + (f" ({'; '.join(renamed)})" if renamed else "")) from None
+        moved = [f"{old.split('.')[-1]} is now {new}" for old, new in RENAMED.items()
+                 if f"'{old.split('.')[-1]}'" in str(error)]
+        raise ConfigError(f"{path}: {error}" + (f" ({'; '.join(moved)})" if moved else "")) from None
     if not isinstance(experiment, Experiment):
         raise ConfigError(f"{path}: experiment() returned {type(experiment).__name__}, not an Experiment")
     return experiment
 
 
 SECTIONS = {
+    "algorithm": "the estimator: a preset of core.PRESETS, its traced hyperparameters, the off-policy correction",
     "model": "the policy: a local Hugging Face checkpoint (path) or a new model's architecture",
     "task": "prompts and verifier: a registered task or package.module:factory, its options, the reward",
     "rollout": "K samples per prompt, token budgets, temperature / top-k / top-p, DAPO-style options",
@@ -393,25 +429,25 @@ def valid_keys(config=Experiment, prefix: str = "") -> list[str]:
         kind = _field_type(config, field.name)
         if dataclasses.is_dataclass(kind):
             keys += valid_keys(kind, f"{prefix}{field.name}.")
-        elif field.name == "hparams" and config is Experiment:
-            keys += [f"hparams.{name}" for name in core.algorithms.field_names(core.HParams)]
+        elif field.name == "hparams" and config is AlgorithmSection:
+            keys += [f"{prefix}hparams.{name}" for name in core.algorithms.field_names(core.HParams)]
         else:
             keys.append(prefix + field.name)
     return keys
 
 
 def resolved(exp: Experiment) -> dict:
-    """Every key with the value this experiment runs with (``hparams`` as the preset resolves them)."""
+    """Every key with the value this experiment runs with (``algorithm.hparams`` as the preset resolves them)."""
     out = {}
     for key in valid_keys():
-        if key.startswith("hparams."):
+        if key.startswith(HPARAMS):
             continue
         value = exp
         for part in key.split("."):
             value = getattr(value, part)
         out[key] = value
-    hparams = exp.algorithm_preset().hparams
-    out.update({f"hparams.{name}": float(getattr(hparams, name))
+    hparams = exp.algorithm.build().hparams
+    out.update({f"{HPARAMS}{name}": float(getattr(hparams, name))
                 for name in core.algorithms.field_names(core.HParams)})
     return out
 
@@ -428,12 +464,12 @@ def override(experiment: Experiment, assignments: list[str]) -> Experiment:
         if not sep:
             raise ConfigError(f"--set expects key=value, got {assignment!r}")
         if key not in keys:
-            close = ([RENAMED[key]] if key in RENAMED else [k for k in keys if k.endswith("." + key)][:2]
+            close = ([renamed(key)] if renamed(key) else [k for k in keys if k.endswith("." + key)][:2]
                      or difflib.get_close_matches(key, keys, n=1, cutoff=0.6))
             hint = f"; did you mean {' or '.join(close)}?" if close else ""
             raise ConfigError(f"unknown config key {key!r}{hint}\n(--print-config lists every key and its value)")
         path = tuple(key.split("."))
-        changes[path] = _parse(text, float if path[0] == "hparams" else _key_type(path), key)
+        changes[path] = _parse(text, float if key.startswith(HPARAMS) else _key_type(path), key)
         texts[key] = text
     try:
         return _apply(experiment, changes)
@@ -456,7 +492,7 @@ def _apply(config, changes: dict):
     fields = {}
     for head in dict.fromkeys(path[0] for path in changes):
         below = {path[1:]: value for path, value in changes.items() if path[0] == head and len(path) > 1}
-        if head == "hparams" and isinstance(config, Experiment):
+        if head == "hparams" and isinstance(config, AlgorithmSection):
             fields[head] = {**config.hparams, **{path[0]: value for path, value in below.items()}}
         elif below:
             fields[head] = _apply(getattr(config, head), below)

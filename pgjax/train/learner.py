@@ -43,6 +43,7 @@ import math
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -53,6 +54,7 @@ from pgjax.models.scoring import response_logprobs
 from pgjax.models.transformer import CausalLM
 from pgjax.parallel import mesh as mesh_lib
 from pgjax.train.critic import ValueModel
+from pgjax.train.optim import OptimConfig, make_optimizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,11 +65,8 @@ class UpdateConfig:
     ``max_skipped_steps``: consecutive RL steps whose every update was non-finite (and skipped)
     that stop a run; ``recompute_old_logprobs``: compute the old log-probs even when the update
     is on-policy (one epoch of one minibatch, no KL in the reward), where they are skipped
-    (``Learner.needs_old_logp``; the same loss and gradient, one forward pass more);
-    ``correction``, ``correction_mode``: what the loss does with the sampler's log-probs (the
-    algorithm's ``core.Spec`` fields of those names: ``ignore`` measures the mismatch only; the
-    importance weights ``token``, ``sequence``, ``geometric``, truncated or masked at
-    ``hparams.is_cap`` / ``is_floor``; or ``behaviour_ratio``)."""
+    (``Learner.needs_old_logp``; the same loss and gradient, one forward pass more). What the loss
+    does with the sampler's log-probs is the algorithm's (``core.Spec.correction``)."""
     epochs: int = 1
     minibatches: int = 1
     micro_batches: int = 1
@@ -76,8 +75,6 @@ class UpdateConfig:
     chunk_size: int = 1024
     max_skipped_steps: int = 3
     recompute_old_logprobs: bool = False
-    correction: str = "ignore"
-    correction_mode: str = "truncate"
 
     def __post_init__(self):
         for name in ("epochs", "minibatches", "micro_batches", "chunk_size", "max_skipped_steps"):
@@ -87,9 +84,6 @@ class UpdateConfig:
                                 ("value_clip", self.value_clip >= 0, ">= 0 (0: no clipping)")):
             if not (ok and math.isfinite(getattr(self, name))):
                 raise ValueError(f"{name} must be finite and {valid}, got {getattr(self, name)!r}")
-        for name, allowed in (("correction", core.CORRECTIONS), ("correction_mode", core.IS_MODES)):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
 
     def check(self, prompts: int, group_size: int = 1, mesh: Mesh | None = None) -> None:
         """Whole prompt groups per micro-batch; with a ``mesh``, micro-batches of rows that split
@@ -100,7 +94,7 @@ class UpdateConfig:
                              "micro-batches of whole groups")
         if mesh is not None:
             rows = prompts * group_size // (self.minibatches * self.micro_batches)
-            mesh_lib.check_batch(rows, mesh, f"a micro-batch ({prompts} prompts x {group_size} samples / "
+            mesh_lib.check_divisible_rows(rows, mesh, f"a micro-batch ({prompts} prompts x {group_size} samples / "
                                              f"{self.minibatches} minibatches / {self.micro_batches} micro-batches)")
 
 
@@ -144,6 +138,37 @@ class Rollout:
     def with_mask(self, mask) -> Rollout:
         """The same rollout counting only the tokens of ``mask`` (advantages and old log-probs kept)."""
         return self.replace(batch=self.batch.replace(mask=mask))
+
+
+def placeholder_rollout(rows: int, prompt_width: int, budget: int, group_size: int, greedy_rewards: bool,
+                        array=np.zeros) -> Rollout:
+    """A rollout with the layout the sampler hands ``Learner.prepare`` at full width: ``rows`` rows of
+    ``prompt_width`` prompt and ``budget`` response tokens, response mask, outcome rewards, the
+    sampler's log-probs and (``greedy_rewards``, ReMax) the greedy rewards. ``array(shape, dtype)``
+    makes each leaf: ``np.zeros`` (a checkpoint's restore target) or a ``jax.ShapeDtypeStruct`` maker
+    (the memory planner's abstract batch)."""
+    width = prompt_width + budget
+    batch = core.Batch(mask=array((rows, budget), np.float32), rewards=array((rows,), np.float32), logp=None,
+                       behaviour_logp=array((rows, budget), np.float32),
+                       greedy_rewards=array((rows,), np.float32) if greedy_rewards else None, group_size=group_size)
+    return Rollout(tokens=array((rows, width), np.int32), attention_mask=array((rows, width), np.int32), batch=batch)
+
+
+def keeps_reference(algorithm: core.Algorithm) -> bool:
+    """Whether training ``algorithm`` keeps a frozen reference policy: its KL term is on (a KL
+    placement and ``kl_coef`` > 0)."""
+    return algorithm.spec.kl_placement != "none" and float(algorithm.hparams.kl_coef) > 0
+
+
+def build_learner(policy: CausalLM, algorithm: core.Algorithm, group_size: int, update: UpdateConfig,
+                  optim: OptimConfig, critic_optim: OptimConfig, mesh: Mesh | None = None,
+                  reference: bool | None = None) -> Learner:
+    """The ``Learner`` a run of ``algorithm`` trains with (the Trainer's and the memory planner's): AdamW
+    from ``optim``, a critic's AdamW from ``critic_optim`` when the baseline is the value model, and a
+    reference policy when ``keeps_reference`` (``reference``: say so instead)."""
+    critic = make_optimizer(critic_optim) if algorithm.spec.baseline == "value" else None
+    reference = keeps_reference(algorithm) if reference is None else reference
+    return Learner(policy, algorithm, group_size, update, make_optimizer(optim), critic, reference, mesh)
 
 
 class Learner:

@@ -89,11 +89,6 @@ class RolloutConfig(Decoding):
             if not ok:
                 raise ValueError(f"{name} must be {valid}, got {getattr(self, name)!r}")
 
-    def sampling(self, eos_ids: tuple[int, ...], pad_id: int, greedy: bool = False) -> SamplingConfig:
-        """The sampler's settings: these ``Decoding`` fields, K samples per prompt (1 when greedy)."""
-        return SamplingConfig(**self.decoding(), eos_ids=eos_ids, pad_id=pad_id,
-                              n=1 if greedy else self.samples_per_prompt, greedy=greedy)
-
 
 def pad_id(tokenizer) -> int:
     """The tokenizer's pad id, or its EOS id for tokenizers without one (Llama 3); padding is masked anyway."""
@@ -285,7 +280,7 @@ def collect(policy: CausalLM, tokenizer, examples: list[dict], reward_fn, correc
             config: RolloutConfig, greedy_baseline: bool = False, eos_ids=None, mesh: Mesh | None = None,
             prompt_format: PromptFormat = PLAIN, samples: Samples | None = None) -> tuple[Rollout, dict]:
     """Sample, decode and score K responses per example; the Rollout and per-row statistics.
-    ``samples``: the responses already dispatched (``dispatch_samples`` with ``config.sampling``).
+    ``samples``: the responses already dispatched (``dispatch_samples`` with ``config.sampling(eos_ids, pad, n=K)``).
 
     ``reward_fn`` gives the training reward, ``correct_fn`` the task's verifier
     (1 = correct), both ``fn(prompts, completions, **fields)``. With
@@ -303,7 +298,7 @@ def collect(policy: CausalLM, tokenizer, examples: list[dict], reward_fn, correc
     mesh = single_device_mesh() if mesh is None else mesh
     k, pad = config.samples_per_prompt, pad_id(tokenizer)
     scored = sample_and_score(policy, tokenizer, examples, config.max_prompt_tokens, key,
-                              config.sampling(eos_ids, pad), {"correct": correct_fn, "reward": reward_fn}, mesh,
+                              config.sampling(eos_ids, pad, n=k), {"correct": correct_fn, "reward": reward_fn}, mesh,
                               config.nonfinite_rewards, prompt_format, samples)
     lengths, truncated = scored.lengths, scored.truncated
     rewards = scored.scores["reward"] + overlong_penalty(lengths, config.max_new_tokens, config.overlong_buffer,

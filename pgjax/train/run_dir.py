@@ -1,15 +1,17 @@
-"""A run's directory: its layout, and everything a run writes or reads back.
+"""A run's directory: finding it, its lock, the experiment it records and the changes a resume
+makes to it, and ``RunDirectory``, which writes everything else there through ``checkpoints``
+(``Checkpoints``) and ``sinks`` (the metric writers).
 
   experiment.json         the experiment the run uses (rewritten, atomically, when a resume changes it)
   changes.jsonl           each accepted change of the experiment on resume: the step, the keys, old and new
-  metrics.jsonl           one JSON line per RL step (and the step-0 evaluation); non-finite numbers as null
-  events.out.tfevents.*   the same metrics for TensorBoard (``tensorboard --logdir runs/``)
-  curves.png              reward / accuracy / length / KL / entropy curves, drawn at the end
-  checkpoints/<step>/     orbax checkpoints: the ``TrainState``, a JSON record (step, data position) and
-                          pgjax_files.json, the size and SHA-256 of each of the checkpoint's files
-  damaged_checkpoints/    checkpoints found damaged on resume, set aside (never deleted)
+  metrics.jsonl, events.out.tfevents.*, wandb/, curves.png
+                          the metric records (``pgjax.train.sinks``)
+  checkpoints/<step>/, damaged_checkpoints/
+                          verified orbax checkpoints (``pgjax.train.checkpoints``)
   tokenizer/              the tokenizer the run used (and the checkpoint's generation_config.json)
-  final/                  the trained policy as a Hugging Face checkpoint (``from_pretrained`` loads it)
+  final/                  the trained policy as a Hugging Face checkpoint (``from_pretrained`` loads it);
+                          with LoRA also the PEFT adapter (``final/adapter``), whose recorded base is an
+                          absolute path: ``model.path``, or ``final/base`` (written there) for a random base
   .lock                   held (an OS file lock) by the live run; names its PID and host
 
 ``RunDirectory(exp, resume)`` only finds the directory and checks it can be used (ConfigError
@@ -19,241 +21,30 @@ not in use; ``--resume`` takes the last that holds some), and a resume whose exp
 from the saved one in anything that changes the maths or the data is refused with the list of
 changed keys unless the changes are accepted (``accept_changes``). ``create`` takes the
 directory's lock (a second run on a live directory gets a ConfigError naming the holder) and makes
-it; ``start`` opens the metric writers and writes a new run's first files. On several processes
+it; ``start`` opens the metric sinks and writes a new run's first files. On several processes
 every process writes its shards of each checkpoint and process 0 alone writes everything else
 (and holds the lock).
-
-Checkpoints are verified on restore, before orbax reads them: a checkpoint whose file list is
-missing (a save cut short) or whose files are missing, shorter or hold other bytes than written,
-or that then cannot be read, is reported in one line, set aside and the next older one tried
-(``fallback=False`` refuses instead).
 """
 from __future__ import annotations
 
 import dataclasses
 import datetime
 import fcntl
-import hashlib
 import json
-import math
 import os
 import pathlib
 import shutil
 import socket
-import sys
-import uuid
-
-import jax
-import numpy as np
-import orbax.checkpoint as ocp
 
 from pgjax.models import hf, lora
 from pgjax.parallel import multihost
+from pgjax.train.checkpoints import Checkpoints, one_line, write_atomically
 from pgjax.train.experiment import ConfigError, Experiment, resolved
-
-CURVES = (("reward", "reward"), ("accuracy", "sampled accuracy"), ("eval_accuracy", "greedy eval accuracy"),
-          ("length_correct", "length (correct)"), ("length_incorrect", "length (incorrect)"),
-          ("entropy", "entropy"), ("kl_ref", "KL to reference"), ("clip_fraction", "clip fraction"))
-
-
-FILE_LIST = "pgjax_files.json"
-
-
-class _Damaged(Exception):
-    """A checkpoint that cannot be restored as written (the message says why)."""
-
-
-def _file_digests(folder: pathlib.Path) -> dict[str, list]:
-    """``{relative path: [size, sha256]}`` of every file under ``folder`` but the file list itself."""
-    out = {}
-    for path in sorted(folder.rglob("*")):
-        if path.is_file() and path.name != FILE_LIST:
-            with path.open("rb") as f:
-                digest = hashlib.file_digest(f, "sha256").hexdigest()
-            out[str(path.relative_to(folder))] = [path.stat().st_size, digest]
-    return out
-
-
-def _check_files(folder: pathlib.Path) -> None:
-    """_Damaged unless every file ``FILE_LIST`` names in ``folder`` is there with its size and SHA-256."""
-    try:
-        listed = json.loads((folder / FILE_LIST).read_text())
-    except (OSError, ValueError):
-        raise _Damaged(f"its list of files ({FILE_LIST}) is missing or unreadable: a save cut short, or "
-                       "damage") from None
-    found = _file_digests(folder)
-    for name, (size, digest) in listed.items():
-        if name not in found:
-            raise _Damaged(f"{name} is missing")
-        if found[name][0] != size:
-            raise _Damaged(f"{name} has {found[name][0]} bytes, {size} were written")
-        if found[name][1] != digest:
-            raise _Damaged(f"{name} does not hold the bytes written (SHA-256 differs)")
-
-
-def _key_name(entry) -> str:
-    """The name of one step of a pytree path (a dict key, an attribute, a sequence index)."""
-    for attribute in ("key", "name", "idx"):
-        if hasattr(entry, attribute):
-            return str(getattr(entry, attribute))
-    return str(entry)
-
-
-def layout(tree) -> dict[str, tuple[tuple[int, ...], str]]:
-    """``{"params.layers.0.attention.k.value": (shape, dtype)}`` for every array of ``tree`` (a state,
-    or orbax's metadata of one: both name their arrays the same way)."""
-    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return {".".join(map(_key_name, path)): (tuple(leaf.shape), np.dtype(leaf.dtype).name) for path, leaf in leaves}
-
-
-def _describe(entry: tuple | None) -> str:
-    """``float32[32, 64]`` for a ``layout`` entry, ``absent`` for None."""
-    return "absent" if entry is None else f"{entry[1]}{list(entry[0])}"
-
-
-def _layout_difference(saved: dict, expected: dict, limit: int = 3) -> str:
-    """One line naming the arrays whose shape or dtype differ between two ``layout``s."""
-    lines = [f"{name}: {_describe(saved.get(name))} in the checkpoint, {_describe(expected.get(name))} here"
-             for name in sorted(set(saved) | set(expected)) if saved.get(name) != expected.get(name)]
-    more = f"; and {len(lines) - limit} more" if len(lines) > limit else ""
-    return "; ".join(lines[:limit]) + more
-
-
-def _one_line(error: BaseException) -> str:
-    """``Type: message`` of an exception on one line, at most 200 characters of message."""
-    text = " ".join(str(error).split()) or type(error).__name__
-    return f"{type(error).__name__}: {text[:200]}"
-
-
-class Checkpoints:
-    """Step-numbered orbax checkpoints under ``directory``; keeps the newest ``keep``. A checkpoint is
-    written atomically (orbax finalises a step directory only when complete), so a run killed at any
-    moment resumes from the last complete step; then the size and SHA-256 of each of its files are
-    written to its ``pgjax_files.json``, and checked on restore."""
-
-    def __init__(self, directory, keep: int = 2):
-        self.directory = pathlib.Path(directory).absolute()
-        self.manager = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(
-            max_to_keep=keep, create=True), item_handlers={"state": ocp.StandardCheckpointHandler(),
-                                                           "record": ocp.JsonCheckpointHandler()})
-
-    def latest_step(self) -> int | None:
-        return self.manager.latest_step()
-
-    def save(self, step: int, state, record: dict) -> None:
-        """Write ``state`` and ``record`` as checkpoint ``step``, then its file list (process 0)."""
-        self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                         record=ocp.args.JsonSave(record)), force=True)
-        self.manager.wait_until_finished()
-        if multihost.is_primary():
-            _write_atomically(self.directory / str(step) / FILE_LIST,
-                              json.dumps(_file_digests(self.directory / str(step))))
-        multihost.barrier("checkpoint_file_list")
-
-    def restore(self, like, step: int | None = None, fallback: bool = True):
-        """(state, record) of ``step`` (default: the newest intact one), shaped like the pytree ``like``.
-
-        Each candidate is verified (``_verified``). A damaged one is reported in one line on stderr and
-        moved to ``damaged_checkpoints/``, and the next older one is tried; with ``fallback=False`` (or
-        an explicit ``step``) a damaged checkpoint is a ConfigError instead."""
-        candidates = [step] if step is not None else sorted(self.manager.all_steps(), reverse=True)
-        if not candidates:
-            raise ConfigError(f"no complete checkpoint in {self.directory}")
-        damaged = []
-        for candidate in candidates:
-            try:
-                return self._verified(like, candidate)
-            except _Damaged as error:
-                damaged.append(f"step {candidate}: {error}")
-                where = self.directory / str(candidate)
-                if not fallback or step is not None:
-                    raise ConfigError(f"checkpoint {where} is damaged ({error}); without --no-fallback a resume "
-                                      "goes on from the newest intact checkpoint") from None
-                aside = self._set_aside(candidate)
-                if multihost.is_primary():
-                    print(f"checkpoint {where} is damaged ({error}); moved to {aside}, trying the one before",
-                          file=sys.stderr)
-        raise ConfigError(f"no intact checkpoint in {self.directory}: {'; '.join(damaged)}")
-
-    def _verified(self, like, step: int):
-        """(state, record) of checkpoint ``step``: _Damaged unless its files are those written
-        (``pgjax_files.json``), it restores without error and its record names the step; ConfigError
-        naming the arrays that differ when its arrays do not have ``like``'s layout (the experiment
-        changed: an older checkpoint would not fit either)."""
-        _check_files(self.directory / str(step))
-        expected = layout(like)
-        try:
-            metadata = self.manager.item_metadata(step)["state"]
-            if metadata is None:
-                raise ValueError("orbax found no metadata of the state")
-            saved = layout(getattr(metadata, "tree", metadata))
-        except Exception as error:      # unreadable metadata: a damaged checkpoint, whatever orbax raises
-            raise _Damaged(f"its metadata cannot be read: {_one_line(error)}") from None
-        if saved != expected:
-            raise ConfigError(f"the checkpoint {self.directory / str(step)} does not fit this experiment's "
-                              f"training state (a changed model, algorithm or optimizer): "
-                              f"{_layout_difference(saved, expected)}")
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
-        try:
-            restored = self.manager.restore(step, args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract), record=ocp.args.JsonRestore()))
-            state, record = restored.state, dict(restored.record)
-        except Exception as error:      # a missing, truncated or corrupt file
-            raise _Damaged(f"it cannot be read: {_one_line(error)}") from None
-        if record.get("step") != step:
-            raise _Damaged(f"its record names step {record.get('step')!r}")
-        return state, record
-
-    def _set_aside(self, step: int) -> pathlib.Path:
-        """Move the damaged checkpoint ``step`` to ``damaged_checkpoints/<step>[-n]`` (process 0) and
-        forget it."""
-        folder = self.directory.parent / "damaged_checkpoints"
-        target, n = folder / str(step), 1
-        while target.exists():
-            n += 1
-            target = folder / f"{step}-{n}"
-        if multihost.is_primary():
-            folder.mkdir(exist_ok=True)
-            os.replace(self.directory / str(step), target)
-        multihost.barrier("set_aside_checkpoint")
-        self.manager.reload()
-        return target
-
-    def close(self) -> None:
-        self.manager.close()
-
-
-def _metric_lines(path: pathlib.Path) -> tuple[list[tuple[int, dict]], int]:
-    """(end offset, record) of every complete line of a metrics file, and the size of a torn last line
-    (one without its newline, or not JSON: a write cut short) to drop; a bad line before the last is a
-    ValueError naming it."""
-    data = path.read_bytes() if path.exists() else b""
-    lines, offset, torn = [], 0, 0
-    chunks = data.split(b"\n")
-    for number, chunk in enumerate(chunks, start=1):
-        end = offset + len(chunk) + 1
-        last = number >= len(chunks) - 1
-        if chunk.strip():
-            try:
-                record = json.loads(chunk)
-                if end > len(data):          # no newline after it: cut short, whatever it parses to
-                    raise ValueError("no newline")
-                lines.append((end, record))
-            except ValueError:
-                if not last:
-                    raise ValueError(f"{path}:{number}: not a JSON record: {chunk[:80]!r}") from None
-                torn = len(data) - offset
-        offset = end
-    return lines, torn
-
-
-def read_records(directory) -> list[dict]:
-    """The metric records of the run in ``directory`` (none before its first line; a torn last line,
-    from a run killed while writing it, is left out)."""
-    return [record for _, record in _metric_lines(pathlib.Path(directory) / "metrics.jsonl")[0]]
+from pgjax.train.sinks import MetricsFile, Sink, TensorBoard, WandB, plot, read_records
 
 
 def _has_checkpoints(directory: pathlib.Path) -> bool:
+    """Whether ``directory`` holds a checkpoint (a step folder under checkpoints/)."""
     folder = directory / "checkpoints"
     return folder.is_dir() and any(p.name.isdigit() for p in folder.iterdir())
 
@@ -282,6 +73,7 @@ class RunLock:
         self.fd = fd
 
     def release(self) -> None:
+        """Let the lock go (nothing if not held)."""
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
@@ -334,6 +126,7 @@ OPERATIONAL_KEYS = ("name", "steps", "eval_every", "checkpoint_every", "run_dir"
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:
+    """``{"a.b": value}`` for every leaf of a nested dict."""
     out = {}
     for key, value in tree.items():
         if isinstance(value, dict):
@@ -360,25 +153,19 @@ def is_operational(key: str) -> bool:
     return any(key == k or (k.endswith(".") and key.startswith(k)) for k in OPERATIONAL_KEYS)
 
 
-def _write_atomically(path: pathlib.Path, text: str) -> None:
-    """``path`` holds either its old contents or ``text``, never a part (write a sibling, then rename)."""
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text)
-    os.replace(partial, path)
-
-
 class RunDirectory:
-    """One run's directory, its lock and its writers (metrics, TensorBoard, Weights & Biases,
-    checkpoints). ``accept_changes``: resume even if the experiment changes the maths or the data
-    (each change is recorded in changes.jsonl); ``fallback``: resume from an older checkpoint when the
-    newest is damaged."""
+    """One run's directory, its lock and its writers: the checkpoints (``checkpoints``) and the metric
+    sinks (``sinks``: metrics.jsonl, and TensorBoard and W&B where enabled). ``accept_changes``:
+    resume even if the experiment changes the maths or the data (each change is recorded in
+    changes.jsonl); ``fallback``: resume from an older checkpoint when the newest is damaged."""
 
     def __init__(self, exp: Experiment, resume: bool, accept_changes: bool = False, fallback: bool = True):
         self.exp, self.resume, self.fallback = exp, resume or accept_changes, fallback
         self.directory = locate(exp, self.resume)
         self.metrics_path = self.directory / "metrics.jsonl"
         self.primary = True         # until ``create``: no JAX call before jax.distributed starts
-        self.checkpoints = self.tensorboard = self.wandb = None
+        self.checkpoints: Checkpoints | None = None
+        self.sinks: list[Sink] = []
         self.lock = RunLock(self.directory)
         self.changes = self._changes(accept_changes) if self.resume else {}
 
@@ -389,7 +176,7 @@ class RunDirectory:
             saved = json.loads(path.read_text())
         except (OSError, ValueError) as error:
             if not accept:
-                raise ConfigError(f"--resume: cannot read {path} ({_one_line(error)}) to check that the experiment "
+                raise ConfigError(f"--resume: cannot read {path} ({one_line(error)}) to check that the experiment "
                                   "is unchanged; pass --resume-with-changes to resume anyway") from None
             saved = {}
         changes = experiment_changes(saved, self.exp)
@@ -416,121 +203,76 @@ class RunDirectory:
         self.checkpoints = Checkpoints(self.directory / "checkpoints")
 
     def start(self, tokenizer, start_step: int) -> None:
-        """Open the metric writers the experiment enables; then a new run writes its experiment.json,
-        tokenizer and an empty metrics.jsonl (leftovers of a run that never checkpointed are not its),
-        and a resumed one cuts metrics.jsonl after the last line at or before ``start_step`` (and a
-        torn last line, saying so) and records its changes of the experiment. TensorBoard discards
-        earlier events after ``start_step`` (a new run: all of them). A W&B run keeps its id in
-        ``wandb_run_id``, so a resumed run continues it (W&B ignores re-logged steps at or below the
-        last one it has)."""
+        """Open the metric sinks the experiment enables (see ``pgjax.train.sinks``: a resume drops what
+        was logged after ``start_step``); then a new run writes its experiment.json, tokenizer and an
+        empty metrics.jsonl, and a resumed one records its changes of the experiment (process 0)."""
         if not self.primary:
             return
-        logging = self.exp.logging
-        if logging.wandb:
-            import wandb
-            id_file = self.directory / "wandb_run_id"
-            run_id = id_file.read_text().strip() if self.resume and id_file.exists() else uuid.uuid4().hex[:16]
-            try:
-                self.wandb = wandb.init(project=logging.wandb_project, name=self.directory.name, id=run_id,
-                                        dir=str(self.directory), config=resolved(self.exp),
-                                        resume="allow" if self.resume else "never")
-            except Exception as error:      # no login, no network, a bad project: the user's setting
-                raise ConfigError(f"logging.wandb: wandb.init failed ({error}); log in, or set "
-                                  "WANDB_MODE=offline, or logging.wandb=false") from None
-            id_file.write_text(run_id)
+        logging, since = self.exp.logging, start_step if self.resume else None
+        if logging.wandb:               # first: a failing wandb.init leaves nothing else written
+            self.sinks.append(WandB(self.directory, logging.wandb_project, resolved(self.exp), self.resume))
         if logging.tensorboard:
-            from tensorboardX import SummaryWriter
-            self.tensorboard = SummaryWriter(str(self.directory), purge_step=start_step + 1 if self.resume else 0)
-        if self.resume:
-            self._cut_metrics(start_step)
-            if self.changes:
-                with (self.directory / "changes.jsonl").open("a") as f:
-                    f.write(json.dumps({"step": start_step, "changes": {k: list(v) for k, v in self.changes.items()}},
-                                       default=str) + "\n")
-                _write_atomically(self.directory / "experiment.json", json.dumps(experiment_record(self.exp), indent=2))
-            return
-        _write_atomically(self.directory / "experiment.json", json.dumps(experiment_record(self.exp), indent=2))
+            self.sinks.insert(0, TensorBoard(self.directory, since))
+        if not self.resume:
+            self._write_first_files(tokenizer)
+        self.sinks.insert(0, MetricsFile(self.metrics_path, since))
+        if self.resume and self.changes:
+            self._record_changes(start_step)
+
+    def _write_first_files(self, tokenizer) -> None:
+        """A new run's experiment.json and tokenizer/ (with the checkpoint's generation_config.json)."""
+        write_atomically(self.directory / "experiment.json", json.dumps(experiment_record(self.exp), indent=2))
         tokenizer.save_pretrained(self.directory / "tokenizer")
         generation = pathlib.Path(self.exp.model.path) / "generation_config.json"
         if self.exp.model.path and generation.is_file():       # its stop ids travel to final/ with the tokenizer
-            shutil.copy(generation, self.directory / "tokenizer" / generation.name)
-        self.metrics_path.write_text("")
+            shutil.copyfile(generation, self.directory / "tokenizer" / generation.name)
 
-    def _cut_metrics(self, start_step: int) -> None:
-        """Truncate metrics.jsonl after its last record at or before ``start_step`` (the lines after it
-        are redone); a torn last line is dropped with a message."""
-        try:
-            lines, torn = _metric_lines(self.metrics_path)
-        except ValueError as error:
-            raise ConfigError(f"--resume: {error}; repair or remove that line") from None
-        if torn:
-            print(f"{self.metrics_path}: dropped a torn last line ({torn} bytes, a write cut short)", file=sys.stderr)
-        keep = 0
-        for end, record in lines:
-            if record.get("step", 0) > start_step:
-                break
-            keep = end
-        if self.metrics_path.exists():
-            os.truncate(self.metrics_path, keep)
+    def _record_changes(self, start_step: int) -> None:
+        """Append this resume's changes to changes.jsonl and rewrite experiment.json."""
+        with (self.directory / "changes.jsonl").open("a") as f:
+            f.write(json.dumps({"step": start_step, "changes": {k: list(v) for k, v in self.changes.items()}},
+                               default=str) + "\n")
+        write_atomically(self.directory / "experiment.json", json.dumps(experiment_record(self.exp), indent=2))
 
     def records(self) -> list[dict]:
+        """The run's metric records so far (``read_records``)."""
         return read_records(self.directory)
 
     def log(self, record: dict) -> None:
-        """One step's record to metrics.jsonl and to each enabled writer (numbers only there)."""
-        if not self.primary:
-            return
-        record = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
-        with self.metrics_path.open("a") as f:
-            f.write(json.dumps(record, allow_nan=False) + "\n")
-        step = record["step"]
-        numbers = {k: float(v) for k, v in record.items() if k != "step" and isinstance(v, (int, float))}
-        if self.tensorboard is not None:
-            for key, value in numbers.items():
-                self.tensorboard.add_scalar(key, value, step)
-            self.tensorboard.flush()
-        if self.wandb is not None:
-            self.wandb.log(numbers, step=step)
+        """One step's record to every sink (none but on process 0)."""
+        for sink in self.sinks:
+            sink.log(record)
 
     def export(self, policy) -> None:
         """``final/``: the policy as a Hugging Face checkpoint with the run's tokenizer (with LoRA: the
-        adapters merged in, and the PEFT adapter alone in ``final/adapter``), and the curves.
-        ``policy`` holds full (gathered) parameters; process 0 writes."""
+        adapters merged in, and the PEFT adapter alone in ``final/adapter``, see ``_adapter_base``),
+        and the curves. ``policy`` holds full (gathered) parameters; process 0 writes."""
         if self.primary:
             final, partial = self.directory / "final", self.directory / "final.partial"
+            tokenizer = self.directory / "tokenizer"
             shutil.rmtree(partial, ignore_errors=True)
             if policy.config.lora is None:                                          # a kill leaves no half final/
-                hf.save(policy, partial, tokenizer_dir=self.directory / "tokenizer")
+                hf.save(policy, partial, tokenizer_dir=tokenizer)
             else:
-                hf.save(lora.merged(policy), partial, tokenizer_dir=self.directory / "tokenizer")
-                hf.save_peft(policy, partial / "adapter", base_model=self.exp.model.path)
+                hf.save(lora.merged(policy), partial, tokenizer_dir=tokenizer)
+                hf.save_peft(policy, partial / "adapter", base_model=self._adapter_base(policy, partial))
             shutil.rmtree(final, ignore_errors=True)
             os.replace(partial, final)
             plot(self.records(), self.directory / "curves.png", self.exp.name)
 
+    def _adapter_base(self, policy, partial: pathlib.Path) -> str:
+        """The absolute path of the LoRA ``policy``'s base checkpoint, which its adapter records:
+        ``model.path`` resolved; for a random base (no ``model.path``) ``final/base``, where the base
+        weights are written (into ``partial``, the future final/) with the run's tokenizer."""
+        if self.exp.model.path:
+            return str(pathlib.Path(self.exp.model.path).resolve())
+        hf.save(lora.base(policy), partial / "base", tokenizer_dir=self.directory / "tokenizer")
+        return str(self.directory.resolve() / "final" / "base")
+
     def close(self, failed: bool = False) -> None:
-        """Close the writers, then release the lock."""
-        for writer in (self.checkpoints, self.tensorboard):
-            if writer is not None:
-                writer.close()
-        if self.wandb is not None:
-            self.wandb.finish(exit_code=1 if failed else 0)
+        """Close the checkpoints and the sinks, then release the lock."""
+        if self.checkpoints is not None:
+            self.checkpoints.close()
+        for sink in self.sinks:
+            sink.close(failed)
         self.lock.release()
-
-
-def plot(records: list[dict], path, title: str) -> None:
-    """One PNG with a panel per curve of ``CURVES`` that the run logged."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    panels = [(k, label) for k, label in CURVES if any(r.get(k) is not None for r in records)]
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 2.8), squeeze=False)
-    for ax, (key, label) in zip(axes[0], panels, strict=True):
-        points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
-        ax.plot(*zip(*points, strict=True), marker="." if len(points) < 30 else None)
-        ax.set_title(label, fontsize=9)
-        ax.set_xlabel("step", fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)

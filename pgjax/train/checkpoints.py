@@ -1,0 +1,203 @@
+"""A run's checkpoints: step-numbered orbax checkpoints of the training state, verified before
+they are read.
+
+  checkpoints/<step>/     the ``TrainState`` (orbax), a JSON record (step, data position) and
+                          pgjax_files.json, the size and SHA-256 of each of the checkpoint's files
+  damaged_checkpoints/    checkpoints found damaged on restore, set aside (never deleted)
+
+A checkpoint whose file list is missing (a save cut short) or whose files are missing, shorter or
+hold other bytes than written, or that then cannot be read, is reported in one line, set aside and
+the next older one tried (``fallback=False`` refuses instead). A checkpoint whose arrays do not have
+the expected layout (a changed model, algorithm or optimizer) is refused naming the arrays that
+differ (``layout``). On several processes every process writes its shards and process 0 the file
+list. Also the two small helpers the run directory shares: ``write_atomically`` and ``one_line``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import sys
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from pgjax.parallel import multihost
+from pgjax.train.experiment import ConfigError
+
+FILE_LIST = "pgjax_files.json"
+
+
+class _Damaged(Exception):
+    """A checkpoint that cannot be restored as written (the message says why)."""
+
+
+def write_atomically(path: pathlib.Path, text: str) -> None:
+    """``path`` holds either its old contents or ``text``, never a part (write a sibling, then rename)."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    os.replace(partial, path)
+
+
+def one_line(error: BaseException) -> str:
+    """``Type: message`` of an exception on one line, at most 200 characters of message."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    return f"{type(error).__name__}: {text[:200]}"
+
+
+def _file_digests(folder: pathlib.Path) -> dict[str, list]:
+    """``{relative path: [size, sha256]}`` of every file under ``folder`` but the file list itself."""
+    out = {}
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and path.name != FILE_LIST:
+            with path.open("rb") as f:
+                digest = hashlib.file_digest(f, "sha256").hexdigest()
+            out[str(path.relative_to(folder))] = [path.stat().st_size, digest]
+    return out
+
+
+def _check_files(folder: pathlib.Path) -> None:
+    """_Damaged unless every file ``FILE_LIST`` names in ``folder`` is there with its size and SHA-256."""
+    try:
+        listed = json.loads((folder / FILE_LIST).read_text())
+    except (OSError, ValueError):
+        raise _Damaged(f"its list of files ({FILE_LIST}) is missing or unreadable: a save cut short, or "
+                       "damage") from None
+    found = _file_digests(folder)
+    for name, (size, digest) in listed.items():
+        if name not in found:
+            raise _Damaged(f"{name} is missing")
+        if found[name][0] != size:
+            raise _Damaged(f"{name} has {found[name][0]} bytes, {size} were written")
+        if found[name][1] != digest:
+            raise _Damaged(f"{name} does not hold the bytes written (SHA-256 differs)")
+
+
+def _key_name(entry) -> str:
+    """The name of one step of a pytree path (a dict key, an attribute, a sequence index)."""
+    for attribute in ("key", "name", "idx"):
+        if hasattr(entry, attribute):
+            return str(getattr(entry, attribute))
+    return str(entry)
+
+
+def layout(tree) -> dict[str, tuple[tuple[int, ...], str]]:
+    """``{"params.layers.0.attention.k.value": (shape, dtype)}`` for every array of ``tree`` (a state,
+    or orbax's metadata of one: both name their arrays the same way)."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {".".join(map(_key_name, path)): (tuple(leaf.shape), np.dtype(leaf.dtype).name) for path, leaf in leaves}
+
+
+def _describe(entry: tuple | None) -> str:
+    """``float32[32, 64]`` for a ``layout`` entry, ``absent`` for None."""
+    return "absent" if entry is None else f"{entry[1]}{list(entry[0])}"
+
+
+def _layout_difference(saved: dict, expected: dict, limit: int = 3) -> str:
+    """One line naming the arrays whose shape or dtype differ between two ``layout``s."""
+    lines = [f"{name}: {_describe(saved.get(name))} in the checkpoint, {_describe(expected.get(name))} here"
+             for name in sorted(set(saved) | set(expected)) if saved.get(name) != expected.get(name)]
+    more = f"; and {len(lines) - limit} more" if len(lines) > limit else ""
+    return "; ".join(lines[:limit]) + more
+
+
+class Checkpoints:
+    """Step-numbered orbax checkpoints under ``directory``; keeps the newest ``keep``. A checkpoint is
+    written atomically (orbax finalises a step directory only when complete), so a run killed at any
+    moment resumes from the last complete step; then the size and SHA-256 of each of its files are
+    written to its ``pgjax_files.json``, and checked on restore."""
+
+    def __init__(self, directory, keep: int = 2):
+        self.directory = pathlib.Path(directory).absolute()
+        self.manager = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(
+            max_to_keep=keep, create=True), item_handlers={"state": ocp.StandardCheckpointHandler(),
+                                                           "record": ocp.JsonCheckpointHandler()})
+
+    def latest_step(self) -> int | None:
+        """The newest complete checkpoint's step (None without one); not verified."""
+        return self.manager.latest_step()
+
+    def save(self, step: int, state, record: dict) -> None:
+        """Write ``state`` and ``record`` as checkpoint ``step``, then its file list (process 0)."""
+        self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                         record=ocp.args.JsonSave(record)), force=True)
+        self.manager.wait_until_finished()
+        if multihost.is_primary():
+            write_atomically(self.directory / str(step) / FILE_LIST,
+                             json.dumps(_file_digests(self.directory / str(step))))
+        multihost.barrier("checkpoint_file_list")
+
+    def restore(self, like, step: int | None = None, fallback: bool = True):
+        """(state, record) of ``step`` (default: the newest intact one), shaped like the pytree ``like``.
+
+        Each candidate is verified (``_verified``). A damaged one is reported in one line on stderr and
+        moved to ``damaged_checkpoints/``, and the next older one is tried; with ``fallback=False`` (or
+        an explicit ``step``) a damaged checkpoint is a ConfigError instead."""
+        candidates = [step] if step is not None else sorted(self.manager.all_steps(), reverse=True)
+        if not candidates:
+            raise ConfigError(f"no complete checkpoint in {self.directory}")
+        damaged = []
+        for candidate in candidates:
+            try:
+                return self._verified(like, candidate)
+            except _Damaged as error:
+                damaged.append(f"step {candidate}: {error}")
+                where = self.directory / str(candidate)
+                if not fallback or step is not None:
+                    raise ConfigError(f"checkpoint {where} is damaged ({error}); without --no-fallback a resume "
+                                      "goes on from the newest intact checkpoint") from None
+                aside = self._set_aside(candidate)
+                if multihost.is_primary():
+                    print(f"checkpoint {where} is damaged ({error}); moved to {aside}, trying the one before",
+                          file=sys.stderr)
+        raise ConfigError(f"no intact checkpoint in {self.directory}: {'; '.join(damaged)}")
+
+    def _verified(self, like, step: int):
+        """(state, record) of checkpoint ``step``: _Damaged unless its files are those written
+        (``pgjax_files.json``), it restores without error and its record names the step; ConfigError
+        naming the arrays that differ when its arrays do not have ``like``'s layout (the experiment
+        changed: an older checkpoint would not fit either)."""
+        _check_files(self.directory / str(step))
+        expected = layout(like)
+        try:
+            metadata = self.manager.item_metadata(step)["state"]
+            if metadata is None:
+                raise ValueError("orbax found no metadata of the state")
+            saved = layout(getattr(metadata, "tree", metadata))
+        except Exception as error:      # unreadable metadata: a damaged checkpoint, whatever orbax raises
+            raise _Damaged(f"its metadata cannot be read: {one_line(error)}") from None
+        if saved != expected:
+            raise ConfigError(f"the checkpoint {self.directory / str(step)} does not fit this experiment's "
+                              f"training state (a changed model, algorithm or optimizer): "
+                              f"{_layout_difference(saved, expected)}")
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+        try:
+            restored = self.manager.restore(step, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract), record=ocp.args.JsonRestore()))
+            state, record = restored.state, dict(restored.record)
+        except Exception as error:      # a missing, truncated or corrupt file
+            raise _Damaged(f"it cannot be read: {one_line(error)}") from None
+        if record.get("step") != step:
+            raise _Damaged(f"its record names step {record.get('step')!r}")
+        return state, record
+
+    def _set_aside(self, step: int) -> pathlib.Path:
+        """Move the damaged checkpoint ``step`` to ``damaged_checkpoints/<step>[-n]`` (process 0) and
+        forget it."""
+        folder = self.directory.parent / "damaged_checkpoints"
+        target, n = folder / str(step), 1
+        while target.exists():
+            n += 1
+            target = folder / f"{step}-{n}"
+        if multihost.is_primary():
+            folder.mkdir(exist_ok=True)
+            os.replace(self.directory / str(step), target)
+        multihost.barrier("set_aside_checkpoint")
+        self.manager.reload()
+        return target
+
+    def close(self) -> None:
+        """Wait for orbax's background work and close its manager."""
+        self.manager.close()

@@ -1,0 +1,50 @@
+"""The record of one RL step, as ``Trainer.step`` returns it and ``metrics.jsonl`` holds it: rollout
+statistics, the finalized loss metrics, timings (``step_record``), and the names of its keys.
+
+Rollout statistics (``STAT_KEYS``, one value per sampled row): the training reward, the verifier's
+``correct``, the response length, whether it was truncated, whether it was kept for the update, and
+whether a reward function gave a non-finite value. Timings (``TIMING_KEYS``, seconds): sampling
+(with decoding and scoring), ``Learner.prepare``, the update, the whole step, and generated tokens
+per second of sampling. Mismatch metrics (``MISMATCH_KEYS``): the learner's vs the sampler's
+log-probs of the sampled tokens (``core.off_policy``).
+"""
+from __future__ import annotations
+
+from pgjax import core
+
+STAT_KEYS = ("reward", "correct", "length", "truncated", "kept", "nonfinite")
+TIMING_KEYS = ("time_sample", "time_prepare", "time_update", "time_step", "tokens_per_second")
+MISMATCH_KEYS = ("mismatch_abs", "mismatch_abs_max", "mismatch_kl", "mismatch_outside")
+RECORD_KEYS = ("step", "reward", "accuracy", "length", "length_correct", "length_incorrect", "truncated", "kept",
+               "nonfinite_rewards", "skipped_updates", "policy_loss", "clip_fraction", "grad_norm", "entropy",
+               "kl_ref", "kl_old", "value_loss", "policy_lag", *MISMATCH_KEYS, "is_weight", "is_limited",
+               "eval_accuracy", *TIMING_KEYS)
+
+
+def step_record(stats: dict, metrics: dict, times: dict) -> dict:
+    """The record of one step: rollout statistics, finalized loss metrics (per applied optimizer step
+    where they are sums; None when every update was skipped), timing."""
+    correct = stats["correct"] == 1.0
+    lengths = stats["length"].astype(float)
+    fm = {k: float(v) for k, v in core.finalize_metrics(metrics).items()}
+    steps = fm.pop("optimizer_steps")       # the applied ones: skipped updates add nothing to the sums
+    out = {
+        "reward": float(stats["reward"].mean()), "accuracy": float(correct.mean()),
+        "length": float(lengths.mean()),
+        "length_correct": float(lengths[correct].mean()) if correct.any() else None,
+        "length_incorrect": float(lengths[~correct].mean()) if (~correct).any() else None,
+        "truncated": float(stats["truncated"].mean()), "kept": float(stats["kept"].mean()),
+        "nonfinite_rewards": int(stats["nonfinite"].sum()), "skipped_updates": int(fm.pop("skipped_updates")),
+    }
+    losses = {"policy_loss": fm.pop("policy_loss") / max(steps, 1), "clip_fraction": fm["clip_fraction"],
+              "grad_norm": fm["grad_norm_max"], "entropy": fm.get("entropy_mean"),
+              "kl_ref": fm.get("ref_kl_mean"), "kl_old": fm["approx_kl_mean"]}
+    if "value_loss" in fm:
+        losses["value_loss"] = fm["value_loss"] / max(steps, 1)
+    losses.update({key: fm.get(key if key.endswith("_max") else f"{key}_mean") for key in MISMATCH_KEYS})
+    if "is_weight_mean" in fm:
+        losses.update(is_weight=fm["is_weight_mean"], is_limited=fm["is_limited_mean"])
+    out.update({k: v if steps else None for k, v in losses.items()})
+    generated = float(lengths.sum())
+    out.update(times, tokens_per_second=generated / max(times["time_sample"], 1e-9))
+    return out

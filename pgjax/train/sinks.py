@@ -1,0 +1,172 @@
+"""Where a run's metric records go: logging sinks behind one interface, reading the records back,
+and the curves drawn from them.
+
+  metrics.jsonl           ``MetricsFile``: one JSON line per RL step (and the step-0 evaluation);
+                          non-finite numbers as null
+  events.out.tfevents.*   ``TensorBoard``: the same numbers (``tensorboard --logdir runs/``)
+  wandb/, wandb_run_id    ``WandB``: the same numbers in a Weights & Biases run (optional package)
+  curves.png              ``plot``: reward / accuracy / length / KL / entropy curves, drawn at the end
+
+A ``Sink`` takes records (``log``: a dict with an int ``step``, numbers, None) and is closed once
+(``close``). Each opens for a new run or a resumed one: a resume starts after ``start_step``, and
+what a killed run wrote after that checkpoint is dropped (metrics.jsonl cut, TensorBoard events
+purged, W&B continuing the same run, which ignores re-logged steps). ``read_records`` reads
+metrics.jsonl back, leaving out a torn last line.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+import sys
+import uuid
+
+from pgjax.train.experiment import ConfigError
+
+CURVES = (("reward", "reward"), ("accuracy", "sampled accuracy"), ("eval_accuracy", "greedy eval accuracy"),
+          ("length_correct", "length (correct)"), ("length_incorrect", "length (incorrect)"),
+          ("entropy", "entropy"), ("kl_ref", "KL to reference"), ("clip_fraction", "clip fraction"))
+
+
+class Sink:
+    """One destination of a run's metric records."""
+
+    def log(self, record: dict) -> None:
+        """Write one record: ``{"step": int, key: number or None, ...}`` (numbers may be non-finite)."""
+        raise NotImplementedError
+
+    def close(self, failed: bool = False) -> None:
+        """Flush and release what the sink holds; ``failed``: the run ended with an error."""
+
+
+def _numbers(record: dict) -> dict[str, float]:
+    """The record's finite numbers (booleans as 0 / 1) but its step, as floats."""
+    return {k: float(v) for k, v in record.items()
+            if k != "step" and isinstance(v, (int, float)) and math.isfinite(v)}
+
+
+def _metric_lines(path: pathlib.Path) -> tuple[list[tuple[int, dict]], int]:
+    """(end offset, record) of every complete line of a metrics file, and the size of a torn last line
+    (one without its newline, or not JSON: a write cut short) to drop; a bad line before the last is a
+    ValueError naming it."""
+    data = path.read_bytes() if path.exists() else b""
+    lines, offset, torn = [], 0, 0
+    chunks = data.split(b"\n")
+    for number, chunk in enumerate(chunks, start=1):
+        end = offset + len(chunk) + 1
+        last = number >= len(chunks) - 1
+        if chunk.strip():
+            try:
+                record = json.loads(chunk)
+                if end > len(data):          # no newline after it: cut short, whatever it parses to
+                    raise ValueError("no newline")
+                lines.append((end, record))
+            except ValueError:
+                if not last:
+                    raise ValueError(f"{path}:{number}: not a JSON record: {chunk[:80]!r}") from None
+                torn = len(data) - offset
+        offset = end
+    return lines, torn
+
+
+def read_records(directory) -> list[dict]:
+    """The metric records of the run in ``directory`` (none before its first line; a torn last line,
+    from a run killed while writing it, is left out)."""
+    return [record for _, record in _metric_lines(pathlib.Path(directory) / "metrics.jsonl")[0]]
+
+
+class MetricsFile(Sink):
+    """metrics.jsonl: one JSON line per record, non-finite numbers as null. A new run
+    (``start_step`` None) starts it empty (leftovers of a run that never checkpointed are not its);
+    a resumed one cuts it after its last line at or before ``start_step`` (and a torn last line,
+    saying so on stderr); a bad line before the last is a ConfigError."""
+
+    def __init__(self, path: pathlib.Path, start_step: int | None = None):
+        self.path = path
+        if start_step is None:
+            path.write_text("")
+        else:
+            self._cut(start_step)
+
+    def _cut(self, start_step: int) -> None:
+        """Truncate the file after its last record at or before ``start_step`` (the lines after it are
+        redone); a torn last line is dropped with a message."""
+        try:
+            lines, torn = _metric_lines(self.path)
+        except ValueError as error:
+            raise ConfigError(f"--resume: {error}; repair or remove that line") from None
+        if torn:
+            print(f"{self.path}: dropped a torn last line ({torn} bytes, a write cut short)", file=sys.stderr)
+        keep = 0
+        for end, record in lines:
+            if record.get("step", 0) > start_step:
+                break
+            keep = end
+        if self.path.exists():
+            os.truncate(self.path, keep)
+
+    def log(self, record: dict) -> None:
+        record = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
+        with self.path.open("a") as f:
+            f.write(json.dumps(record, allow_nan=False) + "\n")
+
+
+class TensorBoard(Sink):
+    """TensorBoard event files in ``directory`` (tensorboardX), a scalar per number of each record;
+    the events of a resumed run after ``start_step`` are discarded (a new run: all of them)."""
+
+    def __init__(self, directory: pathlib.Path, start_step: int | None = None):
+        from tensorboardX import SummaryWriter
+        self.writer = SummaryWriter(str(directory), purge_step=0 if start_step is None else start_step + 1)
+
+    def log(self, record: dict) -> None:
+        for key, value in _numbers(record).items():
+            self.writer.add_scalar(key, value, record["step"])
+        self.writer.flush()
+
+    def close(self, failed: bool = False) -> None:
+        self.writer.close()
+
+
+class WandB(Sink):
+    """A Weights & Biases run named after ``directory``, with ``config`` (the resolved experiment), in
+    ``project``. Its id is kept in ``wandb_run_id``, so a resumed run continues it (W&B ignores
+    re-logged steps at or below the last one it has). A failing ``wandb.init`` (no login, no
+    network, a bad project) is a ConfigError."""
+
+    def __init__(self, directory: pathlib.Path, project: str, config: dict, resume: bool):
+        import wandb
+        id_file = directory / "wandb_run_id"
+        run_id = id_file.read_text().strip() if resume and id_file.exists() else uuid.uuid4().hex[:16]
+        try:
+            self.run = wandb.init(project=project, name=directory.name, id=run_id, dir=str(directory),
+                                  config=config, resume="allow" if resume else "never")
+        except Exception as error:      # no login, no network, a bad project: the user's setting
+            raise ConfigError(f"logging.wandb: wandb.init failed ({error}); log in, or set "
+                              "WANDB_MODE=offline, or logging.wandb=false") from None
+        id_file.write_text(run_id)
+
+    def log(self, record: dict) -> None:
+        self.run.log(_numbers(record), step=record["step"])
+
+    def close(self, failed: bool = False) -> None:
+        self.run.finish(exit_code=1 if failed else 0)
+
+
+def plot(records: list[dict], path, title: str) -> None:
+    """One PNG with a panel per curve of ``CURVES`` that the run logged."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    panels = [(k, label) for k, label in CURVES if any(r.get(k) is not None for r in records)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 2.8), squeeze=False)
+    for ax, (key, label) in zip(axes[0], panels, strict=True):
+        points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
+        ax.plot(*zip(*points, strict=True), marker="." if len(points) < 30 else None)
+        ax.set_title(label, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

@@ -1,0 +1,195 @@
+"""Helpers shared by the test modules (fixtures live in conftest.py): random batches whose log-probs are
+a function of parameters, the tiny experiment / learner / rollout the training tests build on, the
+EmitX toy task, simulated devices for subprocesses, and readers of what a run writes.
+
+Import them with ``from helpers import ...`` (pytest puts tests/ on sys.path; a subprocess started by
+a test puts it there itself). Nothing here compiles at import time."""
+import dataclasses
+import json
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from pgjax import core
+from pgjax.core import Batch, token_logprobs
+from pgjax.models.transformer import CausalLM, ModelConfig
+from pgjax.rewards import char_tokenizer, per_example
+from pgjax.sample import SamplingConfig, generate
+from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
+from pgjax.train.learner import Learner, Rollout
+from pgjax.train.optim import OptimConfig, make_optimizer
+from pgjax.train.records import TIMING_KEYS
+from pgjax.train.rollout import RolloutConfig, encode_prompts
+
+# ---------------------------------------------------------------- simulated devices (subprocesses)
+
+# What XLA's CPU runtime prints when it gives up on a collective whose participants never all arrived.
+XLA_COLLECTIVE_HANG = "Termination timeout for"
+
+
+def simulated_devices(count: int) -> str:
+    """XLA_FLAGS for ``count`` simulated CPU devices. On this 2-core machine an 8-device program now
+    and then never completes a collective (seen in the sampler's while loop on a 2x2x2 mesh: the
+    devices wait in different collectives; XLA aborts after 40 s by default, and a 10-minute limit
+    hung just the same), so the wait is cut at 120 s and the caller may retry (``XLA_COLLECTIVE_HANG``)."""
+    return (f"--xla_force_host_platform_device_count={count} --xla_cpu_collective_call_terminate_timeout_seconds=120"
+            " --xla_cpu_collective_call_warn_stuck_timeout_seconds=60")
+
+
+# ---------------------------------------------------------------- random batches and gradient trees
+
+VOCAB = 5
+
+
+def make_batch(seed: int, prompts: int = 3, group_size: int = 4, length: int = 6, *, dtype=jnp.float32):
+    """A batch of P * K rows with varied response lengths (one empty response, one full,
+    i.e. truncated), binary rewards with one all-equal group, and behaviour / reference
+    log-probs near the current ones so that some tokens are clipped.
+
+    Returns ``(batch, theta, tokens)``; ``batch.logp == token_logprobs(theta, tokens)``.
+    """
+    rng = np.random.default_rng(seed)
+    b = prompts * group_size
+    lengths = rng.integers(1, length + 1, size=b)
+    lengths[0], lengths[1] = 0, length
+    mask = (np.arange(length)[None, :] < lengths[:, None]).astype(np.float64)
+    rewards = rng.integers(0, 2, size=b).astype(np.float64)
+    rewards[group_size:2 * group_size] = 1.0  # prompt 1: every sample correct
+    theta = rng.normal(size=(b, length, VOCAB))
+    tokens = rng.integers(0, VOCAB, size=(b, length))
+    theta, tokens = jnp.asarray(theta, dtype), jnp.asarray(tokens)
+    logp = token_logprobs(theta, tokens)
+    noise = lambda scale: jnp.asarray(rng.normal(scale=scale, size=(b, length)), dtype)
+    batch = Batch(mask=jnp.asarray(mask, dtype), rewards=jnp.asarray(rewards, dtype), logp=logp,
+                  old_logp=logp + noise(0.3), ref_logp=logp + noise(0.2),
+                  values=noise(1.0), bootstrap=jnp.asarray(np.where(lengths == length, 0.5, 0.0), dtype),
+                  greedy_rewards=jnp.asarray(rng.integers(0, 2, size=b), dtype), group_size=group_size)
+    return batch, theta, tokens
+
+
+def per_layer(grads, config) -> dict:
+    """{(layer, name): array} of a gradient tree, stacked (``scan_layers``) or one subtree per layer."""
+    flat = {}
+    for path, leaf in jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(grads)):
+        keys = [getattr(k, "key", getattr(k, "idx", None)) for k in path]
+        if keys[0] == "layers" and config.scan_layers:
+            flat.update(((i, tuple(keys[1:])), leaf[i]) for i in range(config.num_hidden_layers))
+        elif keys[0] == "layers":
+            flat[(keys[1], tuple(keys[2:]))] = leaf
+        else:
+            flat[(None, tuple(keys))] = leaf
+    return flat
+
+
+# ---------------------------------------------------------------- the toy task and the tiny experiment
+
+TINY_MODEL = ModelSection(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                          num_key_value_heads=1, head_dim=16)
+
+
+@per_example
+def starts_with_x(prompt, completion, **_):
+    return float(completion.startswith("x"))
+
+
+@dataclasses.dataclass(frozen=True)
+class EmitX:
+    """Reward 1 for a response whose first token is ``x``."""
+    name: str = "emit_x"
+    format_pattern: str = "[abx]*"
+    reward_fn = staticmethod(starts_with_x)
+
+    def tokenizer(self):
+        return char_tokenizer("abx")
+
+    def examples(self, n, seed=0):
+        return [{"prompt": "ab", "answer": "x"} for _ in range(n)]
+
+
+EMIT_X = TaskSection(name="helpers:EmitX")      # a user's task, by import path (tests/ is on sys.path)
+
+
+def p_first_x(policy, tokenizer) -> float:
+    tokens, mask = encode_prompts(tokenizer, ["ab"], 4)
+    logits = policy(jnp.asarray(tokens), jnp.asarray(mask))[0, -1]
+    return float(jax.nn.softmax(logits)[tokenizer.convert_tokens_to_ids("x")])
+
+
+def tiny_experiment(tmp_path, **changes) -> Experiment:
+    base = Experiment(name="t", steps=4, prompts_per_step=4, model=TINY_MODEL, eval_every=2, eval_prompts=8,
+                      checkpoint_every=2, run_dir=str(tmp_path / "run"), optim=OptimConfig(lr=1e-2),
+                      critic_optim=OptimConfig(lr=1e-2), warm_start=WarmStartSection(steps=0),
+                      rollout=RolloutConfig(samples_per_prompt=4, max_prompt_tokens=4, max_new_tokens=3))
+    return dataclasses.replace(base, **changes)
+
+
+def tiny_learner(algorithm, update, group_size=4, optimizer=None):
+    config = ModelConfig(family="qwen2", vocab_size=12, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=8)
+    policy = CausalLM(config, nnx.Rngs(0))
+    algo = core.preset(algorithm)
+    optimizer = optimizer or make_optimizer(OptimConfig(lr=1e-2))
+    learner = Learner(policy, algo, group_size, update, optimizer, optimizer, use_reference=False)
+    return policy, algo, learner
+
+
+def sampled_rollout(policy, group_size=4, prompts=4):
+    tokens = np.tile(np.arange(2, 6), (prompts, 1))
+    samples = generate(policy, tokens, np.ones_like(tokens), jax.random.key(0),
+                       SamplingConfig(max_new_tokens=5, eos_ids=(1,), n=group_size))
+    rewards = jnp.asarray((np.asarray(samples.response) == 7).sum(1), jnp.float32)
+    return Rollout(tokens=samples.tokens, attention_mask=samples.attention_mask,
+                   batch=core.Batch(mask=samples.response_mask, rewards=rewards, logp=None, group_size=group_size))
+
+
+# ---------------------------------------------------------------- what a run writes
+
+def comparable(path) -> list[dict]:
+    """The metric lines without wall-clock timings."""
+    records = [json.loads(line) for line in pathlib.Path(path).read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in records]
+
+
+def read_events(directory) -> dict:
+    """{tag: {step: value}} of the TensorBoard event files in ``directory`` (tensorboard's own reader)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(directory), size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
+
+
+# ---------------------------------------------------------------- Hugging Face checkpoints (transformers)
+
+def tiny_hf_config(family, tied):
+    import transformers
+    common = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=tied, rms_norm_eps=1e-6)
+    if family == "llama":
+        return transformers.LlamaConfig(**common, rope_scaling=LLAMA3_SCALING, rope_theta=500000.0)
+    if family == "qwen2":
+        return transformers.Qwen2Config(**common)
+    return transformers.Qwen3Config(**common, head_dim=16)
+
+
+LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 16}
+
+
+def save_tiny_tokenizer(directory, chat_template=None):
+    """A character-level tokenizer built offline (tokenizers + transformers), 64 ids, <eos> = 1,
+    with ``chat_template`` (a string, or a dict of named templates) if given."""
+    import pytest
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    chars = "0123456789+-*= abcdefghijklmnopqrstuvwxyz"
+    vocab = {"<pad>": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate(chars)}}
+    vocab.update({f"<extra{i}>": i for i in range(len(vocab), 64)})
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<pad>"))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Split("", "isolated")
+    tokenizer.decoder = tokenizers.decoders.Fuse()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<eos>", pad_token="<pad>")
+    fast.chat_template = chat_template
+    fast.save_pretrained(directory)
