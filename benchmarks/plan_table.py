@@ -1,4 +1,4 @@
-"""The README's memory-planner table: Qwen2.5-0.5B, 1.5B and 7B (``pgjax/models/configs``) on 1, 8 and
+"""docs/scaling.md's memory-planner table: Qwen2.5-0.5B, 1.5B and 7B (``pgjax/models/configs``) on 1, 8 and
 64 simulated devices of 80 GiB, with and without rematerialisation.
 
 Every cell is one ``python -m pgjax.plan`` run, each in its own process (the device count is fixed when

@@ -45,9 +45,10 @@ import transformers
 import measure
 
 from pgjax.models import hf
-from pgjax.rewards import WordMathTask
 from pgjax.sample import SamplingConfig, generate
-from pgjax.train.rollout import encode_prompts, pad_id, prompt_format_for, stop_tokens
+from pgjax.train.context import task_context
+from pgjax.train.experiment import Experiment, ModelSection, TaskSection
+from pgjax.train.rollout import encode_prompts, pad_id
 
 
 def timed(fn, count, repeats):
@@ -122,14 +123,13 @@ def random_setup(args, rng):
 def model_setup(args):
     """A converted real model: chat-rendered ``word_math`` prompts, its own stop tokens (ragged) or the
     last vocabulary id (forced)."""
-    tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
+    context = task_context(Experiment(task=TaskSection(name="word_math"), model=ModelSection(path=args.model)))
+    tokenizer, prompt_format, eos_ids = context.tokenizer, context.prompt_format, context.eos_ids
     ref = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     model = hf.load(args.model)
-    prompt_format = prompt_format_for(tokenizer)
-    eos_ids, _ = stop_tokens(tokenizer, prompt_format, [args.model])
     prompts = {}
     for b in args.batches:
-        texts = [e["prompt"] for e in WordMathTask(digits=2).examples(b, seed=args.seed)]
+        texts = [e["prompt"] for e in context.task.examples(b, seed=args.seed)]
         width = max(len(tokenizer(t, add_special_tokens=False)["input_ids"])
                     for t in prompt_format.render(tokenizer, texts))
         prompts[b] = encode_prompts(tokenizer, texts, width, prompt_format)

@@ -19,7 +19,7 @@ come to depend on correctness; before it, it cannot. The supervised warm start
 (120 steps: greedy accuracy about 0.5, so both correct and incorrect responses
 are common) shows 0..8 dots of free text, uniformly; responses may grow to 20
 tokens. Both designs were run (``experiments/results/length_bias`` and
-``length_bias_before``; the README and ``notebooks/02_biases.ipynb`` discuss them).
+``length_bias_before``; docs/experiments.md and ``notebooks/02_biases.ipynb`` discuss them).
 Four variants, all from the Dr. GRPO preset (group-mean baseline, rho-hat, sum
 over tokens / prompts, no KL), differing only in the paper's two switches:
 

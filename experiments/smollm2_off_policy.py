@@ -7,7 +7,7 @@ and one step stale with the PPO clip against the sampler's mu.
     python experiments/smollm2_off_policy.py --variants s0 s2      # only these (in this order)
     python experiments/smollm2_off_policy.py --report   # table and plot from the runs that exist
 
-Each variant is the README's SmolLM2 command with its overrides,
+Each variant is docs/real_models.md's SmolLM2 command with its overrides,
 
     python -m pgjax.run experiments/smollm2_math.py --set run_dir=runs/smollm2_math_<variant> --set ...
     python -m pgjax.eval runs/smollm2_math_<variant> --samples 8 --k 1,8 --temperature 0.7 --json ...

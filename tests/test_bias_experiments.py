@@ -151,12 +151,3 @@ def test_a_study_keeps_only_seeds_every_variant_finished_under_the_same_settings
     assert finished_seeds(path, {**settings, "overrides": []}, ["a"], 3) == {"a": {}}
     assert finished_seeds(path, {**settings, "steps": 6}, ["a"], 3) == {"a": {}}
     assert finished_seeds(path, settings, ["a"], 1) == {"a": {0: {"step": [1]}}}
-
-
-def test_readme_tables_are_the_saved_results():
-    readme = (EXPERIMENTS.parent / "README.md").read_text()
-    for folder, name in (("length_bias", "length_bias"), ("difficulty_bias", "difficulty_bias"),
-                         ("off_policy", "off_policy"), ("off_policy_warm400", "off_policy"),
-                         ("smollm2_off_policy", "smollm2_off_policy")):
-        table = (EXPERIMENTS / "results" / folder / f"{name}.md").read_text().strip()
-        assert table in readme, f"README's {folder} table is stale: paste experiments/results/{folder}/{name}.md"

@@ -3,6 +3,7 @@ and whose main job is the Dr. GRPO experiment; its examples run as written; ever
 (the algorithm table, the exact audits, the benchmarks, the training studies) is its command's or
 its saved result's current output, on whichever page it lives; every link resolves, anchors
 included, and none leaves the repository; every command-line example parses."""
+import os
 import pathlib
 import re
 import sys
@@ -112,7 +113,32 @@ def test_main_job_is_the_dr_grpo_experiment_file():
     match = re.search(r"python -m pgjax\.run (\S+)$", _readme_block("quickstart:run", "bash").strip())
     assert match, _readme_block("quickstart:run", "bash")
     exp = experiment.load(ROOT / match.group(1))
-    assert getattr(exp.algorithm, "preset", exp.algorithm) == "dr_grpo" and exp.warm_start.steps > 0
+    assert exp.algorithm.preset == "dr_grpo" and exp.warm_start.steps > 0
+
+
+# The quickstart install has no torch: hide it from transformers (its only check is find_spec) and run the main
+# job for a step; stderr holds pgjax's own lines only.
+_WITHOUT_TORCH = """
+import importlib.util, sys
+find_spec = importlib.util.find_spec
+importlib.util.find_spec = lambda name, *a: None if name.split(".")[0] == "torch" else find_spec(name, *a)
+from pgjax import run
+sys.exit(run.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_the_main_job_prints_no_third_party_warning_without_torch(tmp_path):
+    import subprocess
+    env = {k: v for k, v in os.environ.items() if k != "TRANSFORMERS_NO_ADVISORY_WARNINGS"}
+    done = subprocess.run([sys.executable, "-c", _WITHOUT_TORCH, str(ROOT / "experiments" / "arithmetic_dr_grpo.py"),
+                           "--no-progress", "--set", "steps=1", "--set", "warm_start.steps=1",
+                           "--set", "eval_prompts=32", "--set", f"run_dir={tmp_path / 'run'}"],
+                          cwd=tmp_path, env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == ["warm start 1/1: loss " + done.stderr.split("loss ")[1].split()[0]]
+    assert "greedy eval accuracy" in done.stdout
 
 
 def test_demo_prints_every_preset_and_the_16_setting_grid(capsys):

@@ -153,19 +153,6 @@ def test_length_normalisation_shortens_correct_and_lengthens_incorrect_responses
         assert sign * change > 0, (correct, change)
 
 
-
-@pytest.mark.slow
-def test_theory_page_audit_table_is_the_audit_commands_output():
-    import pathlib
-    import re
-
-    from pgjax.theory.audit import report
-    page = (pathlib.Path(__file__).parent.parent / "docs" / "theory.md").read_text()
-    copy = re.search(r"<!-- audit-table:start -->\n(.*?)\n<!-- audit-table:end -->", page, re.S).group(1)
-    assert copy.strip() == report().strip(), \
-        "docs/theory.md's audit table is stale: paste `python -m pgjax.theory.audit`"
-
-
 def test_per_step_greedy_baseline_is_unbiased():
     """The paper's ReMax b_t = G-hat_t, the greedy completion's return from every s_t: a state function."""
     mdp, pol, theta = _setup(reward="process")

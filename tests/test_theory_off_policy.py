@@ -306,14 +306,3 @@ def test_behaviours_are_what_the_module_says():
     assert 0 < np.max(np.abs(bf16 - logits)) <= np.max(np.abs(logits)) * 2.0 ** -8
     np.testing.assert_array_equal(np.asarray(jnp.asarray(bf16, jnp.bfloat16), np.float64), bf16)  # representable
     assert math.isclose(np.std(behaviours[6].logits - logits), 1.0, rel_tol=0.3)
-
-
-@pytest.mark.slow
-def test_theory_page_off_policy_table_is_the_commands_output():
-    import pathlib
-    import re
-
-    page = (pathlib.Path(__file__).parent.parent / "docs" / "theory.md").read_text()
-    copy = re.search(r"<!-- off-policy-table:start -->\n(.*?)\n<!-- off-policy-table:end -->", page, re.DOTALL).group(1)
-    assert copy.strip() == op.report().strip(), \
-        "docs/theory.md's off-policy table is stale: paste `python -m pgjax.theory.off_policy`"

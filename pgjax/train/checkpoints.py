@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import pathlib
 import sys
@@ -28,6 +29,18 @@ from pgjax.parallel import multihost
 from pgjax.train.experiment import ConfigError
 
 FILE_LIST = "pgjax_files.json"
+
+
+class _DeliberateWait(logging.Filter):
+    """Drops orbax's warning "Waiting for previous save to complete took N seconds": ``Checkpoints.save``
+    waits for each save to finish on purpose, and orbax counts that wait as the next save's (its own
+    code says so), so the warning would report the previous save's duration as a delay."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Waiting for previous save to complete")
+
+
+_ORBAX_LOG = logging.getLogger("absl")      # orbax logs through absl's logger
 
 
 class _Damaged(Exception):
@@ -111,6 +124,8 @@ class Checkpoints:
 
     def __init__(self, directory, keep: int = 2):
         self.directory = pathlib.Path(directory).absolute()
+        if not any(isinstance(f, _DeliberateWait) for f in _ORBAX_LOG.filters):
+            _ORBAX_LOG.addFilter(_DeliberateWait())
         self.manager = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(
             max_to_keep=keep, create=True), item_handlers={"state": ocp.StandardCheckpointHandler(),
                                                            "record": ocp.JsonCheckpointHandler()})
