@@ -19,6 +19,7 @@ import dataclasses
 import json
 import pathlib
 import sys
+import typing
 
 import jax
 
@@ -31,9 +32,12 @@ from pgjax.train.rollout import RolloutConfig
 
 
 def _section(kind, saved: dict):
-    """A config section from its saved fields (fields this version does not know are left out)."""
-    names = {f.name for f in dataclasses.fields(kind)}
-    return kind(**{k: v for k, v in saved.items() if k in names})
+    """A config section from its saved fields, nested sections included (fields this version does not
+    know are left out)."""
+    hints = typing.get_type_hints(kind)
+    fields = {f.name for f in dataclasses.fields(kind)}
+    return kind(**{k: _section(hints[k], v) if dataclasses.is_dataclass(hints[k]) and isinstance(v, dict) else v
+                   for k, v in saved.items() if k in fields})
 
 
 def saved_experiment(path: pathlib.Path) -> Experiment:

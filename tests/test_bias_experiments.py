@@ -55,7 +55,7 @@ def test_length_bias_smoke_run_writes_its_metrics_table_and_plot(tmp_path):
     records = (tmp_path / "runs" / "length_only" / "seed0" / "metrics.jsonl").read_text().splitlines()
     assert json.loads(records[-1])["step"] == 2
     experiment = json.loads((tmp_path / "runs" / "length_only" / "seed0" / "experiment.json").read_text())
-    assert experiment["hparams"] == {"divide_by_std": 0.0, "divide_by_length": 1.0}
+    assert experiment["algorithm"]["hparams"] == {"divide_by_std": 0.0, "divide_by_length": 1.0}
 
 
 @pytest.mark.slow

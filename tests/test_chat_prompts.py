@@ -126,7 +126,7 @@ def test_the_trainer_renders_prompts_and_stops_at_the_end_of_turn(tmp_path):
     record = trainer.step()
     assert record["step"] == 1 and record["skipped_updates"] == 0
     plain = Trainer(experiment_lib.override(base, ["task.chat_template=none", "task.system_prompt="]))
-    assert plain.prompt_format == PLAIN and plain.eos_ids == (tokenizer.eos_token_id,)
+    assert plain.context.prompt_format == PLAIN and plain.context.eos_ids == (tokenizer.eos_token_id,)
     with pytest.raises(ConfigError, match=r"task.system_prompt is set but the prompts are plain text "
                                           r"\(task.chat_template='none'\)"):
         Trainer(experiment_lib.override(base, ["task.chat_template=none"]))
