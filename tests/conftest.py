@@ -1,47 +1,101 @@
 """Test-session setup and the fixtures shared by several modules (plain helpers: helpers.py).
 
-A persistent XLA compilation cache, shared by the tests and the subprocesses they start: most of the
-suite's time is XLA compiling the same tiny programs again in every test and every process. It lives in
-pytest's cache directory (``.pytest_cache/d/jax_compilation``; ``--cache-clear`` empties it) unless
-``JAX_COMPILATION_CACHE_DIR`` names another, and it is set here before anything compiles, and exported
-(``JAX_COMPILATION_CACHE_DIR``, ``JAX_PERSISTENT_CACHE_MIN_*``) so that every subprocess inherits it. A
-fresh clone fills it on its first run, whose tests already share what an earlier test compiled. An
-entry's key covers the program, the XLA flags (simulated device counts), the devices, the compile options
-and the jax / jaxlib versions, so a hit gives the executable a fresh compilation would give. Off with
-``JAX_ENABLE_COMPILATION_CACHE=false``.
+A persistent XLA compilation cache, shared by the tests, the pytest-xdist workers and the subprocesses the
+tests start: most of the suite's time is XLA compiling tiny programs. It is set here before anything
+compiles and exported (``JAX_COMPILATION_CACHE_DIR``, ``JAX_PERSISTENT_CACHE_MIN_*``), so that every
+subprocess inherits it. It lives per user, ``~/.cache/pgjax/jax_compilation/<cpu>`` (``$XDG_CACHE_HOME``
+honoured; ``JAX_COMPILATION_CACHE_DIR`` names another), not in the clone: few programs repeat within one
+run (a cold run takes about as long as no cache), so a fresh clone is fast only if it finds what earlier
+runs on the machine compiled. An entry's key covers the program, the XLA flags (simulated device counts),
+the devices, the compile options and the jax / jaxlib versions, and the directory is per CPU (flags), so a
+hit is the executable a fresh compilation would give. Off with ``JAX_ENABLE_COMPILATION_CACHE=false``;
+emptied with ``rm -rf ~/.cache/pgjax/jax_compilation``; kept under ``CACHE_LIMIT`` bytes (least recently
+read entries go first).
 """
+import hashlib
 import os
 import pathlib
+import platform
 
 import jax
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+CACHE_LIMIT = 2 << 30
 CACHE_EVENTS = {"/jax/compilation_cache/cache_hits": "hits", "/jax/compilation_cache/cache_misses": "misses"}
-cache_counts = {"hits": 0, "misses": 0, "saved": 0.0, "entries": 0}
+cache_counts = {"hits": 0, "misses": 0, "saved": 0.0}
+cache_state = {"entries": 0}
 
 
-def compilation_cache_directory(config) -> pathlib.Path:
+def cpu_fingerprint() -> str:
+    """The machine and its CPU's feature flags: XLA compiles for the host CPU, and a home directory may be
+    shared by machines with different ones."""
+    flags = ""
+    try:
+        flags = next((line for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        pass
+    return f"{platform.machine()}-{hashlib.sha256(f'{platform.processor()} {flags}'.encode()).hexdigest()[:12]}"
+
+
+def compilation_cache_directory() -> pathlib.Path:
     if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
         return pathlib.Path(os.environ["JAX_COMPILATION_CACHE_DIR"])
-    if getattr(config, "cache", None) is not None:             # the cacheprovider plugin (not -p no:cacheprovider)
-        return config.cache.mkdir("jax_compilation")
-    return ROOT / ".pytest_cache" / "d" / "jax_compilation"
+    base = pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache")
+    return base / "pgjax" / "jax_compilation" / cpu_fingerprint()
 
 
 def cache_entries(directory) -> int:
-    return sum(1 for p in pathlib.Path(directory).glob("*-cache*")) if directory else 0
+    return sum(1 for _ in pathlib.Path(directory).glob("*-cache")) if directory else 0
+
+
+def tidy(directory: pathlib.Path) -> None:
+    """JAX writes an entry in place: a process killed while writing one (a timeout, the SIGKILL test) leaves
+    it cut short, and every later read of it warns (on a subprocess's stderr, too) and compiles again, while
+    the entry is never rewritten. Entries written since the last check that do not decompress are deleted;
+    then the least recently read ones, while the directory holds more than ``CACHE_LIMIT`` bytes."""
+    try:
+        from jax._src.compilation_cache import decompress_executable
+    except ImportError:                                         # a jax that moved it: no check
+        decompress_executable = None
+    stamp = directory / "checked"
+    since = stamp.stat().st_mtime - 600 if stamp.exists() else 0.0   # slack for entries being written then
+    stamp.touch()
+    kept = []
+    for entry in directory.glob("*-cache"):
+        try:
+            status = entry.stat()
+            if decompress_executable is not None and status.st_mtime >= since:
+                decompress_executable(entry.read_bytes())
+            kept.append((status.st_atime, status.st_size, entry))
+        except FileNotFoundError:
+            pass
+        except Exception:
+            entry.unlink(missing_ok=True)
+    total = sum(size for _, size, _ in kept)
+    if total > CACHE_LIMIT:
+        for _, size, entry in sorted(kept, key=lambda k: k[0]):      # least recently read first
+            if total <= CACHE_LIMIT * 3 // 4:
+                break
+            entry.unlink(missing_ok=True)
+            total -= size
 
 
 def pytest_configure(config):
-    directory = compilation_cache_directory(config)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = compilation_cache_directory()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError:                                             # no writable home: a cache for this clone
+        directory = pathlib.Path(__file__).resolve().parent.parent / ".pytest_cache" / "jax_compilation"
+        directory.mkdir(parents=True, exist_ok=True)
+    if not hasattr(config, "workerinput"):                      # once, in the controller of an xdist run
+        tidy(directory)
     settings = {"jax_compilation_cache_dir": str(directory), "jax_persistent_cache_min_compile_time_secs": "0",
                 "jax_persistent_cache_min_entry_size_bytes": "0"}
     for name, default in settings.items():
         value = os.environ.setdefault(name.upper(), default)      # subprocesses inherit the environment
         jax.config.update(name, value if name.endswith("_dir") else type(jax.config.values[name])(value))
-    cache_counts["entries"] = cache_entries(directory)
+    cache_state["entries"] = cache_entries(directory)
 
     def count(event, **_):
         if event in CACHE_EVENTS:
@@ -55,6 +109,16 @@ def pytest_configure(config):
     jax.monitoring.register_event_duration_secs_listener(saved)
 
 
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "workerinput"):                 # an xdist worker reports to the controller
+        session.config.workeroutput["jax_compilation_cache"] = dict(cache_counts)
+
+
+def pytest_testnodedown(node, error):
+    for key, value in getattr(node, "workeroutput", {}).get("jax_compilation_cache", {}).items():
+        cache_counts[key] += value
+
+
 def pytest_terminal_summary(terminalreporter):
     directory = jax.config.values.get("jax_compilation_cache_dir")
     if not jax.config.values.get("jax_enable_compilation_cache", True) or not directory:
@@ -62,8 +126,8 @@ def pytest_terminal_summary(terminalreporter):
     entries = cache_entries(directory)
     terminalreporter.write_line(
         f"XLA compilation cache {directory}: {cache_counts['hits']} hits, {cache_counts['misses']} misses in the "
-        f"pytest process ({max(cache_counts['saved'], 0):.0f} s of compiling saved); {entries} entries "
-        f"(+{entries - cache_counts['entries']} this run, subprocesses included)")
+        f"pytest processes ({max(cache_counts['saved'], 0):.0f} s of compiling saved); {entries} entries "
+        f"(+{entries - cache_state['entries']} this run, subprocesses included)")
 
 
 @pytest.fixture

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 HEADER = "| measurement | shape | time (s) | achieved | peak / bound | fraction |"
 ROWS = ("update step (GRPO, AdamW)", "prepare (old + ref log-probs)", "sampler (generate)",
@@ -17,6 +19,7 @@ def number(text):
     return float(re.search(r"[-+]?\d[\d,]*\.?\d*(?:e[-+]?\d+)?", text).group().replace(",", ""))
 
 
+@pytest.mark.slow
 def test_tiny_accelerator_benchmark_runs_on_cpu():
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     done = subprocess.run([sys.executable, "benchmarks/accelerator.py", "--tiny", "--repeats", "1"], cwd=ROOT,

@@ -248,6 +248,7 @@ def _true_gradient(theta):
     return np.asarray(jax.grad(j)(theta))
 
 
+@pytest.mark.slow
 def test_state_baseline_leaves_expected_gradient_unchanged_exactly(x64):
     """The paper, eq. 11: E[b(s_t) grad log pi(a_t|s_t)] = 0 for any b that depends on s_t only."""
     theta = jnp.asarray(np.random.default_rng(0).normal(size=(4, 3)))

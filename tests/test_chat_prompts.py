@@ -111,6 +111,7 @@ def checkpoint_with_chat_template(directory, tokenizer):
     return directory
 
 
+@pytest.mark.slow
 def test_the_trainer_renders_prompts_and_stops_at_the_end_of_turn(tmp_path):
     tokenizer = chatml_tokenizer()
     model = checkpoint_with_chat_template(tmp_path / "model", tokenizer)

@@ -128,6 +128,7 @@ def nan_from_the_third_call(prompts, completions, **_):
     return rewards
 
 
+@pytest.mark.slow
 def test_a_nan_reward_stops_the_run_naming_the_function_and_row_and_keeps_the_last_checkpoint(tmp_path, capsys):
     global CALLS
     CALLS = itertools.count()

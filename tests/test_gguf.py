@@ -176,6 +176,7 @@ def test_the_tokenizer_keeps_the_chat_template(tiny):
     assert hf.eos_token_ids(out, tokenizer) == (0, 2)
 
 
+@pytest.mark.slow
 def test_transformers_and_pgjax_load_the_converted_directory(tiny):
     torch = pytest.importorskip("torch")
     weights, _, out = tiny

@@ -49,6 +49,7 @@ def adapted(checkpoint, scan_layers=False, config=ADAPTERS):
     return model
 
 
+@pytest.mark.slow
 def test_a_fresh_adapter_is_the_base_model_and_a_plain_save_is_refused(checkpoint, tmp_path):
     model, base = hf.load(checkpoint, lora=ADAPTERS), hf.load(checkpoint)
     np.testing.assert_allclose(model(tokens()), base(tokens()), rtol=1e-6, atol=1e-6)
@@ -64,6 +65,7 @@ def nll(model, x):
     return -logp.mean()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan_layers", [False, True])
 def test_adapter_gradients_follow_from_the_weight_gradient_by_the_chain_rule(checkpoint, scan_layers):
     """W_eff = W + s A B, so dL/dA = s G B^T and dL/dB = s A^T G with G = dL/dW_eff, the gradient of
@@ -132,6 +134,7 @@ def rollout_of(x, group_size=4):
                                     group_size=group_size))
 
 
+@pytest.mark.slow
 def test_the_learner_trains_only_the_adapters_against_the_base_as_reference(checkpoint):
     model = adapted(checkpoint)
     algo = core.preset("grpo")            # KL to the reference in the loss

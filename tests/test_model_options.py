@@ -4,6 +4,7 @@ same logits and gradients, remat under scan keeps less activation memory (XLA's 
 analysis), checkpoints round-trip through Hugging Face's layout unchanged, and bad names are clear
 errors. The sharded (8 simulated devices) checks of every option are in ``test_sharding.py``."""
 import dataclasses
+import functools
 import json
 
 import jax
@@ -44,14 +45,20 @@ def checkpoint(tmp_path_factory):
 def nll_and_gradient(model: CausalLM):
     """(params, jitted value_and_grad of the mean next-token NLL) of ``model``."""
     graphdef, params = nnx.split(model, nnx.Param)
+    return params, _nll_gradient(graphdef)
 
+
+@functools.cache
+def _nll_gradient(graphdef):
+    """One jitted function per model structure: tests of equal models reuse its traces (memoized)."""
     def loss(p, tokens, mask):
         logp = token_logprobs(nnx.merge(graphdef, p)(tokens, mask)[:, :-1], tokens[:, 1:])
         return -(logp * mask[:, 1:]).sum() / mask[:, 1:].sum()
 
-    return params, jax.jit(jax.value_and_grad(loss))
+    return jax.jit(jax.value_and_grad(loss))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "+".join(f"{k}={v}" for k, v in o.items()))
 def test_every_option_gives_the_plain_logits_loss_and_gradients(checkpoint, options):
     tokens, mask = batch(4, 12)
@@ -68,6 +75,7 @@ def test_every_option_gives_the_plain_logits_loss_and_gradients(checkpoint, opti
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-7, err_msg=str(name))
 
 
+@pytest.mark.slow
 def test_stacked_layers_decode_with_the_kv_cache_like_the_full_forward(checkpoint):
     model = hf.load(checkpoint, scan_layers=True)
     tokens, _ = batch(2, 9)
@@ -104,6 +112,7 @@ def temporary_bytes(remat, scan_layers=True) -> int:
     return step.lower(params, *batch(8, 256)).compile().memory_analysis().temp_size_in_bytes
 
 
+@pytest.mark.slow
 def test_remat_over_scanned_layers_keeps_less_activation_memory():
     """Under scan each policy saves memory on XLA's CPU backend too (unrolled layers under
     ``jax.checkpoint`` are not rematerialised there: XLA CPU keeps the forward's buffers)."""

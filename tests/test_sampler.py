@@ -98,6 +98,7 @@ def test_greedy_equals_step_by_step_argmax_of_the_full_forward(model):
     np.testing.assert_array_equal(np.asarray(samples.logprobs), 0.0)
 
 
+@pytest.mark.slow
 def test_temperature_one_logprobs_equal_a_teacher_forced_recompute(model):
     prompts, mask = left_padded_prompts()
     samples = generate(model, prompts, mask, jax.random.key(3), SamplingConfig(max_new_tokens=9, eos_ids=(0,), n=2))
@@ -108,6 +109,7 @@ def test_temperature_one_logprobs_equal_a_teacher_forced_recompute(model):
     np.testing.assert_allclose(np.asarray(samples.policy_logprobs), np.asarray(samples.logprobs), atol=1e-6)
 
 
+@pytest.mark.slow
 def test_truncated_sampling_returns_behaviour_and_tempered_policy_logprobs(qwen):
     prompts, mask = left_padded_prompts()
     config = SamplingConfig(max_new_tokens=6, eos_ids=(0,), temperature=0.7, top_k=20, top_p=0.8)
@@ -221,6 +223,7 @@ def test_sampling_logprobs_match_a_numpy_reference(temperature, top_k, top_p):
         np.testing.assert_allclose(got[row][finite], want[finite], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_response_logprobs_match_token_logprobs_of_the_full_logits(qwen):
     prompts, mask = left_padded_prompts()
     tokens = np.concatenate([prompts, np.random.default_rng(3).integers(0, VOCAB, (3, 4))], 1)

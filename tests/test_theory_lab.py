@@ -15,6 +15,7 @@ def setup():
     return mdp, mdp_lib.shared_policy(mdp), lab.default_algorithms()
 
 
+@pytest.mark.slow
 def test_vmapped_grid_equals_a_loop_of_single_runs(setup):
     mdp, policy, algorithms = setup
     lrs, seeds, steps = (0.5, 2.0), 2, 6
@@ -39,6 +40,7 @@ def test_zero_learning_rate_keeps_j_constant(setup):
     np.testing.assert_allclose(curves, curves[..., :1].repeat(5, axis=-1), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_every_algorithm_learns(setup):
     mdp, policy, algorithms = setup
     curves = lab.run_grid(mdp, policy, algorithms, (3.0,), 4, k=4, steps=30)

@@ -47,6 +47,7 @@ def test_every_algorithm_raises_the_probability_of_the_rewarded_token(algorithm,
     assert (directory / "curves.png").stat().st_size > 1000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["dr_grpo", "ppo"])
 def test_gradient_accumulation_gives_the_same_update_as_one_batch(algorithm):
     params = []
@@ -75,6 +76,7 @@ def test_minibatches_split_whole_groups_and_each_is_one_optimizer_step():
         UpdateConfig(minibatches=3).check(4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["dr_grpo", "grpo", "ppo"])
 def test_on_policy_updates_skip_old_logprobs_and_give_the_recomputed_update(algorithm):
     """One epoch of one minibatch: pi_old is the policy being differentiated, so prepare skips the
@@ -137,6 +139,7 @@ def test_trimming_all_padding_columns_keeps_every_real_token_at_quarter_widths()
     assert trim_padding(small, small_lengths).tokens.shape == small.tokens.shape   # budgets < 32: kept whole
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["reinforce_baseline", "rloo", "ppo", "grpo", "dr_grpo"])
 def test_an_update_on_the_trimmed_rollout_equals_the_update_on_the_padded_one(algorithm):
     """Cutting all-padding columns changes no log-prob, advantage or loss term; Dr. GRPO's constant
@@ -171,6 +174,7 @@ def test_prepare_matches_the_core_functions_on_the_same_batch():
     np.testing.assert_array_equal(np.asarray(got.values), 0.0)    # zero-initialised value head
 
 
+@pytest.mark.slow
 def test_token_weights_and_the_gradient_split_into_shares_of_rows():
     """The learner's token weights are core.token_weights of the prepared rollout; with the advantages
     and denominators of the whole batch fixed, the gradients of disjoint row subsets (masks) sum to

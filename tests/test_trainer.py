@@ -4,23 +4,20 @@ Biases (offline) with the same values; progress never prints a line per step off
 import glob
 import io
 import json
-import os
 import pathlib
 import struct
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from helpers import read_events
+from pgjax import run
 from pgjax.train import experiment as experiment_lib
 from pgjax.train.progress import Progress
 from pgjax.train.sinks import read_records
 from pgjax.train.records import TIMING_KEYS
 from pgjax.train.trainer import Callback, Trainer, train
 
-ROOT = pathlib.Path(__file__).parent.parent
 EXPERIMENT = """
 from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
 from pgjax.train.rollout import RolloutConfig
@@ -40,13 +37,11 @@ def without_timings(records):
 
 
 @pytest.mark.slow
-def test_a_trainer_driven_step_by_step_gives_the_command_lines_metrics(tmp_path):
+def test_a_trainer_driven_step_by_step_gives_the_command_lines_metrics(tmp_path, capsys):
     file = tmp_path / "by_hand.py"
     file.write_text(EXPERIMENT)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cli = subprocess.run([sys.executable, "-m", "pgjax.run", str(file), "--no-progress", "--set",
-                          f"run_dir={tmp_path / 'cli'}"], env=env, capture_output=True, text=True, timeout=600)
-    assert cli.returncode == 0, cli.stderr[-3000:]
+    code = run.main([str(file), "--no-progress", "--set", f"run_dir={tmp_path / 'cli'}"])   # the command line
+    assert code == 0, capsys.readouterr().err[-3000:]
 
     exp = experiment_lib.load(file)
     trainer = Trainer(exp)
