@@ -244,23 +244,6 @@ def test_the_paper_is_called_the_paper():
     assert PAPER_AS_SEED.search("What the seed claims") and not PAPER_AS_SEED.search("the seed and the step number")
 
 
-# The experiment's `algorithm` section (issue 28: `algorithm.preset`, `algorithm.hparams.NAME`,
-# `algorithm.correction`, `algorithm.correction_mode`) replaces the keys `algorithm`, `hparams.NAME` and
-# `update.correction(_mode)`. The docs are written with the new keys; while the code still has the old
-# ones, each example is checked under the keys it means there. Delete this once the section exists.
-_OLD_KEYS = (("algorithm.preset=", "algorithm="), ("algorithm.hparams.", "hparams."),
-             ("algorithm.correction_mode=", "update.correction_mode="), ("algorithm.correction=", "update.correction="))
-
-
-def _keys_for_this_code(argv: list[str]) -> list[str]:
-    from pgjax.train.experiment import Experiment
-    if not isinstance(Experiment().algorithm, str):
-        return argv
-    for new, old in _OLD_KEYS:
-        argv = [word.replace(new, old, 1) if word.startswith(new) else word for word in argv]
-    return argv
-
-
 def test_every_command_line_example_in_the_readme_and_docs_resolves(capsys):
     """Each ``python -m pgjax.run experiments/...`` example names an experiment file and keys that exist
     (checked with --print-config, which parses and applies every --set without running)."""
@@ -272,7 +255,7 @@ def test_every_command_line_example_in_the_readme_and_docs_resolves(capsys):
         words = line.split("python -m pgjax.run ", 1)[1].split("#")[0].split("`")[0].replace("\\", "").split()
         argv = [w for w in words if w not in ("...", "--resume", "--print-config")]
         argv[0] = str(ROOT / argv[0])
-        assert run.main([*_keys_for_this_code(argv), "--print-config"]) == 0, line
+        assert run.main([*argv, "--print-config"]) == 0, line
         capsys.readouterr()
 
 
