@@ -5,16 +5,20 @@ Parses the arguments, loads and overrides the experiment, and hands it to
 the configuration (or a run directory in use, a changed experiment on resume, no intact checkpoint)
 is printed as one or two plain lines and exits with status 2, before anything is written to disk; a
 run stopped by a non-finite reward or repeated non-finite updates exits with status 1, its last
-checkpoint intact.
+checkpoint intact; SIGTERM or Ctrl-C finish the current step, write its checkpoint and exit with
+128 + the signal's number (``pgjax.train.interrupts``).
 """
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 
 from pgjax.parallel import multihost
 from pgjax.train import experiment as experiment_lib
 from pgjax.train.experiment import ConfigError, RunStopped
+from pgjax.train.interrupts import DEFAULT_GRACE_PERIOD, RunInterrupted
 from pgjax.train.sinks import read_records
 from pgjax.train.trainer import train
 
@@ -24,8 +28,12 @@ def _epilog() -> str:
     lines += [f"  {name:<13} {summary}" for name, summary in experiment_lib.sections().items()]
     lines += ["  (the algorithm's traced hyperparameters, core.HParams: e.g. algorithm.hparams.kl_coef=0.01)",
               "", "exit status: 0 done, 1 stopped by a non-finite reward or update (the last checkpoint is intact),",
-              "             2 a configuration error, a run directory in use or nothing intact to resume (nothing "
-              "was written)"]
+              "             2 a configuration error, a run directory in use or holding another run, a changed input "
+              "on resume,",
+              "               or nothing intact to resume (nothing was written)",
+              "             130 / 143 stopped by Ctrl-C / SIGTERM after finishing the step and writing its checkpoint",
+              "               (--resume continues; a second signal, or the grace period running out, stops at once",
+              "               with the last complete checkpoint intact)"]
     return "\n".join(lines)
 
 
@@ -40,6 +48,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "but for steps, evaluation, checkpoint and logging settings, mesh and micro-batches)")
     parser.add_argument("--resume-with-changes", action="store_true",
                         help="--resume with a changed experiment; the changes are recorded in changes.jsonl")
+    parser.add_argument("--restart", action="store_true",
+                        help="start the run again in the directory --resume would take, first moving its results "
+                             "(final/, metrics, checkpoints) aside to <dir>-replaced-<date>; nothing is deleted")
+    parser.add_argument("--grace-period", type=float, default=DEFAULT_GRACE_PERIOD, metavar="SECONDS",
+                        help="after SIGTERM or Ctrl-C, how long the current step and its checkpoint may take before "
+                             f"the run stops at once (default {DEFAULT_GRACE_PERIOD:g}: schedulers send SIGTERM a "
+                             "minute before SIGKILL; 0: signals stop the run at once)")
     parser.add_argument("--no-fallback", action="store_true",
                         help="with --resume, stop if the newest checkpoint is damaged instead of going back to the "
                              "newest intact one")
@@ -51,19 +66,29 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if not args.grace_period >= 0:
+        print(f"pgjax.run: error: --grace-period={args.grace_period} is invalid: seconds >= 0", file=sys.stderr)
+        return 2
     try:
         exp = experiment_lib.override(experiment_lib.load(args.experiment), args.set)
         if args.print_config:
             print("\n".join(f"{key} = {value!r}" for key, value in experiment_lib.resolved(exp).items()))
             return 0
         directory = train(exp, resume=args.resume, progress=not args.no_progress,
-                          accept_changes=args.resume_with_changes, fallback=not args.no_fallback)
+                          accept_changes=args.resume_with_changes, fallback=not args.no_fallback,
+                          restart=args.restart, grace_period=args.grace_period)
     except ConfigError as error:
         print(f"pgjax.run: error: {error}", file=sys.stderr)
         return 2
     except RunStopped as error:
         print(f"pgjax.run: stopped: {error}", file=sys.stderr)
         return 1
+    except RunInterrupted as error:
+        print(f"pgjax.run: {error}", file=sys.stderr)
+        return 128 + error.signum
+    except KeyboardInterrupt:       # before or after the run (during it, Ctrl-C is a RunInterrupted)
+        print("pgjax.run: interrupted (Ctrl-C)", file=sys.stderr)
+        return 128 + signal.SIGINT
     if multihost.is_primary():
         evals = [r for r in read_records(directory) if r.get("eval_accuracy") is not None]
         print(f"greedy eval accuracy: start {evals[0]['eval_accuracy']:.3f} -> end {evals[-1]['eval_accuracy']:.3f}"
@@ -72,4 +97,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    signal.signal(signal.SIGINT, lambda *_: os._exit(128 + signal.SIGINT))   # no traceback from exit handlers
+    sys.exit(status)

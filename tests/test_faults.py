@@ -31,9 +31,12 @@ from pgjax.train.checkpoints import Checkpoints
 from pgjax.train.experiment import AlgorithmSection, ConfigError, RunStopped, TaskSection
 from pgjax.train.learner import UpdateConfig
 from pgjax.train.optim import OptimConfig
+from pgjax.train import inputs
+from pgjax.train import run_dir as run_dir_lib
+from pgjax.train.interrupts import RunInterrupted
 from pgjax.train.run_dir import RunDirectory, RunLock, locate
 from pgjax.train.sinks import read_records
-from pgjax.train.trainer import Trainer, train
+from pgjax.train.trainer import Callback, Trainer, train
 from helpers import (EMIT_X, comparable, read_events, sampled_rollout, save_tiny_tokenizer, tiny_experiment,
                      tiny_learner)
 
@@ -191,8 +194,8 @@ def test_consecutive_non_finite_updates_stop_the_run_with_the_parameters_of_the_
     code = cli.main([str(file), "--no-progress", "--set", "task.reward=test_faults:huge_rewards"])
     assert code == 1
     err = capsys.readouterr().err
-    assert ("pgjax.run: stopped: steps 1..2: every update had a non-finite loss, gradient or result and was skipped "
-            "(update.max_skipped_steps=2); the parameters are those of step 0") in err
+    assert ("pgjax.run: stopped: steps 1..2: every update had a non-finite loss, gradient or result (or no finite "
+            "reward) and was skipped (update.max_skipped_steps=2); the parameters are those of step 0") in err
     run = tmp_path / "run"
     records = read_records(run)
     assert [r["step"] for r in records] == [0, 1, 2]
@@ -486,3 +489,345 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_metrics_and_parameters(tm
     a = hf.load(tmp_path / "whole" / "final")
     b = hf.load(tmp_path / "killed" / "final")
     jax.tree.map(np.testing.assert_array_equal, nnx.state(a), nnx.state(b))
+
+
+# ---------------------------------------------------------------- inputs checked by content on resume
+
+@pytest.fixture(scope="module")
+def finished_on_data(tmp_path_factory, checkpoint_dir):
+    """A finished 2-step run on a JSONL dataset and a copy of the tiny checkpoint (inputs the tests
+    then change); its experiment and directory."""
+    tmp = tmp_path_factory.mktemp("on_data")
+    shutil.copytree(checkpoint_dir, tmp / "model")
+    exp = dataset_experiment(tmp, tmp / "model", GOOD)
+    exp = dataclasses.replace(exp, steps=2, checkpoint_every=2, eval_prompts=4, prompts_per_step=2,
+                              task=dataclasses.replace(exp.task, reward="test_faults:emits_x"))
+    return exp, train(exp, progress=False)
+
+
+def emits_x(prompts, completions, **_):
+    """1 for a response starting with x."""
+    return np.array([float(c.startswith("x")) for c in completions])
+
+
+def copy_run_and_inputs(finished_on_data, tmp_path) -> tuple:
+    """A copy of the run, its dataset and its model, with an experiment pointing at the copies."""
+    exp, directory = finished_on_data
+    shutil.copytree(directory, tmp_path / "run")
+    shutil.copytree(exp.model.path, tmp_path / "model")
+    shutil.copy(exp.task.path, tmp_path / "data.jsonl")
+    moved = dataclasses.replace(exp, run_dir=str(tmp_path / "run"), model=dataclasses.replace(exp.model, path=str(
+        tmp_path / "model")), task=dataclasses.replace(exp.task, path=str(tmp_path / "data.jsonl")))
+    return moved, tmp_path / "run"
+
+
+def test_inputs_moved_unchanged_resume_but_a_dataset_edited_in_place_is_refused(finished_on_data, tmp_path):
+    """The fingerprints are of content: the inputs copied elsewhere (new paths, same bytes) resume; a
+    dataset edited in place is refused in one line naming the file and what changed; with
+    --resume-with-changes the run goes on and changes.jsonl records the input's change."""
+    exp, run = copy_run_and_inputs(finished_on_data, tmp_path)
+    recorded = json.loads((run / "inputs.json").read_text())["files"]
+    assert {"task.path", "model.path/model.safetensors", "model.path/config.json",
+            "task.reward:module"} <= set(recorded)
+    RunDirectory(exp, resume=True, accept_changes=False)        # moved, same bytes: no change of inputs
+    data = pathlib.Path(exp.task.path)
+    data.write_text(data.read_text().replace('"answer": 4', '"answer": 5'))      # same size, other bytes
+    untouched = snapshot(run)
+    with pytest.raises(ConfigError) as error:
+        RunDirectory(exp, resume=True)
+    message = str(error.value)
+    assert "\n" not in message and message.startswith(f"--resume: an input of {run} changed since the run began ")
+    assert f"task.path: {data} holds other bytes (same size, {data.stat().st_size} bytes, SHA-256 " in message
+    assert "--resume-with-changes" in message and snapshot(run) == untouched
+    longer = dataclasses.replace(exp, steps=3)
+    assert train(longer, resume=True, accept_changes=True, progress=False) == run
+    entry = json.loads((run / "changes.jsonl").read_text())
+    assert entry["step"] == 2 and list(entry["inputs"]) == ["task.path"] and "holds other bytes" in entry["inputs"][
+        "task.path"]
+    assert json.loads((run / "inputs.json").read_text())["files"]["task.path"]["sha256"] == inputs.file_sha256(data)
+    RunDirectory(dataclasses.replace(longer, steps=4), resume=True)      # the new dataset is now the run's
+
+
+def test_a_model_replaced_at_the_same_path_and_a_changed_user_module_are_refused(finished_on_data, tmp_path):
+    exp, run = copy_run_and_inputs(finished_on_data, tmp_path)
+    weights = pathlib.Path(exp.model.path) / "model.safetensors"
+    damage(weights, "flip")
+    with pytest.raises(ConfigError, match=r"model.path/model.safetensors: .*model.safetensors holds other bytes"):
+        RunDirectory(exp, resume=True)
+    shutil.copy(pathlib.Path(finished_on_data[0].model.path) / "model.safetensors", weights)
+    RunDirectory(exp, resume=True)                           # the same bytes again: accepted
+
+
+def test_a_user_module_edited_in_place_is_refused(finished_on_data, tmp_path):
+    exp, run = copy_run_and_inputs(finished_on_data, tmp_path)
+    module = tmp_path / "my_rewards.py"
+    module.write_text("def reward(prompts, completions, **_):\n    return [1.0] * len(completions)\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        mine = dataclasses.replace(exp, task=dataclasses.replace(exp.task, reward="my_rewards:reward"))
+        (run / "experiment.json").write_text(json.dumps(run_dir_lib.experiment_record(mine)))
+        (run / "inputs.json").write_text(json.dumps({"files": inputs.fingerprints(inputs.input_files(mine))}))
+        RunDirectory(mine, resume=True)
+        module.write_text("def reward(prompts, completions, **_):\n    return [2.0] * len(completions)\n")
+        with pytest.raises(ConfigError, match=rf"task.reward:module: {module} holds other bytes"):
+            RunDirectory(mine, resume=True)
+    finally:
+        sys.path.remove(str(tmp_path))
+
+
+def test_an_unchanged_file_is_not_hashed_again_and_an_edit_that_keeps_its_time_is_found(tmp_path, monkeypatch):
+    """The size / mtime / ctime / inode pre-check: an untouched file keeps its saved hash unread; an
+    edit in place of the same size with the modification time set back is still re-hashed (its
+    change time moved)."""
+    data = tmp_path / "data.jsonl"
+    data.write_text("a" * 100)
+    saved = inputs.fingerprints({"task.path": data})
+    monkeypatch.setattr(inputs, "file_sha256", lambda path: pytest.fail(f"{path} hashed again"))
+    assert inputs.fingerprints({"task.path": data}, known=saved) == saved
+    monkeypatch.undo()
+    before = data.stat()
+    time.sleep(0.01)
+    data.write_text("b" * 100)
+    os.utime(data, ns=(before.st_atime_ns, before.st_mtime_ns))
+    now = inputs.fingerprints({"task.path": data}, known=saved)
+    assert inputs.differences(saved, now) == {"task.path": f"{data.absolute()} holds other bytes (same size, 100 "
+                                              f"bytes, SHA-256 {saved['task.path']['sha256'][:12]} -> "
+                                              f"{now['task.path']['sha256'][:12]})"}
+
+
+@pytest.mark.parametrize("contents", ["missing", "{}", "[]", "null"])
+def test_an_unreadable_inputs_or_experiment_record_is_refused_and_with_changes_accepted(finished, tmp_path, contents):
+    for name in ("inputs.json", "experiment.json"):
+        exp, run = copy_of(finished, tmp_path / name)
+        if contents == "missing":
+            (run / name).unlink()
+        else:
+            (run / name).write_text(contents)
+        with pytest.raises(ConfigError, match=rf"--resume: cannot read .*{name} \(|--resume: an input|--resume: the "
+                                              "experiment differs") as error:
+            RunDirectory(exp, resume=True)
+        assert "\n" not in str(error.value)
+        RunDirectory(exp, resume=True, accept_changes=True)
+
+
+# ---------------------------------------------------------------- a run directory belongs to one run
+
+def test_a_new_run_never_writes_into_another_runs_results(finished, tmp_path, monkeypatch):
+    """After the checkpoints of a finished run are deleted, an explicit run_dir is refused naming what
+    it holds; without run_dir the next name is taken; --resume says how to start over."""
+    exp, run = copy_of(finished, tmp_path)
+    shutil.rmtree(run / "checkpoints")
+    untouched = snapshot(run)
+    with pytest.raises(ConfigError, match=r"holds another run's results \(experiment.json, final, metrics.jsonl\); "
+                                          r"pass --resume to continue that run, --restart to move them aside"):
+        train(exp, progress=False)
+    with pytest.raises(ConfigError, match=r"--resume: no checkpoint to resume in .*; --restart starts the run again "
+                                          r"there, first moving experiment.json, final, metrics.jsonl aside"):
+        train(exp, resume=True, progress=False)
+    assert snapshot(run) == untouched
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(run, tmp_path / "runs" / "t")
+    assert locate(dataclasses.replace(exp, run_dir=""), resume=False) == pathlib.Path("runs/t-2")
+
+
+def test_restart_moves_the_old_results_aside_and_starts_again(finished, tmp_path, capsys):
+    exp, run = copy_of(finished, tmp_path)
+    shutil.rmtree(run / "checkpoints")
+    old = snapshot(run)
+    assert train(exp, restart=True, progress=False) == run
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("run-replaced-")]
+    assert len(aside) == 1 and snapshot(aside[0]) == old
+    assert f"--restart: moved the earlier run's experiment.json, final, metrics.jsonl to {aside[0]}" in \
+        capsys.readouterr().err
+    assert comparable(run / "metrics.jsonl") == comparable(finished[1] / "metrics.jsonl")
+    with pytest.raises(ConfigError, match="cannot be combined with --resume"):
+        RunDirectory(exp, resume=True, restart=True)
+
+
+def test_two_new_runs_without_run_dir_take_two_names(tmp_path, monkeypatch):
+    """The second of two runs that located runs/t at the same moment takes runs/t-2 when it finds the
+    first holding the lock."""
+    monkeypatch.chdir(tmp_path)
+    exp = tiny_experiment(tmp_path, run_dir="")
+    first, second = RunDirectory(exp, resume=False), RunDirectory(exp, resume=False)
+    assert first.directory == second.directory == pathlib.Path("runs/t")
+    first.create()
+    second.create()
+    assert second.directory == pathlib.Path("runs/t-2")
+    first.close()
+    second.close()
+
+
+# ---------------------------------------------------------------- the lock survives deletion
+
+def test_deleting_the_lock_file_does_not_release_a_live_runs_lock(finished, tmp_path):
+    exp, run = copy_of(finished, tmp_path)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(run)], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert "the lock is held on the directory itself" in (run / ".lock").read_text()
+        (run / ".lock").unlink()
+        with pytest.raises(ConfigError, match=rf"run_dir='{run}' is in use by another process"):
+            train(exp, resume=True, progress=False)
+        assert RunLock.held(run)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert not RunLock.held(run)
+
+
+# ---------------------------------------------------------------- final/ complete or not written
+
+def test_a_missing_tokenizer_is_written_again_on_resume_and_final_is_complete(finished, tmp_path, capsys):
+    exp, run = copy_of(finished, tmp_path)
+    shutil.rmtree(run / "tokenizer")
+    shutil.rmtree(run / "final")
+    train(exp, resume=True, progress=False)
+    assert "tokenizer was missing or incomplete: written again from the run's tokenizer" in capsys.readouterr().err
+    names = lambda folder: sorted(p.name for p in folder.iterdir())    # noqa: E731
+    assert names(run / "final") == names(finished[1] / "final")
+
+
+def test_an_export_that_would_lack_a_file_writes_no_final(finished, tmp_path):
+    exp, run = copy_of(finished, tmp_path)
+    trainer = finished[2]
+    directory = RunDirectory(exp, resume=True)
+    shutil.rmtree(run / "tokenizer")
+    before = snapshot(run / "final")
+    with pytest.raises(RunStopped, match=r"final/ was not written: .*tokenizer holds no tokenizer"):
+        directory.export(trainer.policy)
+    assert snapshot(run / "final") == before
+
+
+# ---------------------------------------------------------------- smaller
+
+@pytest.mark.parametrize("contents", ["{}", "[]", "null"])
+def test_a_file_list_that_verifies_nothing_is_damage(finished, tmp_path, contents, capsys):
+    _, directory, trainer, states = finished
+    shutil.copytree(directory / "checkpoints", tmp_path / "checkpoints")
+    (tmp_path / "checkpoints" / "4" / "pgjax_files.json").write_text(contents)
+    checkpoints = Checkpoints(tmp_path / "checkpoints")
+    state, record = checkpoints.restore(trainer.state)
+    checkpoints.close()
+    assert record["step"] == 2
+    err = capsys.readouterr().err
+    assert "checkpoints/4 is damaged (" in err and err.count("\n") == 1
+    assert ("lists no file" if contents == "{}" else "is missing or unreadable") in err
+
+
+def always_nan(prompts, completions, **_):
+    return np.full(len(completions), np.nan)
+
+
+def test_a_change_is_recorded_only_when_a_step_ran_with_it(finished, tmp_path):
+    exp, run = copy_of(finished, tmp_path)
+    saved = (run / "experiment.json").read_text()
+    changed = dataclasses.replace(exp, steps=6, task=dataclasses.replace(exp.task, reward="test_faults:always_nan"))
+    with pytest.raises(RunStopped, match="reward function always_nan returned nan"):
+        train(changed, resume=True, accept_changes=True, progress=False)
+    assert not (run / "changes.jsonl").exists() and (run / "experiment.json").read_text() == saved
+    train(dataclasses.replace(exp, steps=5), resume=True, progress=False)   # nothing recorded: no change to undo
+
+
+def test_every_reward_masked_warns_and_stops(tmp_path, capsys):
+    file = experiment_file(tmp_path, update="UpdateConfig(max_skipped_steps=2)")
+    code = cli.main([str(file), "--no-progress", "--set", "task.reward=test_faults:always_nan", "--set",
+                     "rollout.nonfinite_rewards=mask"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "step 1: every reward was non-finite; rollout.nonfinite_rewards='mask' left all 16 rows out" in err
+    assert "pgjax.run: stopped: steps 1..2: every update had a non-finite loss, gradient or result (or no finite " \
+           "reward)" in err
+
+
+# ---------------------------------------------------------------- SIGTERM and Ctrl-C
+
+class SignalAt(Callback):
+    """Sends this process ``signum`` after step ``step``."""
+
+    def __init__(self, signum, step):
+        self.signum, self.step = signum, step
+
+    def after_step(self, trainer, record):
+        if record["step"] == self.step:
+            signal.raise_signal(self.signum)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_finishes_the_step_writes_its_checkpoint_and_the_resume_is_exact(finished, tmp_path, signum, capsys):
+    exp, run = copy_of(finished, tmp_path)
+    fresh = dataclasses.replace(exp, run_dir=str(tmp_path / "signalled"))
+    handler = signal.getsignal(signum)
+    with pytest.raises(RunInterrupted, match=rf"interrupted by {signum.name} after step 3, its checkpoint written"):
+        train(fresh, progress=False, callbacks=[SignalAt(signum, 3)])
+    assert signal.getsignal(signum) is handler          # restored
+    err = capsys.readouterr().err
+    assert f"{signum.name}: finishing the current step and writing a checkpoint" in err
+    directory = tmp_path / "signalled"
+    assert sorted(p.name for p in (directory / "checkpoints").iterdir()) == ["2", "3"]
+    assert not RunLock.held(directory) and not (directory / "final").exists()
+    train(fresh, resume=True, progress=False)
+    assert comparable(directory / "metrics.jsonl") == comparable(finished[1] / "metrics.jsonl")
+    assert_same_tree(nnx.state(hf.load(directory / "final")), nnx.state(hf.load(finished[1] / "final")))
+
+
+def test_the_command_line_exits_with_128_plus_the_signal(tmp_path, capsys, monkeypatch):
+    file = experiment_file(tmp_path)
+    calls = itertools.count()
+    monkeypatch.setattr(Trainer, "evaluate", lambda self: next(calls) or signal.raise_signal(signal.SIGTERM) or 0.0)
+    assert cli.main([str(file), "--no-progress"]) == 128 + signal.SIGTERM
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "pgjax.run: interrupted by SIGTERM after step 0, its checkpoint written; --resume continues " \
+                      "from it"
+    assert (tmp_path / "run" / "checkpoints" / "0").is_dir()
+
+
+def wait_for_step(process, metrics: pathlib.Path, step: int) -> None:
+    """Wait (at most 300 s) until ``metrics`` holds a complete record of ``step`` or later."""
+    deadline = time.time() + 300
+    while time.time() < deadline and process.poll() is None:
+        if metrics.exists() and any(json.loads(x)["step"] >= step for x in metrics.read_text().splitlines()[:-1]):
+            return
+        time.sleep(0.005)
+    pytest.fail(f"no step {step} in {metrics}: {process.stdout.read() if process.poll() is not None else ''}")
+
+
+@pytest.mark.slow
+def test_real_signals_stop_a_run_without_a_traceback_and_it_resumes_exactly(tmp_path):
+    """Through ``python -m pgjax.run``: SIGTERM finishes the step, checkpoints it and exits 143, and
+    the resume gives the uninterrupted run's metrics and weights; two Ctrl-C stop at once (130); a
+    grace period too short to finish the step stops at once too (143). None prints a traceback, and
+    each leaves a run that resumes."""
+    file = tmp_path / "resume.py"
+    file.write_text(RESUME_EXPERIMENT)
+    whole = start_run(file, tmp_path / "whole")
+    termed = start_run(file, tmp_path / "termed")
+    wait_for_step(termed, tmp_path / "termed" / "metrics.jsonl", 4)
+    termed.send_signal(signal.SIGTERM)
+    out = termed.stdout.read()
+    assert termed.wait() == 143 and "Traceback" not in out, out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("pgjax.run: interrupted by SIGTERM after step ") and last.endswith(
+        ", its checkpoint written; --resume continues from it"), out
+    step = int(last.split("after step ")[1].split(",")[0])
+    assert (tmp_path / "termed" / "checkpoints" / str(step)).is_dir()
+    resumed = start_run(file, tmp_path / "termed", "--resume")
+    assert resumed.wait() == 0, resumed.stdout.read()
+    assert whole.wait() == 0, whole.stdout.read()
+    assert comparable(tmp_path / "termed" / "metrics.jsonl") == comparable(tmp_path / "whole" / "metrics.jsonl")
+    jax.tree.map(np.testing.assert_array_equal, nnx.state(hf.load(tmp_path / "whole" / "final")),
+                 nnx.state(hf.load(tmp_path / "termed" / "final")))
+
+    for name, signals, extra, status, says in [
+            ("twice", (signal.SIGINT, signal.SIGINT), (), 130, "a second signal (SIGINT): stopped at once"),
+            ("grace", (signal.SIGTERM,), ("--grace-period", "0.001"), 143, "did not finish within the grace period")]:
+        process = start_run(file, tmp_path / name, *extra)
+        wait_for_step(process, tmp_path / name / "metrics.jsonl", 2)
+        for signum in signals:
+            process.send_signal(signum)
+            time.sleep(0.05)
+        out = process.stdout.read()
+        assert process.wait() == status and "Traceback" not in out and says in out, out
+        resumed = start_run(file, tmp_path / name, "--resume")
+        assert resumed.wait() == 0, resumed.stdout.read()

@@ -60,24 +60,30 @@ def one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[:200]}"
 
 
+def file_sha256(path: pathlib.Path) -> str:
+    """The SHA-256 of the bytes of the file ``path``, in hex."""
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 def _file_digests(folder: pathlib.Path) -> dict[str, list]:
     """``{relative path: [size, sha256]}`` of every file under ``folder`` but the file list itself."""
-    out = {}
-    for path in sorted(folder.rglob("*")):
-        if path.is_file() and path.name != FILE_LIST:
-            with path.open("rb") as f:
-                digest = hashlib.file_digest(f, "sha256").hexdigest()
-            out[str(path.relative_to(folder))] = [path.stat().st_size, digest]
-    return out
+    return {str(path.relative_to(folder)): [path.stat().st_size, file_sha256(path)]
+            for path in sorted(folder.rglob("*")) if path.is_file() and path.name != FILE_LIST}
 
 
 def _check_files(folder: pathlib.Path) -> None:
-    """_Damaged unless every file ``FILE_LIST`` names in ``folder`` is there with its size and SHA-256."""
+    """_Damaged unless ``FILE_LIST`` in ``folder`` lists files and every one is there with its size and
+    SHA-256."""
     try:
         listed = json.loads((folder / FILE_LIST).read_text())
+        if not isinstance(listed, dict) or not all(isinstance(v, list) and len(v) == 2 for v in listed.values()):
+            raise ValueError("not an object of [size, sha256] pairs")
     except (OSError, ValueError):
         raise _Damaged(f"its list of files ({FILE_LIST}) is missing or unreadable: a save cut short, or "
                        "damage") from None
+    if not listed:
+        raise _Damaged(f"its list of files ({FILE_LIST}) lists no file: it verifies nothing")
     found = _file_digests(folder)
     for name, (size, digest) in listed.items():
         if name not in found:

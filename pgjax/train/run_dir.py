@@ -1,9 +1,10 @@
-"""A run's directory: finding it, its lock, the experiment it records and the changes a resume
-makes to it, and ``RunDirectory``, which writes everything else there through ``checkpoints``
-(``Checkpoints``) and ``sinks`` (the metric writers).
+"""A run's directory: finding it, its lock, the experiment and input files it records and the
+changes a resume makes to them, and ``RunDirectory``, which writes everything else there through
+``checkpoints`` (``Checkpoints``) and ``sinks`` (the metric writers).
 
   experiment.json         the experiment the run uses (rewritten, atomically, when a resume changes it)
-  changes.jsonl           each accepted change of the experiment on resume: the step, the keys, old and new
+  inputs.json             the content fingerprints of its input files (``pgjax.train.inputs``)
+  changes.jsonl           each accepted change on resume: the step, the keys (old and new), the input files
   metrics.jsonl, events.out.tfevents.*, wandb/, curves.png
                           the metric records (``pgjax.train.sinks``)
   checkpoints/<step>/, damaged_checkpoints/
@@ -12,18 +13,19 @@ makes to it, and ``RunDirectory``, which writes everything else there through ``
   final/                  the trained policy as a Hugging Face checkpoint (``from_pretrained`` loads it);
                           with LoRA also the PEFT adapter (``final/adapter``), whose recorded base is an
                           absolute path: ``model.path``, or ``final/base`` (written there) for a random base
-  .lock                   held (an OS file lock) by the live run; names its PID and host
+  .lock                   a note naming the holder of the lock (PID, host); the lock is on the directory
 
 ``RunDirectory(exp, resume)`` only finds the directory and checks it can be used (ConfigError
-otherwise, nothing written): a new run never reuses a directory that holds checkpoints (without
-``run_dir`` it takes the first of ``runs/<name>``, ``runs/<name>-2``, ... that holds none and is
-not in use; ``--resume`` takes the last that holds some), and a resume whose experiment differs
-from the saved one in anything that changes the maths or the data is refused with the list of
-changed keys unless the changes are accepted (``accept_changes``). ``create`` takes the
-directory's lock (a second run on a live directory gets a ConfigError naming the holder) and makes
-it; ``start`` opens the metric sinks and writes a new run's first files. On several processes
-every process writes its shards of each checkpoint and process 0 alone writes everything else
-(and holds the lock).
+otherwise, nothing written): a directory belongs to one run, so a new run never writes into one
+that holds another run's results (``run_results``; without ``run_dir`` it takes the first of
+``runs/<name>``, ``runs/<name>-2``, ... that holds none and is not in use; ``--resume`` takes the
+last that holds some; ``restart`` moves them aside first), and a resume whose experiment differs
+from the saved one in anything that changes the maths or the data, or whose input files hold
+other bytes, is refused with the list of changes unless they are accepted (``accept_changes``).
+``create`` takes the directory's lock (a second run on a live directory gets a ConfigError naming
+the holder) and makes it; ``start`` opens the metric sinks; the first record writes a new run's
+first files or a resume's changes. On several processes every process writes its shards of each
+checkpoint and process 0 alone writes everything else (and holds the lock).
 """
 from __future__ import annotations
 
@@ -35,11 +37,15 @@ import os
 import pathlib
 import shutil
 import socket
+import sys
+
+import jax
 
 from pgjax.models import hf, lora
 from pgjax.parallel import multihost
 from pgjax.train.checkpoints import Checkpoints, one_line, write_atomically
-from pgjax.train.experiment import ConfigError, Experiment, resolved
+from pgjax.train.experiment import ConfigError, Experiment, RunStopped, resolved
+from pgjax.train.inputs import INPUTS_FILE, differences, fingerprints, input_files
 from pgjax.train.sinks import MetricsFile, Sink, TensorBoard, WandB, plot, read_records
 
 
@@ -49,28 +55,79 @@ def _has_checkpoints(directory: pathlib.Path) -> bool:
     return folder.is_dir() and any(p.name.isdigit() for p in folder.iterdir())
 
 
+RECORDS = ("experiment.json", "final", "changes.jsonl", "damaged_checkpoints")
+
+
+def run_results(directory: pathlib.Path) -> list[str]:
+    """What of a run ``directory`` holds: its experiment.json, final/, changes.jsonl, set-aside
+    checkpoints, a non-empty metrics.jsonl, checkpoints (a run stopped before its first record
+    holds none of them)."""
+    found = [name for name in RECORDS if (directory / name).exists()]
+    metrics = directory / "metrics.jsonl"
+    if metrics.is_file() and metrics.stat().st_size:
+        found.append("metrics.jsonl")
+    if _has_checkpoints(directory):
+        found.append("checkpoints")
+    return found
+
+
+def _take(fd: int) -> bool:
+    """Take an exclusive ``flock`` on ``fd``: True when taken, False when another holds it (an
+    OSError when the file system cannot lock it)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
 class RunLock:
-    """An exclusive OS file lock (``flock``) on ``<run>/.lock``, holding the PID and host of its holder.
-    The OS releases it when the holder exits in any way, so a killed run leaves no stale lock."""
+    """An exclusive OS lock (``flock``) on the run directory itself, so that no file a user may tidy
+    away releases it; ``.lock`` is only a note naming the holder (PID, host, since). The OS releases
+    the lock when its holder exits in any way, so a killed run leaves no stale lock. Where the file
+    system cannot lock a directory (some network file systems), the note file is locked instead."""
+
+    NOTE = ".lock"
 
     def __init__(self, directory: pathlib.Path):
-        self.path = directory / ".lock"
+        self.directory = pathlib.Path(directory)
+        self.note = self.directory / self.NOTE
         self.fd: int | None = None
+        self.on_note = False        # the fallback: the lock is on the note file
+
+    def _try(self) -> bool:
+        """Take the lock if free (True), without writing the note."""
+        fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            taken = _take(fd)
+        except OSError:             # no locks on directories here: lock the note file instead
+            os.close(fd)
+            fd = os.open(self.note, os.O_RDWR | os.O_CREAT, 0o644)
+            self.on_note = True
+            taken = _take(fd)
+        if not taken:
+            os.close(fd)
+            return False
+        self.fd = fd
+        return True
 
     def acquire(self) -> None:
-        """Take the lock, or ConfigError naming the live run that holds it."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 1024).decode(errors="replace").strip() or "another process"
-            os.close(fd)
-            raise ConfigError(f"run_dir={str(self.path.parent)!r} is in use by {holder}; wait for that run to end, "
-                              "or choose another run_dir") from None
-        os.ftruncate(fd, 0)
+        """Take the lock and write the note, or ConfigError naming the live run that holds it."""
+        if not self._try():
+            try:
+                holder = self.note.read_text().splitlines()[0].strip()
+            except (OSError, IndexError):
+                holder = ""
+            raise ConfigError(f"run_dir={str(self.directory)!r} is in use by {holder or 'another process'}; wait "
+                              "for that run to end, or choose another run_dir")
         since = datetime.datetime.now().isoformat(timespec="seconds")
-        os.write(fd, f"PID {os.getpid()} on host {socket.gethostname()} (since {since})\n".encode())
-        self.fd = fd
+        text = (f"PID {os.getpid()} on host {socket.gethostname()} (since {since})\n"
+                "the lock is held on the directory itself; this file only names its last holder\n")
+        if self.on_note:
+            os.ftruncate(self.fd, 0)
+            os.pwrite(self.fd, text.encode(), 0)
+        else:
+            write_atomically(self.note, text)
 
     def release(self) -> None:
         """Let the lock go (nothing if not held)."""
@@ -80,30 +137,35 @@ class RunLock:
 
     @staticmethod
     def held(directory: pathlib.Path) -> bool:
-        """Whether a live run holds ``directory``'s lock."""
-        if not (directory / ".lock").exists():
+        """Whether a live run holds ``directory``'s lock (writes nothing)."""
+        if not directory.is_dir():
             return False
         probe = RunLock(directory)
-        try:
-            probe.acquire()
-        except ConfigError:
+        if not probe._try():
             return True
         probe.release()
         return False
 
 
-def locate(exp: Experiment, resume: bool) -> pathlib.Path:
-    """The run's directory (see the module docstring); ConfigError, with nothing created, when a new
-    run's ``run_dir`` holds checkpoints, ``resume`` finds none, or the directory cannot be created."""
+def _automatic(exp: Experiment, i: int) -> pathlib.Path:
+    """The ``i``-th automatic run directory of ``exp``: runs/<name>, runs/<name>-2, ..."""
+    return pathlib.Path("runs") / (exp.name if i == 1 else f"{exp.name}-{i}")
+
+
+def locate(exp: Experiment, resume: bool, restart: bool = False) -> pathlib.Path:
+    """The run's directory: ``run_dir``; without it, for a new run the first of runs/<name>,
+    runs/<name>-2, ... that holds no run's results and is not in use, for ``resume`` or ``restart``
+    the last that holds results. ConfigError, with nothing created, when a new run's ``run_dir`` holds
+    another run's results, ``resume`` finds no checkpoint, or the directory cannot be created."""
     if exp.run_dir:
         directory = pathlib.Path(exp.run_dir)
     else:
-        nth = lambda i: pathlib.Path("runs") / (exp.name if i == 1 else f"{exp.name}-{i}")   # noqa: E731
         i = 1
-        while _has_checkpoints(nth(i)) or (not resume and RunLock.held(nth(i))):
+        while run_results(_automatic(exp, i)) or (not (resume or restart) and RunLock.held(_automatic(exp, i))):
             i += 1
-        directory = nth(max(i - 1, 1)) if resume else nth(i)
-    _check_usable(directory, resume, exp.run_dir)
+        directory = _automatic(exp, max(i - 1, 1) if resume or restart else i)
+    if not restart:
+        _check_usable(directory, resume, exp.run_dir)
     existing = next(p for p in (directory, *directory.absolute().parents) if p.exists())
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"run_dir={str(directory)!r} cannot be written: {existing} is not a writable directory")
@@ -111,18 +173,35 @@ def locate(exp: Experiment, resume: bool) -> pathlib.Path:
 
 
 def _check_usable(directory: pathlib.Path, resume: bool, explicit: str) -> None:
-    """ConfigError when ``resume`` finds no checkpoint in ``directory``, or a new run would reuse one."""
+    """ConfigError when ``resume`` finds no checkpoint in ``directory``, or a new run would write into
+    a directory that holds another run's results."""
     if resume and not _has_checkpoints(directory):
+        held = run_results(directory)
+        again = (f"; --restart starts the run again there, first moving {', '.join(held)} aside (nothing is "
+                 "deleted)" if held else "")
         raise ConfigError(f"--resume: no checkpoint to resume in {directory / 'checkpoints'}"
-                          f"{'' if explicit else ' (set run_dir to resume a run stored elsewhere)'}")
-    if not resume and _has_checkpoints(directory):
-        raise ConfigError(f"run_dir={str(directory)!r} already holds checkpoints; pass --resume to continue it "
-                          "or choose another run_dir (nothing was overwritten)")
+                          f"{'' if explicit else ' (set run_dir to resume a run stored elsewhere)'}{again}")
+    held = [] if resume else run_results(directory)
+    if held:
+        raise ConfigError(f"run_dir={str(directory)!r} holds another run's results ({', '.join(held)}); pass "
+                          "--resume to continue that run, --restart to move them aside and start again, or choose "
+                          "another run_dir (nothing was overwritten)")
+
+
+def _aside(directory: pathlib.Path) -> pathlib.Path:
+    """A new sibling name for ``directory``'s old contents: <dir>-replaced-<date>[-n]."""
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    target, n = directory.with_name(f"{directory.name}-replaced-{stamp}"), 1
+    while target.exists():
+        n += 1
+        target = directory.with_name(f"{directory.name}-replaced-{stamp}-{n}")
+    return target
 
 
 OPERATIONAL_KEYS = ("name", "steps", "eval_every", "checkpoint_every", "run_dir", "logging.", "mesh.",
                     "distributed.", "update.micro_batches", "update.chunk_size", "update.max_skipped_steps",
-                    "update.recompute_old_logprobs", "rollout.trim_padding", "model.remat")
+                    "update.recompute_old_logprobs", "rollout.trim_padding", "model.remat",
+                    "model.path", "task.path")     # paths: their files' content is compared (``inputs``)
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:
@@ -153,32 +232,80 @@ def is_operational(key: str) -> bool:
     return any(key == k or (k.endswith(".") and key.startswith(k)) for k in OPERATIONAL_KEYS)
 
 
+def _holds_tokenizer(folder: pathlib.Path) -> bool:
+    """Whether ``folder`` holds a tokenizer: its tokenizer_config.json and a vocabulary."""
+    return (folder / "tokenizer_config.json").is_file() and any(
+        (folder / name).is_file() for name in ("tokenizer.json", "vocab.json", "tokenizer.model"))
+
+
+def _check_export(partial: pathlib.Path, tokenizer: pathlib.Path, adapter: bool) -> None:
+    """RunStopped naming what the export in ``partial`` lacks: the weights and config, a tokenizer,
+    every tokenizer file of the run's ``tokenizer`` folder (generation config, chat template), and
+    with LoRA the PEFT adapter."""
+    if not _holds_tokenizer(tokenizer):
+        raise RunStopped(f"final/ was not written: {tokenizer} holds no tokenizer (tokenizer_config.json and a "
+                         "vocabulary); --resume writes it again from the run's inputs")
+    needed = ["config.json", "model.safetensors", *sorted(p.name for p in tokenizer.iterdir()
+                                                          if p.name in hf.COPIED_FILES)]
+    if adapter:
+        needed += ["adapter/adapter_config.json", "adapter/adapter_model.safetensors"]
+    missing = [name for name in needed if not (partial / name).is_file()]
+    if missing:
+        raise RunStopped(f"final/ was not written: it would lack {', '.join(missing)} (the checkpoints are intact)")
+
+
+def _saved_json(path: pathlib.Path, what: str, accept: bool) -> dict:
+    """The JSON object in ``path``, which ``--resume`` compares with ``what``; when it is missing or
+    not an object, ConfigError, or {} when the changes are accepted anyway (``accept``)."""
+    try:
+        saved = json.loads(path.read_text())
+        if not isinstance(saved, dict):
+            raise ValueError(f"it holds a {type(saved).__name__}, not an object")
+    except (OSError, ValueError) as error:
+        if not accept:
+            raise ConfigError(f"--resume: cannot read {path} ({one_line(error)}) to check that {what} unchanged; "
+                              "pass --resume-with-changes to resume anyway") from None
+        return {}
+    return saved
+
+
 class RunDirectory:
     """One run's directory, its lock and its writers: the checkpoints (``checkpoints``) and the metric
     sinks (``sinks``: metrics.jsonl, and TensorBoard and W&B where enabled). ``accept_changes``:
-    resume even if the experiment changes the maths or the data (each change is recorded in
-    changes.jsonl); ``fallback``: resume from an older checkpoint when the newest is damaged."""
+    resume even if the experiment or an input file changed (each change is recorded in
+    changes.jsonl); ``fallback``: resume from an older checkpoint when the newest is damaged;
+    ``restart``: start the run again in the directory a resume would take, first moving its results
+    aside to ``<dir>-replaced-<date>`` (never deleted)."""
 
-    def __init__(self, exp: Experiment, resume: bool, accept_changes: bool = False, fallback: bool = True):
-        self.exp, self.resume, self.fallback = exp, resume or accept_changes, fallback
-        self.directory = locate(exp, self.resume)
-        self.metrics_path = self.directory / "metrics.jsonl"
+    def __init__(self, exp: Experiment, resume: bool, accept_changes: bool = False, fallback: bool = True,
+                 restart: bool = False):
+        if restart and (resume or accept_changes):
+            raise ConfigError("--restart starts the run again from scratch: it cannot be combined with --resume")
+        self.exp, self.resume, self.fallback, self.restart = exp, resume or accept_changes, fallback, restart
+        self.directory = locate(exp, self.resume, restart)
         self.primary = True         # until ``create``: no JAX call before jax.distributed starts
         self.checkpoints: Checkpoints | None = None
         self.sinks: list[Sink] = []
         self.lock = RunLock(self.directory)
         self.changes = self._changes(accept_changes) if self.resume else {}
+        self.saved_inputs = (_saved_json(self.directory / INPUTS_FILE, "the input files are", accept_changes)
+                             .get("files", {}) if self.resume else {})
+        try:
+            self.inputs = fingerprints(input_files(exp), known=self.saved_inputs)
+        except OSError as error:
+            raise ConfigError(f"an input file cannot be read: {one_line(error)}") from None
+        self.input_changes = self._input_changes(accept_changes) if self.resume else {}
+        self.tokenizer = None
+        self.start_step = 0
+        self.unrecorded = False     # the first files (a new run) or the changes (a resume) await the first record
+
+    @property
+    def metrics_path(self) -> pathlib.Path:
+        return self.directory / "metrics.jsonl"
 
     def _changes(self, accept: bool) -> dict[str, tuple]:
         """The keys this resume changes; ConfigError for a change of the maths or data not ``accept``-ed."""
-        path = self.directory / "experiment.json"
-        try:
-            saved = json.loads(path.read_text())
-        except (OSError, ValueError) as error:
-            if not accept:
-                raise ConfigError(f"--resume: cannot read {path} ({one_line(error)}) to check that the experiment "
-                                  "is unchanged; pass --resume-with-changes to resume anyway") from None
-            saved = {}
+        saved = _saved_json(self.directory / "experiment.json", "the experiment is", accept)
         changes = experiment_changes(saved, self.exp)
         refused = {k: v for k, v in changes.items() if not is_operational(k)}
         if refused and not accept:
@@ -188,50 +315,107 @@ class RunDirectory:
                               "in changes.jsonl), or undo it")
         return changes
 
+    def _input_changes(self, accept: bool) -> dict[str, str]:
+        """The input files whose content differs from the run's ``inputs.json``; ConfigError unless ``accept``."""
+        changed = differences(self.saved_inputs, self.inputs)
+        if changed and not accept:
+            listed = "; ".join(f"{label}: {what}" for label, what in changed.items())
+            raise ConfigError(f"--resume: an input of {self.directory} changed since the run began ({listed}); pass "
+                              "--resume-with-changes to continue with it (it is recorded in changes.jsonl), or "
+                              "restore it")
+        return changed
+
     def create(self) -> None:
-        """Take the directory's lock (ConfigError if a live run holds it), then make the directory and
-        its checkpoint manager."""
+        """Make the directory and take its lock (process 0, see ``_claim``), then its checkpoint manager."""
         self.primary = multihost.is_primary()
-        self.directory.mkdir(parents=True, exist_ok=True)
         if self.primary:
-            self.lock.acquire()
+            self._claim()
+        multihost.barrier("run_directory")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.checkpoints = Checkpoints(self.directory / "checkpoints")
+
+    def _claim(self) -> None:
+        """Make the directory, take its lock, and check again now that no run can race (ConfigError
+        when it is in use or no longer usable; a new run without ``run_dir`` on one process moves on
+        to the next free name instead); with ``restart``, move the old results aside."""
+        while True:
+            self.directory.mkdir(parents=True, exist_ok=True)
             try:
-                _check_usable(self.directory, self.resume, self.exp.run_dir)   # again, now that no run can race
+                self.lock.acquire()
+                if not self.restart:
+                    _check_usable(self.directory, self.resume, self.exp.run_dir)
+                break
             except ConfigError:
                 self.lock.release()
-                raise
-        self.checkpoints = Checkpoints(self.directory / "checkpoints")
+                following = None if self.exp.run_dir or self.resume or self.restart or jax.process_count() > 1 \
+                    else locate(self.exp, resume=False)
+                if following is None or following == self.directory:
+                    raise
+                self.directory, self.lock = following, RunLock(following)
+        if self.restart and run_results(self.directory):
+            self._move_aside()
+
+    def _move_aside(self) -> None:
+        """Rename the directory (its lock goes with it) to ``<dir>-replaced-<date>`` and make a new one."""
+        held, aside, old = run_results(self.directory), _aside(self.directory), self.lock
+        os.replace(self.directory, aside)
+        self.directory.mkdir()
+        self.lock = RunLock(self.directory)
+        try:
+            self.lock.acquire()
+        finally:
+            old.release()
+        print(f"--restart: moved the earlier run's {', '.join(held)} to {aside} (nothing was deleted)",
+              file=sys.stderr)
 
     def start(self, tokenizer, start_step: int) -> None:
         """Open the metric sinks the experiment enables (see ``pgjax.train.sinks``: a resume drops what
-        was logged after ``start_step``); then a new run writes its experiment.json, tokenizer and an
-        empty metrics.jsonl, and a resumed one records its changes of the experiment (process 0)."""
+        was logged after ``start_step``); a resume rewrites a missing tokenizer/ (process 0). A new
+        run's experiment.json, inputs.json and tokenizer/, or a resume's changes, are written with the
+        first record (``log``): a run stopped before it holds no results, a change that never ran is
+        not recorded."""
         if not self.primary:
             return
+        self.tokenizer, self.start_step = tokenizer, start_step
         logging, since = self.exp.logging, start_step if self.resume else None
         if logging.wandb:               # first: a failing wandb.init leaves nothing else written
             self.sinks.append(WandB(self.directory, logging.wandb_project, resolved(self.exp), self.resume))
         if logging.tensorboard:
             self.sinks.insert(0, TensorBoard(self.directory, since))
-        if not self.resume:
-            self._write_first_files(tokenizer)
         self.sinks.insert(0, MetricsFile(self.metrics_path, since))
-        if self.resume and self.changes:
-            self._record_changes(start_step)
+        self.unrecorded = not self.resume or bool(self.changes or self.input_changes)
+        if self.resume:
+            if not _holds_tokenizer(self.directory / "tokenizer"):
+                self._save_tokenizer()
+                print(f"{self.directory / 'tokenizer'} was missing or incomplete: written again from the run's "
+                      "tokenizer", file=sys.stderr)
+            if not self.unrecorded and self.inputs != self.saved_inputs:    # same bytes, new file times
+                self._write_inputs()
 
-    def _write_first_files(self, tokenizer) -> None:
-        """A new run's experiment.json and tokenizer/ (with the checkpoint's generation_config.json)."""
-        write_atomically(self.directory / "experiment.json", json.dumps(experiment_record(self.exp), indent=2))
-        tokenizer.save_pretrained(self.directory / "tokenizer")
+    def _save_tokenizer(self) -> None:
+        """tokenizer/: the run's tokenizer, with the checkpoint's generation_config.json (its stop ids
+        travel to final/ with the tokenizer)."""
+        self.tokenizer.save_pretrained(self.directory / "tokenizer")
         generation = pathlib.Path(self.exp.model.path) / "generation_config.json"
-        if self.exp.model.path and generation.is_file():       # its stop ids travel to final/ with the tokenizer
+        if self.exp.model.path and generation.is_file():
             shutil.copyfile(generation, self.directory / "tokenizer" / generation.name)
 
-    def _record_changes(self, start_step: int) -> None:
-        """Append this resume's changes to changes.jsonl and rewrite experiment.json."""
-        with (self.directory / "changes.jsonl").open("a") as f:
-            f.write(json.dumps({"step": start_step, "changes": {k: list(v) for k, v in self.changes.items()}},
-                               default=str) + "\n")
+    def _write_inputs(self) -> None:
+        write_atomically(self.directory / INPUTS_FILE, json.dumps({"files": self.inputs}, indent=2))
+
+    def _record_first(self) -> None:
+        """A new run's experiment.json, inputs.json and tokenizer/; a resume's changes appended to
+        changes.jsonl (the step they take effect at, the keys, the input files), then experiment.json
+        and inputs.json rewritten."""
+        if self.resume:
+            entry = {"step": self.start_step, "changes": {k: list(v) for k, v in self.changes.items()}}
+            if self.input_changes:
+                entry["inputs"] = self.input_changes
+            with (self.directory / "changes.jsonl").open("a") as f:
+                f.write(json.dumps(entry, default=str) + "\n")
+        else:
+            self._save_tokenizer()
+        self._write_inputs()
         write_atomically(self.directory / "experiment.json", json.dumps(experiment_record(self.exp), indent=2))
 
     def records(self) -> list[dict]:
@@ -239,14 +423,19 @@ class RunDirectory:
         return read_records(self.directory)
 
     def log(self, record: dict) -> None:
-        """One step's record to every sink (none but on process 0)."""
+        """One step's record to every sink (none but on process 0); the first one after ``start``
+        writes what awaited it (``_record_first``)."""
+        if self.primary and self.unrecorded:
+            self._record_first()
+            self.unrecorded = False
         for sink in self.sinks:
             sink.log(record)
 
     def export(self, policy) -> None:
         """``final/``: the policy as a Hugging Face checkpoint with the run's tokenizer (with LoRA: the
         adapters merged in, and the PEFT adapter alone in ``final/adapter``, see ``_adapter_base``),
-        and the curves. ``policy`` holds full (gathered) parameters; process 0 writes."""
+        and the curves. ``policy`` holds full (gathered) parameters; process 0 writes. RunStopped,
+        with no final/ written, when it would lack a file (``_check_export``)."""
         if self.primary:
             final, partial = self.directory / "final", self.directory / "final.partial"
             tokenizer = self.directory / "tokenizer"
@@ -256,6 +445,7 @@ class RunDirectory:
             else:
                 hf.save(lora.merged(policy), partial, tokenizer_dir=tokenizer)
                 hf.save_peft(policy, partial / "adapter", base_model=self._adapter_base(policy, partial))
+            _check_export(partial, tokenizer, policy.config.lora is not None)
             shutil.rmtree(final, ignore_errors=True)
             os.replace(partial, final)
             plot(self.records(), self.directory / "curves.png", self.exp.name)

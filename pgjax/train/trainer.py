@@ -34,8 +34,10 @@ from pgjax.parallel import multihost
 from pgjax.parallel.mesh import learner_and_sampler_meshes, shard
 from pgjax.rewards import combine, format_reward, import_object
 from pgjax.train.context import task_context, user_error
+from pgjax.train import interrupts
 from pgjax.train.evaluation import evaluate
 from pgjax.train.experiment import ConfigError, Experiment, RunStopped, stream_seed, validate
+from pgjax.train.interrupts import RunInterrupted
 from pgjax.train.learner import Rollout, all_finite, build_learner
 from pgjax.train.optim import make_optimizer
 from pgjax.train.pipeline import RolloutPipeline
@@ -143,7 +145,8 @@ class Trainer:
         """``warm_start.steps`` supervised steps on fresh demonstrations (seeded per step, sharded like
         the RL update; each process encodes its rows of each batch); the optimizer state, reference
         policy and critic then start from the warm-started policy. Does nothing when done already, after
-        a step or a restore."""
+        a step or a restore. A stop signal (``interrupts``) ends it after the current supervised step
+        with RunInterrupted (nothing is saved: no checkpoint holds a warm start)."""
         ws, exp = self.exp.warm_start, self.exp
         if self.warm_started or self.step_count:
             return
@@ -160,6 +163,9 @@ class Trainer:
                                                *multihost.to_global(batch, self.mesh), mesh=self.mesh)
             if (step % 50 == 0 or step == ws.steps - 1) and multihost.is_primary():
                 print(f"warm start {step + 1}/{ws.steps}: loss {float(loss):.3f}", file=sys.stderr)
+            if interrupts.requested() is not None:
+                raise RunInterrupted(interrupts.requested(), f"during the warm start ({step + 1} of {ws.steps} "
+                                     "steps), before the first checkpoint: nothing to resume; run again to start over")
         policy = self.learner.policy(self.learner.join(params, frozen))
         self.state = self.learner.init_state(policy, jax.random.PRNGKey(exp.seed))
         self.warm_started = True
@@ -201,6 +207,11 @@ class Trainer:
         self.step_count += 1
         self.started = True
         all_skipped = metrics["skipped_updates"] == exp.update.epochs * exp.update.minibatches
+        if batch.stats["nonfinite"].all():      # rollout.nonfinite_rewards="mask" left every row out
+            all_skipped = True
+            if multihost.is_primary():
+                print(f"step {self.step_count}: every reward was non-finite; rollout.nonfinite_rewards='mask' left all "
+                      f"{batch.stats['nonfinite'].size} rows out of the update", file=sys.stderr)
         self.skipped_in_a_row = self.skipped_in_a_row + 1 if all_skipped else 0
         times = {"time_sample": t1 - t0 + scoring, "time_prepare": t2 - t1, "time_update": t3 - t2 - scoring,
                  "time_step": t3 - t0}
@@ -255,7 +266,8 @@ class Trainer:
         """Train to ``steps``: a fresh trainer first runs the warm start and logs the step-0 evaluation;
         then each step, with evaluation every ``eval_every`` steps and at the end. With a ``run``
         directory every record is logged and a checkpoint written every ``checkpoint_every`` steps
-        and at the end; ``callbacks`` see every step."""
+        and at the end; ``callbacks`` see every step. A stop signal (``interrupts.graceful_stop``)
+        ends the loop after the current step with its checkpoint written: RunInterrupted."""
         exp, callbacks = self.exp, tuple(callbacks)
         if run is not None and run.checkpoints is None:
             raise ValueError("fit(run): call run.create() and run.start(...) first (as train() does)")
@@ -263,6 +275,7 @@ class Trainer:
             self.warm_start()
             self._emit({"step": 0, "eval_accuracy": self.evaluate()}, run)
             self.started = True
+            self._stop_if_asked(run, checkpointed=True)
         bar = Progress(exp.steps, self.step_count, exp.logging.progress_every,
                        enabled=progress and multihost.is_primary())
         while self.step_count < exp.steps:
@@ -272,15 +285,30 @@ class Trainer:
             for callback in callbacks:
                 callback.after_step(self, record)
             bar.update(record)
-            self._emit(record, run, checkpoint=self.step_count % exp.checkpoint_every == 0
-                       or self.step_count == exp.steps)
+            checkpoint = self.step_count % exp.checkpoint_every == 0 or self.step_count == exp.steps
+            self._emit(record, run, checkpoint)
             if self.skipped_in_a_row >= exp.update.max_skipped_steps:
                 raise RunStopped(f"steps {self.step_count - self.skipped_in_a_row + 1}..{self.step_count}: every "
-                                 "update had a non-finite loss, gradient or result and was skipped "
+                                 "update had a non-finite loss, gradient or result (or no finite reward) and was "
+                                 "skipped "
                                  f"(update.max_skipped_steps={exp.update.max_skipped_steps}); the parameters are "
                                  f"those of step {self.step_count - self.skipped_in_a_row}. Lower optim.lr, check "
                                  "the rewards' scale, or raise update.max_skipped_steps")
+            self._stop_if_asked(run, checkpoint)
         bar.close()
+
+    def _stop_if_asked(self, run: RunDirectory | None, checkpointed: bool) -> None:
+        """RunInterrupted when a stop signal came (``interrupts``), after writing a checkpoint of the
+        current step to ``run`` unless one was just ``checkpointed``."""
+        signum = interrupts.requested()
+        if signum is None:
+            return
+        if run is None:
+            raise RunInterrupted(signum, f"after step {self.step_count} (no run directory: nothing saved)")
+        if not checkpointed:
+            self.save(run.checkpoints)
+        raise RunInterrupted(signum, f"after step {self.step_count}, its checkpoint written; --resume continues "
+                                     "from it")
 
     def _emit(self, record: dict, run: RunDirectory | None, checkpoint: bool = True) -> None:
         if run is not None:
@@ -297,27 +325,31 @@ class Trainer:
 
 
 def train(exp: Experiment, resume: bool = False, progress: bool = True, callbacks=(), accept_changes: bool = False,
-          fallback: bool = True) -> pathlib.Path:
+          fallback: bool = True, restart: bool = False,
+          grace_period: float = interrupts.DEFAULT_GRACE_PERIOD) -> pathlib.Path:
     """A whole run of ``exp`` in its run directory (``run_dir``); returns the directory. Every
     configuration mistake raises ConfigError before anything is written (as does a live run in the
     same directory); ``resume`` continues from the newest intact checkpoint (``fallback=False``: the
     newest, or a ConfigError if it is damaged), dropping metric lines written after it, and refuses an
-    experiment that changes the maths or the data unless ``accept_changes`` (see ``RunDirectory``).
-    A reward function's NaN, repeated non-finite updates or a non-finite state raise RunStopped with
-    the last checkpoint intact."""
-    run = RunDirectory(exp, resume, accept_changes, fallback)
-    resume = run.resume
-    trainer = Trainer(exp)
-    run.create()
-    try:
-        if resume:
-            trainer.restore(run.checkpoints, fallback=fallback)
-            print(f"resumed {run.directory} at step {trainer.step_count}", file=sys.stderr)
-        run.start(trainer.tokenizer, trainer.step_count)
-        trainer.fit(run, callbacks, progress)
-        trainer.export(run)
-    except BaseException:
-        run.close(failed=True)
-        raise
-    run.close()
+    experiment or an input file that changes the maths or the data unless ``accept_changes`` (see
+    ``RunDirectory``); ``restart`` starts again in the directory a resume would take, its old results
+    moved aside. A reward function's NaN, repeated non-finite updates or a non-finite state raise
+    RunStopped with the last checkpoint intact. SIGTERM or Ctrl-C stop the run after its current step
+    with a checkpoint (RunInterrupted; ``grace_period``: see ``interrupts.graceful_stop``)."""
+    with interrupts.graceful_stop(grace_period):
+        run = RunDirectory(exp, resume, accept_changes, fallback, restart)
+        resume = run.resume
+        trainer = Trainer(exp)
+        run.create()
+        try:
+            if resume:
+                trainer.restore(run.checkpoints, fallback=fallback)
+                print(f"resumed {run.directory} at step {trainer.step_count}", file=sys.stderr)
+            run.start(trainer.tokenizer, trainer.step_count)
+            trainer.fit(run, callbacks, progress)
+            trainer.export(run)
+        except BaseException:
+            run.close(failed=True)
+            raise
+        run.close()
     return run.directory

@@ -1,0 +1,100 @@
+"""Content fingerprints of the files that define a run: what ``inputs.json`` in the run directory
+records and ``--resume`` checks, so that a dataset edited in place or a checkpoint replaced at the
+same path is found, not trained on silently.
+
+  inputs.json   ``{"files": {label: {"path", "size", "sha256", "stat"}}}``, one entry per input file:
+                ``task.path`` (a dataset), ``model.path/<file>`` (each file of the checkpoint that
+                ``hf.load`` and the tokenizer read), ``task.name:module`` / ``task.reward:module`` (the
+                source file of a user's module plugged in by import path)
+
+A file is identified by its label, not its path, so moving an unchanged dataset elsewhere is no
+change. Hashing (SHA-256) reads every byte once; ``fingerprints(..., known=saved)`` skips it for a
+file whose path, size, modification time, inode change time and inode all equal the saved ones (the
+change time moves on every write and cannot be set back by a user, so an edit in place is always
+re-hashed).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import pathlib
+
+from pgjax.models.hf import CHAT_TEMPLATE_DIR
+from pgjax.train.checkpoints import file_sha256
+
+INPUTS_FILE = "inputs.json"
+CHECKPOINT_SUFFIXES = (".json", ".safetensors", ".txt", ".model", ".jinja")   # what a checkpoint's loaders read
+
+
+def _module_source(import_path: str) -> pathlib.Path | None:
+    """The source file of the module of ``package.module:name`` (None for a built-in name or no file)."""
+    module, sep, _ = import_path.partition(":")
+    if not sep:
+        return None
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    origin = getattr(spec, "origin", None)
+    return pathlib.Path(origin) if origin and os.path.isfile(origin) else None
+
+
+def checkpoint_files(directory: pathlib.Path) -> list[pathlib.Path]:
+    """The files of a Hugging Face checkpoint directory its loaders read (weights, configs, tokenizer,
+    chat templates), not whatever else lies there."""
+    files = [p for p in directory.iterdir() if p.is_file() and p.suffix in CHECKPOINT_SUFFIXES]
+    templates = directory / CHAT_TEMPLATE_DIR
+    if templates.is_dir():
+        files += [p for p in templates.iterdir() if p.is_file()]
+    return sorted(files)
+
+
+def input_files(exp) -> dict[str, pathlib.Path]:
+    """``{label: path}`` of every input file of the experiment ``exp`` (see the module docstring)."""
+    files = {}
+    if exp.task.path and pathlib.Path(exp.task.path).is_file():
+        files["task.path"] = pathlib.Path(exp.task.path)
+    if exp.model.path and pathlib.Path(exp.model.path).is_dir():
+        root = pathlib.Path(exp.model.path)
+        files.update((f"model.path/{p.relative_to(root)}", p) for p in checkpoint_files(root))
+    for key in ("name", "reward"):
+        source = _module_source(getattr(exp.task, key))
+        if source is not None:
+            files[f"task.{key}:module"] = source
+    return files
+
+
+def _stat(path: pathlib.Path) -> list[int]:
+    """What changes whenever a file's bytes may have: size, modification and change times, inode."""
+    s = path.stat()
+    return [s.st_size, s.st_mtime_ns, s.st_ctime_ns, s.st_ino]
+
+
+def fingerprints(files: dict[str, pathlib.Path], known: dict | None = None) -> dict[str, dict]:
+    """``{label: {"path", "size", "sha256", "stat"}}`` of ``files``; a file whose absolute path and
+    ``stat`` equal its entry in ``known`` (a saved fingerprint) keeps that entry's hash unread."""
+    out = {}
+    for label, path in files.items():
+        path = path.absolute()
+        stat, saved = _stat(path), (known or {}).get(label)
+        unchanged = isinstance(saved, dict) and saved.get("path") == str(path) and saved.get("stat") == stat
+        digest = saved["sha256"] if unchanged else file_sha256(path)
+        out[label] = {"path": str(path), "size": stat[0], "sha256": digest, "stat": stat}
+    return out
+
+
+def differences(saved: dict, current: dict) -> dict[str, str]:
+    """``{label: what changed}`` between two ``fingerprints``: a file gone, a new one, other bytes."""
+    out = {}
+    for label in sorted(set(saved) | set(current)):
+        old, new = saved.get(label), current.get(label)
+        if old is None:
+            out[label] = f"{new['path']} is new"
+        elif new is None:
+            out[label] = f"{old.get('path')} is no longer an input"
+        elif old.get("sha256") != new["sha256"]:
+            sizes = (f"{old.get('size')} -> {new['size']} bytes" if old.get("size") != new["size"]
+                     else f"same size, {new['size']} bytes")
+            out[label] = f"{new['path']} holds other bytes ({sizes}, SHA-256 {str(old.get('sha256'))[:12]} -> " \
+                         f"{new['sha256'][:12]})"
+    return out
