@@ -12,26 +12,15 @@ import pathlib
 import statistics
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
+from measure import call_times                # noqa: E402
 from provenance import machine_line, record   # noqa: E402
 from readme_tables import save_table           # noqa: E402
 
 from pgjax.models import gguf                  # noqa: E402
 from pgjax.train import inputs                 # noqa: E402
-
-
-def timed(fn, repeats: int) -> tuple[float, list[float]]:
-    """(median, all) seconds of ``repeats`` calls of ``fn`` after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), times
 
 
 def dataset(path: pathlib.Path, size: int) -> pathlib.Path:
@@ -61,10 +50,11 @@ def main(argv=None) -> int:
                  "1 GiB JSONL dataset": {"task.path": data}}
         for name, files in cases.items():
             size = sum(p.stat().st_size for p in files.values())
-            new, new_times = timed(lambda files=files: inputs.fingerprints(files), args.repeats)
+            new_times = call_times(lambda files=files: inputs.fingerprints(files), args.repeats)[1]
             saved = inputs.fingerprints(files)
-            resume, resume_times = timed(lambda files=files, saved=saved: inputs.fingerprints(files, known=saved),
-                                         args.repeats)
+            resume_times = call_times(lambda files=files, saved=saved: inputs.fingerprints(files, known=saved),
+                                      args.repeats)[1]
+            new, resume = statistics.median(new_times), statistics.median(resume_times)
             raw[name] = {"bytes": size, "files": len(files), "new_run_s": new_times, "resume_s": resume_times}
             rows.append(f"| {name} | {len(files)} | {size / 2 ** 20:,.0f} MiB | {new:.2f} s "
                         f"({size / 2 ** 30 / new:.1f} GiB/s) | {resume * 1e6:.0f} µs |")

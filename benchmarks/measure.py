@@ -25,15 +25,22 @@ def matmul_peak(size=2048, repeats=10) -> dict:
     ta = torch.from_numpy(a)
 
     def rate(fn):
-        fn()
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        return 2 * size ** 3 / min(times)
+        return 2 * size ** 3 / min(call_times(fn, repeats)[1])
 
     return {"jnp.dot": rate(lambda: dot(x, x).block_until_ready()), "torch.mm": rate(lambda: torch.mm(ta, ta))}
+
+
+def call_times(fn, repeats: int) -> tuple[float, list[float]]:
+    """(seconds of a warm-up call, seconds of each of ``repeats`` further calls) of ``fn`` (which blocks)."""
+    start = time.perf_counter()
+    fn()
+    warm = time.perf_counter() - start
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return warm, times
 
 
 def kernel_cost(before, per: int = 1) -> dict:

@@ -31,6 +31,7 @@ from pgjax.train.checkpoints import Checkpoints
 from pgjax.train.experiment import AlgorithmSection, ConfigError, RunStopped, TaskSection
 from pgjax.train.learner import UpdateConfig
 from pgjax.train.optim import OptimConfig
+from pgjax.train.rollout import RolloutConfig
 from pgjax.train import inputs
 from pgjax.train import run_dir as run_dir_lib
 from pgjax.train.interrupts import RunInterrupted
@@ -831,3 +832,45 @@ def test_real_signals_stop_a_run_without_a_traceback_and_it_resumes_exactly(tmp_
         assert process.wait() == status and "Traceback" not in out and says in out, out
         resumed = start_run(file, tmp_path / name, "--resume")
         assert resumed.wait() == 0, resumed.stdout.read()
+
+
+def test_a_signal_in_the_warm_start_stops_it_leaving_no_results_so_the_run_simply_runs_again(tmp_path, monkeypatch):
+    from pgjax.train import trainer as trainer_lib
+    calls = itertools.count()
+    real_step = trainer_lib.sft_step
+
+    def signalled_step(*args, **kwargs):
+        if next(calls) == 1:
+            signal.raise_signal(signal.SIGTERM)
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_lib, "sft_step", signalled_step)
+    exp = tiny_experiment(tmp_path, steps=2, warm_start=experiment_lib.WarmStartSection(steps=3, batch_size=4),
+                          rollout=RolloutConfig(samples_per_prompt=4, max_prompt_tokens=8, max_new_tokens=6))
+    with pytest.raises(RunInterrupted, match=r"interrupted by SIGTERM during the warm start \(2 of 3 steps\), before "
+                                             "the first checkpoint: nothing to resume"):
+        train(exp, progress=False)
+    assert run_dir_lib.run_results(tmp_path / "run") == []
+    monkeypatch.undo()
+    train(exp, progress=False)            # no --restart needed: nothing of the stopped run was kept
+    assert [r["step"] for r in read_records(tmp_path / "run")] == [0, 1, 2]
+
+
+def test_where_a_directory_cannot_be_locked_the_note_file_is(tmp_path, monkeypatch):
+    """Some network file systems refuse ``flock`` on a directory: the lock falls back to the note file,
+    which then holds the lock as before (a second holder is refused)."""
+    real_take = run_dir_lib._take
+
+    def no_directory_locks(fd):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(9, "Bad file descriptor")
+        return real_take(fd)
+
+    monkeypatch.setattr(run_dir_lib, "_take", no_directory_locks)
+    first = RunLock(tmp_path)
+    first.acquire()
+    assert first.on_note and f"PID {os.getpid()}" in (tmp_path / ".lock").read_text()
+    with pytest.raises(ConfigError, match=f"is in use by PID {os.getpid()}"):
+        RunLock(tmp_path).acquire()
+    first.release()
+    RunLock(tmp_path).acquire()
