@@ -11,6 +11,10 @@ Trainer builds it), whose evaluation prompts are ``task.examples(P, seed=stream_
 evaluated on during training (a dataset task's records fitted to the run's ``max_prompt_tokens``),
 rendered the same way and stopped by the same tokens. ``--json`` writes the results with the task's
 options and each prompt's correct counts.
+
+Exit status: 0 done; 1 a reward function failed on the model's responses (it raised, did not return
+within ``task.reward_timeout``, or returned something that is not a number; one line names it); 2 a
+mistake in the arguments or the task, found before any sampling.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ import typing
 import jax
 
 from pgjax.models import hf
+from pgjax.rewards import RewardError
 from pgjax.sample import Decoding
 from pgjax.train.context import task_context
 from pgjax.train.evaluation import check_ks, evaluate, to_markdown
@@ -139,7 +144,11 @@ def main(argv=None) -> int:
         print(f"pgjax.eval: error: {' '.join(str(error).split())}", file=sys.stderr)
         return 2
     about = settings.pop("about")
-    results = evaluate(**settings)
+    try:
+        results = evaluate(**settings)
+    except RewardError as error:
+        print(f"pgjax.eval: stopped: {error}", file=sys.stderr)
+        return 1
     print(to_markdown(results))
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps({**about, **results}, indent=2))

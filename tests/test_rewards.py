@@ -2,6 +2,7 @@
 import json
 import re
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -48,6 +49,15 @@ def test_length_mismatch_and_missing_field_raise():
         R.countdown_reward(["a"], ["1"], target=[1])
     with pytest.raises(ValueError, match="2 prompts but 1 completions"):
         R.combine(R.format_reward("x"))(["a", "b"], ["x"])
+
+
+def test_numbers_of_every_kind_are_rewards():
+    """A reward function may return bools, ints, floats, NumPy or JAX arrays (what it may not:
+    tests/test_faults_user_code.py)."""
+    for values in ([True, False, True], np.arange(3), jnp.arange(3.0), [1, 2.5, np.float32(3)], (0, 1, 2)):
+        rewards = R.as_rewards(values, 3, "f")
+        assert rewards.dtype == np.float32 and rewards.shape == (3,)
+        np.testing.assert_array_equal(rewards, np.asarray(values, dtype=np.float32))
 
 
 def test_uncomputable_rewards_are_zero_never_nan():

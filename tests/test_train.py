@@ -307,7 +307,7 @@ def test_a_new_run_never_overwrites_a_saved_one(tmp_path, monkeypatch):
     exp = tiny_experiment(tmp_path, steps=2, task=EMIT_X)
     directory = train(exp, progress=False)
     saved = {p: p.read_bytes() for p in directory.rglob("*") if p.is_file()}
-    with pytest.raises(ConfigError, match="already holds checkpoints"):
+    with pytest.raises(ConfigError, match="holds another run.s results"):
         train(exp, progress=False)
     assert {p: p.read_bytes() for p in directory.rglob("*") if p.is_file()} == saved
     with pytest.raises(ConfigError, match="no checkpoint to resume"):

@@ -13,7 +13,9 @@ unparsable answer, a division by zero, or any exception while scoring one
 row gives that row 0.0. Rewards are never NaN or infinite, and scoring never
 raises because of what a model wrote. Mismatched lengths of prompts,
 completions and fields (ValueError) or a missing field (TypeError) are the
-caller's bugs and do raise.
+caller's bugs and do raise. A reward *function* (a verifier, your ``task.reward``) that raises, does not
+return in time (``with_timeout``) or returns anything but one number per completion is a ``RewardError``
+naming it (``call_reward``, the one way training calls one).
 
 Correctness rewards are 1.0 / 0.0, so a task's accuracy is the fraction of
 rows whose reward is 1.
@@ -57,12 +59,18 @@ from pgjax.rewards.base import (
     WeightedSum,
     as_rewards,
     batch_fields,
+    call_reward,
     check_columns,
     combine,
+    described_value,
+    error_text,
     finite_rewards,
     format_reward,
+    located_error,
     per_example,
+    raised_at,
     reward_name,
+    with_timeout,
 )
 from pgjax.rewards.countdown import CountdownTask, countdown_reward, evaluate_expression, is_countdown_solution
 from pgjax.rewards.data import JsonlMathTask, load_jsonl
@@ -74,7 +82,14 @@ from pgjax.rewards.math_answers import (
     parse_number,
     reference_answer,
 )
-from pgjax.rewards.registry import TASKS, accepted_options, import_object, make_task, task_factory
+from pgjax.rewards.registry import (
+    TASKS,
+    accepted_options,
+    import_object,
+    make_task,
+    reward_function,
+    task_factory,
+)
 from pgjax.rewards.tokenizer import EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID, char_tokenizer
 from pgjax.rewards.word_math import (
     WordMathTask,
@@ -89,11 +104,11 @@ __all__ = [
     "TASKS", "accepted_options", "ArithmeticTask", "CountdownTask", "EOS_ID", "JsonlMathTask", "MixedArithmeticTask", "PAD_ID",
     "NONFINITE_POLICIES", "RewardError", "RewardFn", "SPECIAL_TOKENS",
     "ScratchpadArithmeticTask", "Task", "UNK_ID", "WeightedSum", "answers_equal", "arithmetic_reward",
-    "as_rewards", "batch_fields", "char_tokenizer", "check_columns", "combine", "countdown_reward",
-    "evaluate_expression", "extract_answer", "finite_rewards", "format_reward", "import_object",
-    "is_arithmetic_answer", "is_countdown_solution",
-    "is_scratchpad_answer", "load_jsonl", "make_task", "math_reward", "normalize_answer",
-    "parse_number", "per_example", "reference_answer", "reward_name", "scratchpad_reward", "task_factory",
-    "trailing_scratch_reward", "WordMathTask", "boxed_answer_reward", "is_word_math_answer",
-    "word_math_format_reward", "word_math_reward",
+    "as_rewards", "batch_fields", "call_reward", "char_tokenizer", "check_columns", "combine", "countdown_reward",
+    "described_value", "error_text", "evaluate_expression", "extract_answer", "finite_rewards", "format_reward",
+    "import_object", "is_arithmetic_answer", "is_countdown_solution",
+    "is_scratchpad_answer", "load_jsonl", "located_error", "make_task", "math_reward", "normalize_answer",
+    "parse_number", "per_example", "raised_at", "reference_answer", "reward_function", "reward_name",
+    "scratchpad_reward", "task_factory", "trailing_scratch_reward", "WordMathTask", "boxed_answer_reward",
+    "is_word_math_answer", "with_timeout", "word_math_format_reward", "word_math_reward",
 ]

@@ -14,8 +14,11 @@ Rules, the same for every reward in this package:
   division by zero, any exception while scoring one row) is 0.0 for that row:
   a row rule wrapped by ``per_example`` never yields NaN or infinity and
   never raises for a bad completion;
-- a batched function's raw output is taken as it is (``as_rewards`` checks
-  its shape only), and ``finite_rewards`` is the one check of what reaches
+- a batched function is called through ``call_reward``: an exception it raises
+  (or, with a timeout, ``with_timeout``, a call that does not return) and a
+  result that is not one number per completion (``as_rewards``: a wrong shape,
+  a string, even ``"1.0"``, None, a list) are a ``RewardError`` naming the
+  function; ``finite_rewards`` is the one check of the numbers that reach
   training: a NaN or infinite reward is a ``RewardError`` naming the function
   and the row, or, where the caller asks for it, a masked row;
 - a batch whose prompts, completions and field columns differ in length, or a
@@ -27,7 +30,13 @@ import dataclasses
 import functools
 import inspect
 import math
+import numbers
+import os
+import pathlib
 import re
+import sysconfig
+import threading
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -91,17 +100,131 @@ def check_columns(prompts: Sequence[str], completions: Sequence[str], fields: Ma
 
 
 class RewardError(ValueError):
-    """A reward function returned something training cannot use (a NaN or infinite reward)."""
+    """A reward function failed or returned something training cannot use: it raised, did not return
+    in time, returned the wrong shape, something that is not a number, or a NaN or infinite reward."""
+
+
+# where a user's code is not: this package, the standard library and installed packages
+_LIBRARIES = tuple(dict.fromkeys([str(pathlib.Path(__file__).resolve().parent.parent) + os.sep,
+                                  *(sysconfig.get_path(p) + os.sep for p in ("stdlib", "platstdlib", "purelib",
+                                                                              "platlib"))]))
+
+
+def raised_at(error: BaseException) -> str:
+    """``file:line`` in the user's code where ``error`` arose: a SyntaxError's own file and line, else
+    the innermost traceback frame outside pgjax, the standard library and installed packages; empty
+    when there is none. The file is shown relative to the working directory when it lies below it."""
+    if isinstance(error, SyntaxError) and error.filename:
+        filename, line = error.filename, error.lineno
+    else:
+        frames = [f for f in traceback.extract_tb(error.__traceback__)
+                  if not f.filename.startswith("<") and not os.path.abspath(f.filename).startswith(_LIBRARIES)]
+        if not frames:
+            return ""
+        filename, line = frames[-1].filename, frames[-1].lineno
+    path = os.path.abspath(filename)
+    relative = os.path.relpath(path)
+    return f"{path if relative.startswith('..') else relative}:{line}"
+
+
+def error_text(error: BaseException) -> str:
+    """``Type: message`` of ``error`` on one line (a SyntaxError's message without its location)."""
+    message = error.msg if isinstance(error, SyntaxError) else str(error)
+    message = " ".join(str(message).split())
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
+
+
+def located_error(error: BaseException) -> str:
+    """``file:line: Type: message``, where in the user's code ``error`` arose (``raised_at``) and what it
+    says: the one line that reports an exception from a user's module, task or reward function."""
+    where = raised_at(error)
+    return f"{where}: {error_text(error)}" if where else error_text(error)
+
+
+def call_reward(fn: RewardFn, prompts: Sequence[str], completions: Sequence[str], **fields: Sequence) -> np.ndarray:
+    """``fn(prompts, completions, **fields)`` as ``as_rewards`` float32 ``[len(completions)]``, NaN and
+    infinities kept; any exception ``fn`` raises is a RewardError naming it, the exception and where
+    in the user's code it was raised."""
+    try:
+        values = fn(prompts, completions, **fields)
+    except RewardError:
+        raise
+    except Exception as error:
+        where = raised_at(error)
+        raise RewardError(f"reward function {reward_name(fn)} raised {error_text(error)}"
+                          + (f" ({where})" if where else "")) from error
+    return as_rewards(values, len(completions), reward_name(fn))
+
+
+def with_timeout(fn: RewardFn, seconds: float) -> RewardFn:
+    """``fn`` whose every call must return within ``seconds`` (``task.reward_timeout``; 0: ``fn``
+    itself), else a RewardError naming it. Each call runs in a daemon thread, which a call that times
+    out leaves behind, running (it does not keep the process from exiting); a function stuck in C
+    code that holds the GIL cannot be interrupted, so then the timeout cannot fire either."""
+    if not seconds:
+        return fn
+    name = reward_name(fn)
+
+    def timed(prompts: Sequence[str], completions: Sequence[str], **fields: Sequence):
+        outcome = {}
+
+        def call():
+            try:
+                outcome["value"] = fn(prompts, completions, **fields)
+            except BaseException as error:      # re-raised in the caller's thread
+                outcome["error"] = error
+
+        thread = threading.Thread(target=call, name=f"reward function {name}", daemon=True)
+        thread.start()
+        thread.join(seconds)
+        if thread.is_alive():
+            raise RewardError(f"reward function {name} did not return within task.reward_timeout={seconds} s "
+                              f"(called on {len(completions)} completions)")
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
+
+    timed.__name__ = timed.__qualname__ = name
+    return timed
+
+
+def described_value(value) -> str:
+    """``None``, or ``a str ('1.0')``: a value's type and its (shortened) repr, for a message."""
+    if value is None:
+        return "None"
+    kind, text = type(value).__name__, repr(value)
+    return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} ({text if len(text) <= 40 else text[:37] + '...'})"
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (numbers.Real, np.bool_))
 
 
 def as_rewards(values, n: int, name: str = "reward") -> np.ndarray:
     """``values`` as float32 ``[n]``, NaN and infinities kept (``finite_rewards`` decides about them).
 
-    A result of the wrong shape is a bug in the reward function and raises ValueError.
+    ``values``: n numbers (int, float or bool; a list, a NumPy or JAX array). Anything else is a bug in
+    the reward function ``name``, a RewardError saying what it returned: another shape, a single value,
+    or a row that is not a number (a string, even ``"1.0"``, None, a list, a dict).
     """
-    out = np.asarray(values, dtype=np.float64)
+    try:
+        out = np.asarray(values)
+    except ValueError:              # a ragged nest of sequences: their rows are reported below
+        out = np.asarray(values, dtype=object)
+    except Exception as error:      # e.g. a tensor that refuses the conversion
+        raise RewardError(f"reward function {name} returned {described_value(values)}, which NumPy cannot read: "
+                          f"{error_text(error)}") from error
+    if out.ndim == 0:
+        raise RewardError(f"reward function {name} returned {described_value(values)} for {n} completions, expected "
+                          f"an array of shape ({n},)")
     if out.shape != (n,):
-        raise ValueError(f"{name} returned shape {out.shape}, expected ({n},)")
+        raise RewardError(f"reward function {name} returned shape {out.shape} for {n} completions, expected ({n},)")
+    if out.dtype.kind not in "biuf":
+        rows = out.tolist()
+        row = next((i for i, value in enumerate(rows) if not _is_number(value)), None)
+        if row is not None:
+            raise RewardError(f"reward function {name} returned {described_value(rows[row])} at row {row}: a "
+                              "reward must be a number (int, float or bool)")
     return out.astype(np.float32)
 
 

@@ -13,7 +13,7 @@ import inspect
 from collections.abc import Callable
 
 from pgjax.rewards.arithmetic import ArithmeticTask, MixedArithmeticTask, ScratchpadArithmeticTask
-from pgjax.rewards.base import Task
+from pgjax.rewards.base import Task, described_value, located_error
 from pgjax.rewards.countdown import CountdownTask
 from pgjax.rewards.data import JsonlMathTask
 from pgjax.rewards.word_math import WordMathTask
@@ -25,14 +25,37 @@ TASKS: dict[str, Callable[..., Task]] = {
 
 
 def import_object(path: str, key: str):
-    """The object named by ``package.module:name``; ValueError naming the setting ``key`` otherwise."""
+    """The object named by ``package.module:name``; ValueError naming the setting ``key`` otherwise,
+    also when importing the module raises (a SyntaxError in it: ``file:line: SyntaxError: ...``)."""
     module, sep, name = path.partition(":")
     if not (sep and module and name):
         raise ValueError(f"{key}={path!r} is not an import path: write package.module:name")
     try:
         return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as error:
+    except AttributeError as error:
         raise ValueError(f"{key}={path!r} cannot be imported: {error}") from None
+    except Exception as error:      # the module's own code failed, or it is not there
+        raise ValueError(f"{key}={path!r} cannot be imported: {located_error(error)}") from None
+
+
+def reward_function(path: str):
+    """The reward function at the import path ``path`` (``task.reward``); ValueError unless it can be
+    called as ``fn(prompts, completions, **fields)``: a function or an object with ``__call__``, not a
+    module, a class or a value."""
+    fn = import_object(path, "task.reward")
+    if inspect.isclass(fn):
+        raise ValueError(f"task.reward={path!r} is a class, not a reward function fn(prompts, completions, **fields)")
+    if not callable(fn):
+        raise ValueError(f"task.reward={path!r} is not callable: it must be a reward function fn(prompts, "
+                         f"completions, **fields), not {described_value(fn)}")
+    try:
+        inspect.signature(fn).bind([], [])
+    except TypeError as error:
+        raise ValueError(f"task.reward={path!r} cannot be called as fn(prompts, completions, **fields): "
+                         f"{error}") from None
+    except ValueError:      # no signature to read (a builtin): calling it will tell
+        pass
+    return fn
 
 
 def task_factory(name: str) -> Callable[..., Task]:
@@ -56,8 +79,17 @@ def accepted_options(factory) -> list[str] | None:
     return [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
+TASK_METHODS = ("examples", "reward_fn", "tokenizer")      # what training calls on a task
+
+
 def make_task(name: str, **options) -> Task:
-    """The task ``name`` built from the ``options`` its factory's signature names."""
+    """The task ``name`` built from the ``options`` its factory's signature names; ValueError when the
+    factory returns something without the ``Task`` interface (``TASK_METHODS``)."""
     factory = task_factory(name)
     accepted = accepted_options(factory)
-    return factory(**{k: v for k, v in options.items() if accepted is None or k in accepted})
+    task = factory(**{k: v for k, v in options.items() if accepted is None or k in accepted})
+    lacking = [method for method in TASK_METHODS if not callable(getattr(task, method, None))]
+    if lacking:
+        raise ValueError(f"{name} returned {described_value(task)}, not a task: it has no "
+                         f"{', '.join(lacking)} (see pgjax.rewards.Task)")
+    return task

@@ -7,7 +7,9 @@ tokenizer's chat template), the stop tokens (the template's end of turn, the tok
 every checkpoint's ``generation_config.json`` EOS ids) and the held-out evaluation prompts
 (``task.examples(eval_prompts, seed=stream_seed(seed, "eval", 0))``). A dataset task's records are
 first fitted to the prompt budget (``fit_prompts``), so every caller draws the same prompts from
-the same records.
+the same records. A user's task (``task.name=package.module:factory``) is the user's code: any
+exception in it, or a factory that returns no task, is a ConfigError naming ``task.name`` and where
+it was raised; ``task.reward_timeout`` limits each call of the task's verifier (``rewards.with_timeout``).
 """
 from __future__ import annotations
 
@@ -17,18 +19,49 @@ import sys
 
 from pgjax.models import hf
 from pgjax.parallel import multihost
-from pgjax.rewards import make_task
+from pgjax.rewards import batch_fields, described_value, error_text, make_task, raised_at, with_timeout
 from pgjax.train.experiment import ConfigError, Experiment, stream_seed
 from pgjax.train.rollout import PromptFormat, prompt_format_for, stop_tokens
 
 
-def user_error(what: str, build):
+def user_error(what: str, build, user_code: bool = False):
     """``build()``, with a user's mistake in ``what`` (a bad option, a missing or malformed file) as
-    ConfigError naming ``what``."""
+    ConfigError naming ``what``; with ``user_code`` (``build`` runs the user's own code) any exception,
+    named with the file and line it was raised at."""
     try:
         return build()
-    except (ValueError, TypeError, KeyError, OSError) as error:
-        raise ConfigError(f"{what}: {error}") from None
+    except Exception as error:
+        if not (user_code or isinstance(error, (ValueError, TypeError, KeyError, OSError))):
+            raise
+        where = raised_at(error) if user_code else ""
+        raise ConfigError(f"{what}: {where}: {error_text(error)}" if where else f"{what}: {error}") from None
+
+
+def checked_examples(task, n: int, seed: int) -> list[dict]:
+    """``task.examples(n, seed=seed)``; ValueError unless they are n dicts with the same fields, each
+    with a str ``prompt``."""
+    examples = task.examples(n, seed=seed)
+    if not isinstance(examples, list | tuple):
+        raise ValueError(f"examples({n}, seed={seed}) returned {described_value(examples)}, not a list of examples")
+    if len(examples) != n:
+        raise ValueError(f"examples({n}, seed={seed}) returned {len(examples)} examples")
+    for i, example in enumerate(examples):
+        if not (isinstance(example, dict) and isinstance(example.get("prompt"), str)):
+            raise ValueError(f"examples({n}, seed={seed})[{i}] is {described_value(example)}: an example is a dict "
+                             "with a str 'prompt'")
+    batch_fields(examples)      # every example has the first one's fields
+    return list(examples)
+
+
+class TimedTask:
+    """``task`` whose verifier ``reward_fn`` must return within ``seconds`` (``rewards.with_timeout``);
+    every other attribute is the task's own."""
+
+    def __init__(self, task, seconds: float):
+        self.task, self.reward_fn = task, with_timeout(task.reward_fn, seconds)
+
+    def __getattr__(self, name: str):
+        return getattr(self.task, name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,12 +87,19 @@ def task_context(exp: Experiment, checkpoint: str | pathlib.Path = "", fit_to: i
     of the tokenizer and of ``checkpoint`` and ``model.path``; ``exp.eval_prompts`` held-out prompts
     drawn with ``exp.seed``. ``fit_to``: the prompt budget a dataset task's records are fitted to
     before any is drawn (None: not fitted). Every user mistake (an option, a file, a template)
-    raises ConfigError; a summary of records left out (``task.skip_invalid``) is printed."""
+    raises ConfigError; a summary of records left out (``task.skip_invalid``) is printed. With
+    ``task.reward_timeout`` the task is a ``TimedTask``."""
     t = exp.task
     checkpoint = checkpoint or exp.model.path
-    task = user_error("task", lambda: make_task(t.name, **t.options()))
-    user_error("task", lambda: task.examples(1, seed=0))          # a malformed dataset fails here, first
-    tokenizer = task.tokenizer()
+    user_code = ":" in t.name           # a user's task by import path: anything it raises is a mistake in it
+    what = f"task.name={t.name!r}" if user_code else "task"
+    in_task = lambda build: user_error(what, build, user_code)     # noqa: E731
+    task = in_task(lambda: make_task(t.name, **t.options()))
+    in_task(lambda: checked_examples(task, 1, seed=0))          # a malformed dataset fails here, first
+    tokenizer = in_task(task.tokenizer)
+    if tokenizer is not None and not (hasattr(tokenizer, "eos_token_id") and callable(tokenizer)):
+        raise ConfigError(f"{what}: tokenizer() returned {described_value(tokenizer)}, not a Hugging Face "
+                          "tokenizer (or None, for the checkpoint's)")
     if tokenizer is None:
         if not checkpoint:
             raise ConfigError(f"task.name={t.name!r} has no tokenizer of its own: set model.path to a "
@@ -70,9 +110,11 @@ def task_context(exp: Experiment, checkpoint: str | pathlib.Path = "", fit_to: i
                                                                    dict.fromkeys((str(checkpoint), exp.model.path))))
     if fit_to is not None and hasattr(task, "fit_prompts"):
         render = lambda prompts: prompt_format.render(tokenizer, prompts)     # noqa: E731
-        user_error("task", lambda: task.fit_prompts(tokenizer, fit_to, render))
-    summary = task.summary() if hasattr(task, "summary") else None
+        in_task(lambda: task.fit_prompts(tokenizer, fit_to, render))
+    summary = in_task(lambda: task.summary() if hasattr(task, "summary") else None)
     if summary and multihost.is_primary():
         print(f"dataset {summary}", file=sys.stderr)
-    eval_examples = task.examples(exp.eval_prompts, seed=stream_seed(exp.seed, "eval", 0))
+    eval_examples = in_task(lambda: checked_examples(task, exp.eval_prompts, stream_seed(exp.seed, "eval", 0)))
+    if t.reward_timeout:
+        task = TimedTask(task, t.reward_timeout)
     return TaskContext(task, tokenizer, prompt_format, eos_ids, end_id, eval_examples)

@@ -34,7 +34,7 @@ from pgjax.models.lora import TARGETS, LoRAConfig
 from pgjax.models.transformer import RUNTIME_OPTIONS, ModelConfig
 from pgjax.parallel.mesh import MeshConfig, check_divisible_rows
 from pgjax.parallel.multihost import DistributedConfig
-from pgjax.rewards import accepted_options, import_object, task_factory
+from pgjax.rewards import accepted_options, error_text, raised_at, reward_function, task_factory
 from pgjax.train.learner import UpdateConfig
 from pgjax.train.optim import OptimConfig
 from pgjax.train.rollout import RolloutConfig
@@ -60,13 +60,43 @@ class ConfigError(ValueError):
 
 
 class RunStopped(RuntimeError):
-    """Training cannot go on: a reward function's NaN or infinity, repeated non-finite updates, or a
-    non-finite state about to be saved. Nothing non-finite was written; the last checkpoint is intact."""
+    """Training cannot go on: a reward function that failed (raised, did not return within
+    ``task.reward_timeout``, returned something that is not one number per completion, or a NaN or
+    infinity), repeated non-finite updates, or a non-finite state about to be saved. Nothing non-finite
+    was written; the last checkpoint is intact."""
 
 
 def _require(ok: bool, key: str, value, valid: str) -> None:
     if not ok:
         raise ConfigError(f"{key}={value!r} is invalid: {valid}")
+
+
+EXPECTED = {int: "an int is expected", float: "a number is expected", bool: "a bool, true or false",
+            str: "a str is expected", dict: "a dict is expected"}
+
+
+def _fits(value, kind) -> bool:
+    """Whether ``value`` is of the field type ``kind`` (an int also for a float, never a bool for a number)."""
+    if kind in (int, float) and isinstance(value, bool):
+        return False
+    if typing.get_origin(kind) in (types.UnionType, typing.Union):
+        return any(_fits(value, k) for k in typing.get_args(kind))
+    return isinstance(value, (int, float) if kind is float else typing.get_origin(kind) or kind)
+
+
+def check_types(config, prefix: str = "") -> None:
+    """ConfigError naming the first field of the config section ``config`` (keys ``prefix`` + field),
+    nested sections included, whose value is not of the type its field declares: ``steps="10"``,
+    ``steps=1.5``, ``seed=True`` or ``task="arithmetic"`` in an experiment file (``--set`` parses each
+    value by its type already)."""
+    hints = typing.get_type_hints(type(config))
+    for field in dataclasses.fields(config):
+        kind, value, key = hints[field.name], getattr(config, field.name), prefix + field.name
+        if dataclasses.is_dataclass(kind):
+            _require(isinstance(value, kind), key, value, f"{kind.__name__}(...) is expected")
+            check_types(value, f"{key}.")
+        else:
+            _require(_fits(value, kind), key, value, EXPECTED.get(kind, f"a {kind} is expected"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +113,7 @@ class LoRASection:
     targets: str = "all"
 
     def __post_init__(self):
+        check_types(self, "model.lora.")
         _require(self.rank >= 0, "model.lora.rank", self.rank, "an integer >= 0 (0: full fine-tuning)")
         try:
             self._lora_config(max(self.rank, 1))       # every field checked, even while LoRA is off
@@ -127,6 +158,7 @@ class ModelSection:
     lora: LoRASection = LoRASection()
 
     def __post_init__(self):
+        check_types(self, "model.")
         try:            # the architecture's checks are ModelConfig's own
             self.config(vocab_size=1)
         except ValueError as error:
@@ -163,7 +195,10 @@ class TaskSection:
     ``format_weight`` adds the task's format reward. ``chat_template``: ``auto`` puts each prompt
     through the tokenizer's chat template when it has one (as the user's turn, after
     ``system_prompt`` if set; responses then also stop at the template's end-of-turn token),
-    ``none`` gives the model the prompt as plain text."""
+    ``none`` gives the model the prompt as plain text. ``reward_timeout``: the seconds each call of the
+    reward function (or the task's verifier) may take; one that has not returned by then stops the run
+    with an error naming it (0: no limit; a function stuck in C code that holds the GIL cannot be
+    interrupted, so then the limit cannot fire either)."""
     name: str = "arithmetic"
     digits: int = 2
     ops: str = "+"
@@ -180,17 +215,22 @@ class TaskSection:
     format_weight: float = 0.0
     chat_template: str = "auto"
     system_prompt: str = ""
+    reward_timeout: float = 0.0
 
     def __post_init__(self):
+        check_types(self, "task.")
         _require(bool(self.name), "task.name", self.name, "a registered task or package.module:factory")
         _require(self.chat_template in CHAT_TEMPLATE, "task.chat_template", self.chat_template,
                  f"one of {', '.join(CHAT_TEMPLATE)}")
         _require(math.isfinite(self.format_weight), "task.format_weight", self.format_weight, "a finite number")
+        _require(0 <= self.reward_timeout < math.inf, "task.reward_timeout", self.reward_timeout,
+                 "finite seconds >= 0 (0: no limit)")
 
     def options(self) -> dict:
         """The fields a task factory may take, by name."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name not in ("name", "reward", "format_weight", "chat_template", "system_prompt")}
+                if f.name not in ("name", "reward", "format_weight", "chat_template", "system_prompt",
+                                  "reward_timeout")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,6 +241,7 @@ class WarmStartSection:
     optim: OptimConfig = OptimConfig(lr=3e-3, warmup_steps=20)
 
     def __post_init__(self):
+        check_types(self, "warm_start.")
         _require(self.steps >= 0, "warm_start.steps", self.steps, "an integer >= 0 (0: no warm start)")
         _require(self.batch_size >= 1, "warm_start.batch_size", self.batch_size, "an integer >= 1")
 
@@ -217,6 +258,7 @@ class LoggingSection:
     progress_every: float = 30.0
 
     def __post_init__(self):
+        check_types(self, "logging.")
         _require(self.progress_every >= 0, "logging.progress_every", self.progress_every, ">= 0 seconds")
 
 
@@ -237,6 +279,9 @@ class AlgorithmSection:
     correction_mode: str = "truncate"
 
     def __post_init__(self):
+        check_types(self, "algorithm.")
+        for name, value in self.hparams.items():
+            _require(_fits(value, float), f"{HPARAMS}{name}", value, EXPECTED[float])
         _require(self.preset in core.PRESETS, "algorithm.preset", self.preset, f"one of {', '.join(core.PRESETS)}")
         _require(self.correction in core.CORRECTIONS, "algorithm.correction", self.correction,
                  f"one of {', '.join(core.CORRECTIONS)}")
@@ -289,8 +334,12 @@ class Experiment:
     def __post_init__(self):
         if isinstance(self.algorithm, str):         # algorithm="grpo": the preset's name
             object.__setattr__(self, "algorithm", AlgorithmSection(preset=self.algorithm))
-        _require(bool(self.name) and "/" not in self.name, "name", self.name, "a non-empty name without '/'")
-        _require(self.seed >= 0, "seed", self.seed, "an integer >= 0")
+        check_types(self)
+        _require(self.name not in ("", ".", "..") and not {"/", "\0"} & set(self.name), "name", self.name,
+                 "a non-empty name without '/', other than '.' and '..' (runs/<name> is the run directory)")
+        # jax.random.PRNGKey keeps the low 32 bits of a seed (2**32 would give seed 0's key) and
+        # overflows from 2**63 on; the data streams' SeedSequence takes any
+        _require(0 <= self.seed < 2**32, "seed", self.seed, "an integer in [0, 2**32)")
         _require(self.steps >= 0, "steps", self.steps, "an integer >= 0 (0: only the warm start)")
         for name in ("prompts_per_step", "eval_every", "eval_prompts", "checkpoint_every"):
             _require(getattr(self, name) >= 1, name, getattr(self, name), "an integer >= 1")
@@ -328,9 +377,9 @@ def validate(exp: Experiment, mesh) -> None:
     check_batches(exp, mesh)
     try:
         factory = task_factory(exp.task.name)
-        if exp.task.reward and not callable(import_object(exp.task.reward, "task.reward")):
-            raise ValueError(f"task.reward={exp.task.reward!r} is not callable: it must be a reward function")
-    except (ValueError, ImportError) as error:
+        if exp.task.reward:
+            reward_function(exp.task.reward)
+    except ValueError as error:
         raise ConfigError(str(error)) from None
     accepted = accepted_options(factory)
     ignored = [] if accepted is None else [k for k in _changed_options(exp.task) if k not in accepted]
@@ -351,7 +400,13 @@ def _check_context(exp: Experiment) -> None:
     (``max_position_embeddings`` of its config.json; a model built here has no limit but memory)."""
     if not exp.model.path:
         return
-    config = json.loads((pathlib.Path(exp.model.path) / "config.json").read_text())
+    file = pathlib.Path(exp.model.path) / "config.json"
+    try:
+        config = json.loads(file.read_text())
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"model.path={exp.model.path!r}: {file} is not a readable JSON file: {error}") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"model.path={exp.model.path!r}: {file} holds {type(config).__name__}, not a JSON object")
     context = config.get("max_position_embeddings")
     width = exp.rollout.max_prompt_tokens + exp.rollout.max_new_tokens
     if context and width > context:
@@ -379,13 +434,17 @@ def check_batches(exp: Experiment, mesh) -> None:
 
 
 def load(path) -> Experiment:
-    """``experiment()`` of the Python file ``path`` (ConfigError if it has none, or a bad one)."""
+    """``experiment()`` of the Python file ``path``: ConfigError if it has none or a bad one, or if
+    importing the file or calling ``experiment()`` raises (naming the file and line where)."""
     path = pathlib.Path(path)
     if not path.is_file():
         raise ConfigError(f"no experiment file {path}")
     spec = importlib.util.spec_from_file_location(f"pgjax_experiment_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:      # a SyntaxError, NameError, ImportError... in the file or what it imports
+        raise ConfigError(f"{raised_at(error) or path}: {error_text(error)}") from None
     if not hasattr(module, "experiment"):
         raise ConfigError(f"{path} must define experiment() returning a pgjax Experiment")
     try:
@@ -396,6 +455,8 @@ def load(path) -> Experiment:
         moved = [f"{old.split('.')[-1]} is now {new}" for old, new in RENAMED.items()
                  if f"'{old.split('.')[-1]}'" in str(error)]
         raise ConfigError(f"{path}: {error}" + (f" ({'; '.join(moved)})" if moved else "")) from None
+    except Exception as error:       # the user's code in experiment() failed
+        raise ConfigError(f"{raised_at(error) or path}: experiment() raised {error_text(error)}") from None
     if not isinstance(experiment, Experiment):
         raise ConfigError(f"{path}: experiment() returned {type(experiment).__name__}, not an Experiment")
     return experiment

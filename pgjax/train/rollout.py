@@ -23,7 +23,7 @@ from pgjax.models import hf
 from pgjax.models.transformer import CausalLM
 from pgjax.parallel.mesh import single_device_mesh
 from pgjax.parallel.multihost import to_global, to_host
-from pgjax.rewards import NONFINITE_POLICIES, as_rewards, batch_fields, finite_rewards, reward_name
+from pgjax.rewards import NONFINITE_POLICIES, batch_fields, call_reward, finite_rewards, reward_name
 from pgjax.sample import Decoding, Samples, SamplingConfig, generate
 from pgjax.train.learner import Rollout
 
@@ -205,9 +205,11 @@ def sample_and_score(policy: CausalLM, tokenizer, examples: list[dict], prompt_w
                      prompt_format: PromptFormat = PLAIN, samples: Samples | None = None) -> Scored:
     """The one path from prompts to rewards: sample ``sampling.n`` responses to each of ``examples``
     (``dispatch_samples``; or ``samples`` it already dispatched with these arguments), decode them (stop
-    tokens stripped) and score them with every ``scorers[name](prompts, completions, **fields)``, each
-    output checked by ``rewards.finite_rewards`` (``nonfinite``: ``"error"`` or ``"mask"``). Rollouts,
-    greedy baselines and evaluation all go through here. ``examples`` are this process's rows."""
+    tokens stripped) and score them with every ``scorers[name](prompts, completions, **fields)``
+    (``rewards.call_reward``: a scorer that raises or returns anything but one number per completion is
+    a RewardError), each output checked by ``rewards.finite_rewards`` (``nonfinite``: ``"error"`` or
+    ``"mask"``). Rollouts, greedy baselines and evaluation all go through here. ``examples`` are this
+    process's rows."""
     if samples is None:
         samples = dispatch_samples(policy, tokenizer, examples, prompt_width, key, sampling, mesh, prompt_format)
     with jax.profiler.TraceAnnotation("pgjax/read_back"):      # waits for the sampler
@@ -217,7 +219,7 @@ def sample_and_score(policy: CausalLM, tokenizer, examples: list[dict], prompt_w
         prompts, fields = repeat_examples(examples, sampling.n)
         scores, bad = {}, np.zeros(len(completions), bool)
         for name, fn in scorers.items():
-            raw = as_rewards(fn(prompts, completions, **fields), len(completions), reward_name(fn))
+            raw = call_reward(fn, prompts, completions, **fields)
             scores[name], rows = finite_rewards(raw, reward_name(fn), prompts, completions, nonfinite)
             bad |= rows
     return Scored(samples, response, lengths, truncated, completions, scores, bad, prompts, fields)

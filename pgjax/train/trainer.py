@@ -32,7 +32,7 @@ from pgjax.models.transformer import CausalLM
 from pgjax.parallel import mesh as mesh_lib
 from pgjax.parallel import multihost
 from pgjax.parallel.mesh import learner_and_sampler_meshes, shard
-from pgjax.rewards import combine, format_reward, import_object
+from pgjax.rewards import RewardError, combine, format_reward, reward_function, with_timeout
 from pgjax.train.context import task_context, user_error
 from pgjax.train import interrupts
 from pgjax.train.evaluation import evaluate
@@ -115,6 +115,10 @@ class Trainer:
         except ValueError as error:
             raise ConfigError(f"rollout.max_prompt_tokens={exp.rollout.max_prompt_tokens}: {error}") from None
         if exp.warm_start.steps:
+            if "answer" not in examples[0]:
+                raise ConfigError(f"task.name={exp.task.name!r}: its examples have no 'answer', which the warm start "
+                                  f"(warm_start.steps={exp.warm_start.steps}) trains on as demonstrations; set "
+                                  "warm_start.steps=0")
             try:
                 demonstrations(context.tokenizer, examples, exp.rollout.max_prompt_tokens, exp.rollout.max_new_tokens,
                                context.prompt_format, context.end_id)
@@ -131,7 +135,7 @@ class Trainer:
     def _reward_function(self):
         """The training reward: the task's verifier (or ``task.reward``), plus the format reward."""
         t = self.exp.task
-        reward = import_object(t.reward, "task.reward") if t.reward else self.task.reward_fn
+        reward = with_timeout(reward_function(t.reward), t.reward_timeout) if t.reward else self.task.reward_fn
         if t.format_weight:
             return combine((reward, 1.0), (format_reward(self.task.format_pattern), t.format_weight))
         return reward
@@ -224,10 +228,13 @@ class Trainer:
         process scoring its rows."""
         exp = self.exp
         context = self.context
-        results = evaluate(self.policy, context.tokenizer, context.task, context.eval_examples, samples=0,
-                           decoding=exp.rollout, max_prompt_tokens=exp.rollout.max_prompt_tokens,
-                           eos_ids=context.eos_ids, key=jax.random.PRNGKey(0), mesh=self.mesh,
-                           nonfinite=exp.rollout.nonfinite_rewards, prompt_format=context.prompt_format)
+        try:
+            results = evaluate(self.policy, context.tokenizer, context.task, context.eval_examples, samples=0,
+                               decoding=exp.rollout, max_prompt_tokens=exp.rollout.max_prompt_tokens,
+                               eos_ids=context.eos_ids, key=jax.random.PRNGKey(0), mesh=self.mesh,
+                               nonfinite=exp.rollout.nonfinite_rewards, prompt_format=context.prompt_format)
+        except RewardError as error:
+            raise RunStopped(f"evaluation at step {self.step_count}: {error}") from None
         return results["metrics"]["greedy_accuracy"]["value"]
 
     def _check_finite(self, what: str) -> None:
