@@ -300,9 +300,15 @@ def test_no_intact_checkpoint_is_a_one_line_error(finished, tmp_path):
     exp, run = copy_of(finished, tmp_path)
     for step in ("2", "4"):
         damage(run / "checkpoints" / step / "record" / "metadata", "delete")
-    with pytest.raises(ConfigError, match=r"no intact checkpoint in .*checkpoints: step 4: .*; step 2: "):
+    with pytest.raises(ConfigError, match=r"no intact checkpoint in .*checkpoints: step 4: .*; step 2: .*\(--restart "
+                                          "starts the run again, its results moved aside"):
         train(exp, resume=True, progress=False)
     assert not (run / "final.partial").exists()
+    with pytest.raises(ConfigError, match=r"--resume: no checkpoint to resume in .*; --restart starts the run again "
+                                          "there, first moving experiment.json, final, damaged_checkpoints"):
+        train(exp, resume=True, progress=False)     # the damaged ones were set aside: nothing left to try
+    train(exp, restart=True, progress=False)
+    assert [r["step"] for r in read_records(run)] == [0, 1, 2, 3, 4]
 
 
 # ---------------------------------------------------------------- a changed experiment on resume

@@ -173,7 +173,8 @@ class Checkpoints:
                 if multihost.is_primary():
                     print(f"checkpoint {where} is damaged ({error}); moved to {aside}, trying the one before",
                           file=sys.stderr)
-        raise ConfigError(f"no intact checkpoint in {self.directory}: {'; '.join(damaged)}")
+        raise ConfigError(f"no intact checkpoint in {self.directory}: {'; '.join(damaged)} (--restart starts the run "
+                          "again, its results moved aside, the damaged checkpoints kept)")
 
     def _verified(self, like, step: int):
         """(state, record) of checkpoint ``step``: _Damaged unless its files are those written
