@@ -16,7 +16,6 @@ import tempfile
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from measure import call_times                # noqa: E402
-from provenance import machine_line, record   # noqa: E402
 from readme_tables import save_table           # noqa: E402
 
 from pgjax.models import gguf                  # noqa: E402
@@ -58,12 +57,10 @@ def main(argv=None) -> int:
             raw[name] = {"bytes": size, "files": len(files), "new_run_s": new_times, "resume_s": resume_times}
             rows.append(f"| {name} | {len(files)} | {size / 2 ** 20:,.0f} MiB | {new:.2f} s "
                         f"({size / 2 ** 30 / new:.1f} GiB/s) | {resume * 1e6:.0f} µs |")
-    provenance = record()
     table = ["| inputs | files | size | a new run hashes them | an unchanged resume checks them |",
              "| --- | ---: | ---: | ---: | ---: |", *rows, "",
-             f"Medians of {args.repeats} runs, files in the page cache; {machine_line(provenance)}, "
-             f"{provenance['date'][:10]} (`benchmarks/fingerprints.py`)."]
-    save_table(args.json, sys.argv[1:], table, raw=raw, provenance=provenance)
+             f"Medians of {args.repeats} runs, files in the page cache (`benchmarks/fingerprints.py`)."]
+    save_table(args.json, sys.argv[1:], table, raw=raw)
     return 0
 
 

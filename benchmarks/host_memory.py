@@ -15,7 +15,6 @@ import argparse
 import ctypes
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -23,6 +22,7 @@ import time
 
 from pgjax.host_memory import (M_ARENA_MAX, M_MMAP_MAX, M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, SETTINGS,  # no JAX yet
                                SWITCH)
+from readme_tables import save_table  # noqa: E402  (no JAX either)
 
 GIB = 1 << 30
 VARIANTS = {
@@ -86,11 +86,7 @@ def main(argv=None):
         table.append(f"| {name} | {span([s['seconds'] for s in timed], lambda x: f'{x:.1f}')} "
                      f"| {span([s['minor_faults'] for s in timed], lambda x: f'{x / 1e6:.2f} M')} "
                      f"| {span([s['system_s'] for s in timed], lambda x: f'{x:.1f}')} | {r['peak_rss_gib']:.1f} GiB |")
-    print("\n".join(table))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"argv": sys.argv[1:], "results": results, "table": table,
-                       "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}}, f, indent=1)
+    save_table(args.json, sys.argv[1:], table, results=results)
 
 
 if __name__ == "__main__":

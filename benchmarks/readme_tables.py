@@ -21,6 +21,9 @@ import pathlib
 import re
 import sys
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from provenance import machine_line, record  # noqa: E402
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -46,12 +49,19 @@ def block(name: str) -> re.Pattern:
     return re.compile(rf"(<!-- benchmark:{re.escape(name)} -->)\n(.*?)\n?(<!-- /benchmark:{re.escape(name)} -->)", re.S)
 
 
-def save_table(path, argv, table: list[str], **fields) -> None:
-    """Print ``table`` and, with a ``path``, save it as a results file this module reads (``argv``: the
-    benchmark's arguments; ``fields``: its raw numbers)."""
+def save_table(path, argv, table: list[str], provenance: dict | None = None, **fields) -> None:
+    """Print ``table``, closed by a line naming the machine, the date and the commit, and with a
+    ``path`` save it as a results file this module reads: ``argv`` (the benchmark's arguments), the
+    table, ``provenance`` (default: ``provenance.record()`` of this process) and ``fields`` (the raw
+    numbers, per step where the benchmark has steps)."""
+    provenance = provenance or record()
+    changes = " (with uncommitted changes)" if provenance["uncommitted_changes"] else ""
+    table = [*table, "", f"Measured on {machine_line(provenance)}, {provenance['date'][:10]}, commit "
+                         f"{provenance['commit'][:10]}{changes}."]
     print("\n".join(table))
     if path:
-        pathlib.Path(path).write_text(json.dumps({"argv": argv, "table": table, **fields}, indent=1) + "\n")
+        pathlib.Path(path).write_text(json.dumps({"argv": argv, "table": table, "provenance": provenance, **fields},
+                                                 indent=1) + "\n")
 
 
 def stale(pages, tables: dict) -> list[str]:

@@ -29,9 +29,7 @@ saves the table with the machine and versions.
         --new-tokens 128 --repeats 2 --json benchmarks/results/sampler_smollm2.json
 """
 import argparse
-import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -43,6 +41,7 @@ import torch
 import transformers
 
 import measure
+from readme_tables import save_table
 
 from pgjax.models import hf
 from pgjax.sample import SamplingConfig, generate
@@ -183,11 +182,7 @@ def main(argv=None):
                 table.append(f"| {batch} | {new_tokens} | {mode} | {ours:,.0f} | {plain:,.0f} | {theirs:,.0f} "
                              f"| {ours / theirs:.2f} | {ours / plain:.2f} | {first:.1f} |")
                 print(table[-1], flush=True)
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump({"argv": sys.argv[1:], "header": header, "setup": setup, "results": results, "table": table,
-                       "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}}, f, indent=1)
+    save_table(args.json, sys.argv[1:], table, header=header, setup=setup, results=results)
 
 
 if __name__ == "__main__":

@@ -77,6 +77,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import measure
+from readme_tables import save_table
 import numpy as np
 import optax
 import torch
@@ -396,14 +397,10 @@ def main(argv=None):
                                                                   f"{r['minor_faults'][name]:,.0f} |" if alone else ""))
         for name, why in r.get("failed", {}).items():
             table.append(f"| {r['batch']} x {r['length']} | {name} | failed: {why} |" + " |" * (8 if alone else 4))
-    print("\n".join(lines + table), flush=True)
+    print("\n".join(lines), flush=True)
     if args.plot and len(shapes) > 1:
         plot(results, args.plot)
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump({"argv": sys.argv[1:], "lines": lines, "table": table, "matmul_peak_flops": peak, "results": results,
-                       "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}}, f, indent=1)
+    save_table(args.json, sys.argv[1:], table, lines=lines, matmul_peak_flops=peak, results=results)
 
 
 if __name__ == "__main__":
