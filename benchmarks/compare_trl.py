@@ -32,8 +32,7 @@ side is reproducible, not the other's copy. Stopping, ``--lengths``:
   every row has ended. The sides' token counts differ (different random streams), which is why
   every step also records its generated tokens and the table gives seconds per 1000 of them.
 - ``forced``: every row generates exactly ``--new-tokens`` tokens on both sides: pgjax's sampler
-  gets a stop token no draw can produce (``NEVER``; the sampler's check that stop ids lie in the
-  vocabulary is relaxed for that one id, in this script), TRL gets ``generation_kwargs=
+  gets no stop token (``eos_ids=()``), TRL gets ``generation_kwargs=
   {"min_new_tokens": new_tokens}`` (transformers masks the stop tokens' logits until then). So
   pgjax may draw ``<|im_end|>`` as an ordinary token where TRL cannot; the arithmetic is the same.
   The harness checks that both generated exactly prompts x samples x new tokens every step.
@@ -129,7 +128,6 @@ from pgjax import core, host_memory
 from pgjax.models import hf
 from pgjax.rewards import ArithmeticTask, arithmetic_reward, is_arithmetic_answer, per_example
 from pgjax.rewards.word_math import word_math_reward
-from pgjax.sample import sampler
 from pgjax.train.learner import Learner, UpdateConfig
 from pgjax.train.optim import OptimConfig, make_optimizer
 from pgjax.train.context import task_context
@@ -142,7 +140,6 @@ LR = 1e-5
 PARTS = ("sampling", "scoring", "update")
 ARITHMETIC = ArithmeticTask(digits=7)  # 7 + 1 + 7 + 1 = 16 characters = 16 tokens per prompt
 TRL_NAME = "TRL GRPOTrainer"
-NEVER = 2 ** 31 - 1     # --lengths forced: pgjax's stop token, one no draw can produce
 ALLOCATOR_VARIABLES = ("MALLOC_ARENA_MAX", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_",
                        "MALLOC_MMAP_MAX_", "LD_PRELOAD", host_memory.SWITCH)
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
@@ -155,20 +152,6 @@ def _count_compile(event, duration, **_):
 
 
 jax.monitoring.register_event_duration_secs_listener(_count_compile)
-
-
-def _allow_never_stop(check):
-    """pgjax's sampler checks that every stop id lies in the vocabulary; ``NEVER`` lies outside on
-    purpose (no row ever stops: ``--lengths forced``), so check the rest as if it were the pad id."""
-    @functools.wraps(check)
-    def checked(prompts, prompt_mask, vocab_size, config):
-        if config.eos_ids == (NEVER,):
-            config = dataclasses.replace(config, eos_ids=(config.pad_id,))
-        return check(prompts, prompt_mask, vocab_size, config)
-    return checked
-
-
-sampler._check_prompts = _allow_never_stop(sampler._check_prompts)
 
 
 def step_seed(seed: int, k: int) -> int:
@@ -280,7 +263,7 @@ class PgjaxStep:
         self.state = self.learner.init_state(policy, jax.random.PRNGKey(args.seed))
         self.rollout = RolloutConfig(samples_per_prompt=work.samples, max_prompt_tokens=work.prompt_width,
                                      max_new_tokens=work.new_tokens)
-        self.eos_ids = (NEVER,) if args.lengths == "forced" else work.eos_ids
+        self.eos_ids = () if args.lengths == "forced" else work.eos_ids
         self.step = 0
 
     def __call__(self):

@@ -247,9 +247,17 @@ def test_bfloat16_model_samples_with_a_bfloat16_cache():
     assert samples.logprobs.dtype == jnp.float32 and np.isfinite(np.asarray(samples.logprobs)).all()
 
 
+def test_no_stop_token_runs_every_row_to_the_budget(model):
+    """``eos_ids=()``: no token ends a row, even one a stop id elsewhere (0 here), so every response
+    is exactly ``max_new_tokens`` long (what a forced-length benchmark compares)."""
+    prompts, mask = left_padded_prompts()
+    samples = generate(model, prompts, mask, jax.random.key(0), SamplingConfig(max_new_tokens=6, eos_ids=(), n=2))
+    assert np.asarray(samples.lengths).tolist() == [6] * 2 * len(prompts)
+    assert np.asarray(samples.truncated).all()          # no row ended: every one reached the budget
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(max_new_tokens=0), "max_new_tokens must be >= 1"),
-    (dict(eos_ids=()), "at least one end-of-sequence"),
     (dict(n=0), "n \\(samples per prompt\\)"),
     (dict(temperature=0.0), "temperature must be finite and > 0"),
     (dict(temperature=float("inf")), "temperature must be finite and > 0"),

@@ -78,8 +78,8 @@ class Decoding:
 class SamplingConfig(Decoding):
     """Static sampling settings (part of the compiled program): the ``Decoding`` fields, and
 
-    ``eos_ids``: tokens that end a response (and are part of it); ``pad_id`` fills
-    the response after it. ``n``: samples per prompt. ``greedy`` takes the argmax.
+    ``eos_ids``: tokens that end a response (and are part of it; empty: no row stops before
+    ``max_new_tokens``); ``pad_id`` fills the response after it. ``n``: samples per prompt. ``greedy`` takes the argmax.
     ``compaction``: how many times the decode batch may halve, once at most half its rows
     are unfinished (to no fewer than 8 rows; ``stage_sizes``); 0 decodes every row to the end.
     The samples are the same either way; each stage compiles its own decode step.
@@ -93,8 +93,6 @@ class SamplingConfig(Decoding):
     def __post_init__(self):
         super().__post_init__()
         object.__setattr__(self, "eos_ids", tuple(int(i) for i in np.atleast_1d(self.eos_ids)))
-        if not self.eos_ids:
-            raise ValueError("eos_ids must name at least one end-of-sequence token")
         if self.n < 1:
             raise ValueError(f"n (samples per prompt) must be >= 1, got {self.n}")
         if self.compaction < 0:
@@ -242,7 +240,7 @@ def _generate(graphdef, state, prompts, prompt_mask, key, config: SamplingConfig
     logits, cache = model.decode(prompts, key_mask, cache, 0, last_only=True)
     copies = partial(jnp.repeat, repeats=config.n, axis=0)
     cache, key_mask, last = _split_batch(jax.tree.map(copies, (cache, key_mask, logits[:, -1])), mesh)
-    eos = jnp.asarray(config.eos_ids)
+    eos = jnp.asarray(config.eos_ids, jnp.int32)
 
     truncates = config.top_k > 0 or config.top_p < 1
 

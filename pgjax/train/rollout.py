@@ -296,7 +296,7 @@ def collect(policy: CausalLM, tokenizer, examples: list[dict], reward_fn, correc
     step's prompts (``multihost.process_rows``): the Rollout is global (split over
     ``data`` x ``fsdp``), the statistics are this process's rows.
     """
-    eos_ids = tuple(eos_ids or (tokenizer.eos_token_id,))
+    eos_ids = (tokenizer.eos_token_id,) if eos_ids is None else tuple(eos_ids)
     mesh = single_device_mesh() if mesh is None else mesh
     k, pad = config.samples_per_prompt, pad_id(tokenizer)
     scored = sample_and_score(policy, tokenizer, examples, config.max_prompt_tokens, key,
