@@ -53,7 +53,6 @@ import re
 import shlex
 import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -63,6 +62,7 @@ from flax import nnx
 
 # benchmarks/ is sys.path[0] when this file runs as a script
 from logprob_memory import compile_value_and_grad, make_losses, memory, time_call
+import measure
 
 from pgjax import core
 from pgjax.models.transformer import CausalLM, ModelConfig
@@ -148,15 +148,8 @@ def fmt_peak(peak):
 
 def timed(fn, repeats):
     """(median seconds of ``repeats`` calls, seconds of the warm-up call) of ``fn`` (which blocks)."""
-    t0 = time.perf_counter()
-    fn()
-    warm = time.perf_counter() - t0
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), warm
+    warm, seconds = measure.call_times(fn, repeats)
+    return statistics.median(seconds), warm
 
 
 def build_policy(config, mesh):

@@ -56,13 +56,14 @@ step whose trimmed width is new compiles; it stays in the timings, as in trainin
 
 Each side at its defaults. Each side runs alone in its own child process (``--only pgjax|trl``,
 which prints the child's steps as JSON), with
-glibc's default malloc: the children's environment has no ``PGJAX_KEEP_FREED_MEMORY``, ``MALLOC_*``
-or ``LD_PRELOAD``, whatever the parent's has. ``--tuned`` adds rows run the same way but labelled
-with their setting: pgjax with ``PGJAX_KEEP_FREED_MEMORY=1`` (``pgjax.host_memory``: keep freed
-host memory mapped; compared with TRL at glibc's defaults), and, when ``ldconfig -p`` finds
-libjemalloc or libtcmalloc, TRL and pgjax each with it in ``LD_PRELOAD`` (compared with each
-other). On the 2-core machine of the docs' tables neither library is installed, so ``--tuned``
-adds the one pgjax row there.
+glibc's default malloc: the children's environment has no ``PGJAX_KEEP_FREED_MEMORY``, ``MALLOC_*``,
+``GLIBC_TUNABLES`` or ``LD_PRELOAD``, whatever the parent's has. ``--tuned`` adds rows run the same
+way but labelled with their setting: pgjax with ``PGJAX_KEEP_FREED_MEMORY=1`` (``pgjax.host_memory``:
+keep freed host memory mapped; compared with TRL at glibc's defaults); TRL and pgjax each with
+transparent huge pages (``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``, what ``python -m pgjax.run``
+sets; compared with each other); and, when ``ldconfig -p`` finds libjemalloc or libtcmalloc, TRL
+and pgjax each with it in ``LD_PRELOAD`` (compared with each other; on the 2-core machine of the
+docs' tables neither library is installed).
 
 Statistics. ``--rounds`` (2) rounds of every row's child process, in ABBA order (the rows' order in
 odd rounds, reversed in even ones: TRL first, then pgjax first), each child running ``--warmup``
@@ -141,7 +142,7 @@ PARTS = ("sampling", "scoring", "update")
 ARITHMETIC = ArithmeticTask(digits=7)  # 7 + 1 + 7 + 1 = 16 characters = 16 tokens per prompt
 TRL_NAME = "TRL GRPOTrainer"
 ALLOCATOR_VARIABLES = ("MALLOC_ARENA_MAX", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_",
-                       "MALLOC_MMAP_MAX_", "LD_PRELOAD", host_memory.SWITCH)
+                       "MALLOC_MMAP_MAX_", "LD_PRELOAD", host_memory.SWITCH, host_memory.TUNABLES)
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 COMPILE = {"s": 0.0}
 
@@ -431,6 +432,9 @@ def table_rows(args) -> list[Row]:
     rows = [Row(TRL_NAME, "trl", {}), Row("pgjax", "pgjax", {})]
     if args.tuned:
         rows.append(Row(f"pgjax, {host_memory.SWITCH}=1", "pgjax", {host_memory.SWITCH: "1"}))
+        huge_pages = {host_memory.TUNABLES: f"{host_memory.HUGE_PAGES_TUNABLE}=1"}      # python -m pgjax.run's
+        trl_row = Row(f"{TRL_NAME}, huge pages", "trl", huge_pages)
+        rows += [trl_row, Row("pgjax, huge pages", "pgjax", huge_pages, trl_row.name)]
         library = preload_library()
         if library:
             label = os.path.basename(library).split(".so")[0]
@@ -569,8 +573,8 @@ def parse(argv):
     parser.add_argument("--lengths", choices=("ragged", "forced"), default="ragged",
                         help="ragged: a row ends at its stop token; forced: every row generates --new-tokens")
     parser.add_argument("--tuned", action="store_true",
-                        help="also rows with tuned allocators (pgjax's PGJAX_KEEP_FREED_MEMORY=1; jemalloc / "
-                             "tcmalloc for both when installed)")
+                        help="also rows with tuned allocators (pgjax's PGJAX_KEEP_FREED_MEMORY=1; huge pages and "
+                             "jemalloc / tcmalloc when installed, for both)")
     parser.add_argument("--prompts", type=int, help="prompts per step (default 8; 4 with --model)")
     parser.add_argument("--samples", type=int, help="samples per prompt (default 8)")
     parser.add_argument("--new-tokens", type=int, help="max new tokens (default 16; 64 with --model)")

@@ -12,14 +12,15 @@ memory after it (``/proc/self/statm``), and the process's peak RSS:
                    variant's own), up to pgjax's opt-in ``PGJAX_KEEP_FREED_MEMORY=1`` (one arena,
                    no mmap'd blocks, no trimming: ``pgjax/host_memory.py``);
   huge pages       glibc's ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` (malloc asks for transparent
-                   huge pages: 512 times fewer faults, the same zero-filling);
+                   huge pages: far fewer faults, the same zero-filling), the default of
+                   ``python -m pgjax.run`` (``pgjax.host_memory.restart_with_huge_pages``);
   less memory      the model options ``scan_layers`` + ``remat="save_nothing"`` (smaller
-                   temporaries) under glibc's defaults.
+                   temporaries) under glibc's defaults, and with huge pages.
 
 The first step (compilation) is left out of the ranges. A variant that dies (out of memory) is
-reported as such.
+reported as such. ``--variants`` picks levers by key (default: all).
 
-    python benchmarks/host_memory.py --model models/smollm2-135m-instruct --shapes 32x64 16x256 --steps 7 \\
+    python benchmarks/host_memory.py --model models/smollm2-135m-instruct --shapes 32x64 16x256 --steps 6 \\
         --json benchmarks/results/host_memory_smollm2.json
 """
 import argparse
@@ -31,20 +32,21 @@ import subprocess
 import sys
 import time
 
-from pgjax.host_memory import M_ARENA_MAX, M_MMAP_MAX, M_TRIM_THRESHOLD, SETTINGS, SWITCH  # no JAX yet
+from pgjax.host_memory import M_ARENA_MAX, M_MMAP_MAX, M_TRIM_THRESHOLD, SETTINGS, SWITCH, TUNABLES  # no JAX yet
 from readme_tables import save_table  # noqa: E402  (no JAX either)
 
-HUGE_PAGES = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+HUGE_PAGES = {TUNABLES: "glibc.malloc.hugetlb=1"}
 REMAT = {"scan_layers": True, "remat": "save_nothing"}
-# name: (mallopt settings, environment, model options)
+# key: (label, mallopt settings, environment, model options)
 VARIANTS = {
-    "glibc defaults (`PGJAX_KEEP_FREED_MEMORY=0`)": ([], {}, {}),
-    "glibc, transparent huge pages": ([], HUGE_PAGES, {}),
-    "one arena": ([(M_ARENA_MAX, 1)], {}, {}),
-    "one arena, no trimming": ([(M_ARENA_MAX, 1), (M_TRIM_THRESHOLD, -1)], {}, {}),
-    "one arena, no mmap'd blocks": ([(M_ARENA_MAX, 1), (M_MMAP_MAX, 0)], {}, {}),
-    "pgjax's opt-in: one arena, no mmap'd blocks, no trimming": (list(SETTINGS), {}, {}),
-    "glibc, scan_layers + remat save_nothing": ([], {}, REMAT),
+    "glibc": ("glibc defaults (`PGJAX_KEEP_FREED_MEMORY=0`)", [], {}, {}),
+    "huge-pages": ("glibc, transparent huge pages", [], HUGE_PAGES, {}),
+    "one-arena": ("one arena", [(M_ARENA_MAX, 1)], {}, {}),
+    "no-trim": ("one arena, no trimming", [(M_ARENA_MAX, 1), (M_TRIM_THRESHOLD, -1)], {}, {}),
+    "no-mmap": ("one arena, no mmap'd blocks", [(M_ARENA_MAX, 1), (M_MMAP_MAX, 0)], {}, {}),
+    "keep": ("pgjax's opt-in: one arena, no mmap'd blocks, no trimming", list(SETTINGS), {}, {}),
+    "remat": ("glibc, scan_layers + remat save_nothing", [], {}, REMAT),
+    "remat-huge-pages": ("transparent huge pages, scan_layers + remat save_nothing", [], HUGE_PAGES, REMAT),
 }
 
 
@@ -54,12 +56,12 @@ def resident_gib() -> float:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 30
 
 
-def run_variant(name, shape, args) -> dict:
-    """(In the child process) apply ``name``'s malloc settings, then time ``args.steps`` training steps."""
-    settings, _, options = VARIANTS[name]
+def run_variant(key, shape, args) -> dict:
+    """(In the child process) apply variant ``key``'s malloc settings, then time ``args.steps`` training steps."""
+    _, settings, _, options = VARIANTS[key]
     mallopt = ctypes.CDLL("libc.so.6").mallopt
     if not all(mallopt(option, value) == 1 for option, value in settings):
-        raise RuntimeError(f"mallopt rejected a setting of {name!r}")
+        raise RuntimeError(f"mallopt rejected a setting of {key!r}")
     import measure               # these import JAX, torch and pgjax: after mallopt,
     import train_step            # with PGJAX_KEEP_FREED_MEMORY=0
     batch, length = map(int, shape.split("x"))
@@ -75,11 +77,12 @@ def run_variant(name, shape, args) -> dict:
     return {"steps": steps, "peak_rss_gib": measure.peak_rss_gib()}
 
 
-def measure_variant(name, shape) -> dict:
-    """Run ``name`` at ``shape`` in a fresh child process; its result, or ``{"failed": why}``."""
-    _, environment, _ = VARIANTS[name]
-    argv = [sys.executable, __file__, *sys.argv[1:], "--variant", name, "--shape", shape]
-    done = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, SWITCH: "0", **environment})
+def measure_variant(key, shape) -> dict:
+    """Run variant ``key`` at ``shape`` in a fresh child process; its result, or ``{"failed": why}``."""
+    _, _, environment, _ = VARIANTS[key]
+    argv = [sys.executable, __file__, *sys.argv[1:], "--variant", key, "--shape", shape]
+    base = {name: value for name, value in os.environ.items() if name != TUNABLES}     # glibc's defaults
+    done = subprocess.run(argv, capture_output=True, text=True, env={**base, SWITCH: "0", **environment})
     if done.returncode:
         memory = done.returncode == -9 or any(s in done.stderr for s in ("RESOURCE_EXHAUSTED", "MemoryError"))
         return {"failed": "out of memory" if memory else done.stderr.strip()[-300:]}
@@ -97,6 +100,8 @@ def main(argv=None):
     parser.add_argument("--shapes", nargs="+", default=["32x64"], help="batch x length shapes")
     parser.add_argument("--steps", type=int, default=7)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
+                        help="the levers to measure (default: all)")
     parser.add_argument("--json", help="save the results here")
     parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--shape", help=argparse.SUPPRESS)
@@ -106,8 +111,9 @@ def main(argv=None):
         return
     results = {shape: {} for shape in args.shapes}
     for shape in args.shapes:
-        for name in VARIANTS:
-            results[shape][name] = r = measure_variant(name, shape)
+        for key in args.variants:
+            name = VARIANTS[key][0]
+            results[shape][name] = r = measure_variant(key, shape)
             print(f"{shape} {name}: {r.get('failed') or [round(s['seconds'], 2) for s in r['steps']]}",
                   file=sys.stderr, flush=True)
     table = ["| batch x length | lever | step (s) | minor faults per step | kernel s per step | resident after "

@@ -24,10 +24,10 @@ import os
 import shlex
 import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
+import measure
 
 from pgjax.core.logprobs import chunked_logprobs_and_entropy, entropy_from_logits, token_logprobs
 
@@ -103,14 +103,8 @@ def available_host_bytes():
 
 
 def time_call(compiled, args, repeats):
-    jax.block_until_ready(compiled(*args))  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = compiled(*args)
-        jax.block_until_ready(out)
-        times.append(time.perf_counter() - t0)
-        del out
+    """(median, each) seconds of ``repeats`` calls of ``compiled(*args)`` (blocking), after a warm-up call."""
+    _, times = measure.call_times(lambda: jax.block_until_ready(compiled(*args)), repeats)
     return statistics.median(times), times
 
 

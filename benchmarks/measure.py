@@ -5,6 +5,9 @@ Model FLOPs count the work a token needs, the same for every implementation: a f
 costs 2 M per token (M: the parameters used as matmul weights; a tied embedding counts once, as
 the unembedding) plus 4 L H Dh per causal (query, key) pair; a training step (forward + backward)
 is 3 forwards. MFU is achieved model FLOP/s over the measured peak.
+
+PyTorch is imported only by the functions that compare with it, so a machine without it (the
+accelerator script's) can use the rest.
 """
 import resource
 import time
@@ -12,13 +15,13 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-import torch
 from flax import nnx
 
 
 def matmul_peak(size=2048, repeats=10) -> dict:
     """Float32 FLOP/s of a size^3 matmul: ``jnp.dot`` (jitted) and ``torch.mm``, the best of ``repeats``
     (a peak: on this shared machine one slow call, or a median of them, can read half the rate)."""
+    import torch
     a = np.random.default_rng(0).standard_normal((size, size), dtype=np.float32)
     dot = jax.jit(jnp.dot)
     x = jnp.asarray(a)
@@ -68,6 +71,7 @@ def forward_flops(model) -> callable:
 def logits_gap(ref, model, tokens, mask) -> float:
     """Max |logit difference| of the transformers model ``ref`` and the pgjax ``model`` on the real
     tokens of the left-padded ``tokens`` [B, T] (NumPy, with ``mask``): are they the same model?"""
+    import torch
     positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)         # left padding: count from the first token
     with torch.no_grad():
         expected = ref(torch.from_numpy(tokens).long(), attention_mask=torch.from_numpy(mask).long(),

@@ -33,7 +33,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 
 import jax
 import numpy as np
@@ -53,15 +52,9 @@ from pgjax.train.rollout import encode_prompts, pad_id
 def timed(fn, count, repeats):
     """Median of count(output) / seconds over ``repeats`` calls of ``fn``, and the seconds of the
     first (warm-up, compiling) call."""
-    start = time.perf_counter()
-    fn()
-    first = time.perf_counter() - start
-    rates = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = fn()
-        rates.append(count(out) / (time.perf_counter() - start))
-    return statistics.median(rates), first
+    outputs = []
+    first, seconds = measure.call_times(lambda: outputs.append(fn()), repeats)
+    return statistics.median(count(out) / t for out, t in zip(outputs[1:], seconds)), first
 
 
 def build_models(args, directory):

@@ -298,11 +298,12 @@ def measure_row_alone(directory, vocab, batch, length, args, row):
 
 
 def row_environment(row, args) -> dict:
-    """A row's child-process environment: glibc's default malloc for every row, as a user runs them;
+    """A row's child-process environment: glibc's default malloc for every row (no ``GLIBC_TUNABLES``);
     pgjax rows keep freed memory mapped (``PGJAX_KEEP_FREED_MEMORY=1``, see ``pgjax.host_memory``)
     with ``--keep-freed-memory``."""
     keep = args.keep_freed_memory and not row.startswith("torch")
-    return {**os.environ, host_memory.SWITCH: "1" if keep else "0"}
+    base = {name: value for name, value in os.environ.items() if name != host_memory.TUNABLES}
+    return {**base, host_memory.SWITCH: "1" if keep else "0"}
 
 
 def measure_shape_separately(batch, length, args):
