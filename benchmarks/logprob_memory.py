@@ -24,6 +24,7 @@ import os
 import shlex
 import statistics
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
