@@ -432,7 +432,7 @@ def table_rows(args) -> list[Row]:
     rows = [Row(TRL_NAME, "trl", {}), Row("pgjax", "pgjax", {})]
     if args.tuned:
         rows.append(Row(f"pgjax, {host_memory.SWITCH}=1", "pgjax", {host_memory.SWITCH: "1"}))
-        huge_pages = {host_memory.TUNABLES: f"{host_memory.HUGE_PAGES_TUNABLE}=1"}      # python -m pgjax.run's
+        huge_pages = {host_memory.TUNABLES: host_memory.HUGE_PAGES}      # what python -m pgjax.run sets
         trl_row = Row(f"{TRL_NAME}, huge pages", "trl", huge_pages)
         rows += [trl_row, Row("pgjax, huge pages", "pgjax", huge_pages, trl_row.name)]
         library = preload_library()

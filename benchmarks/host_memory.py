@@ -32,10 +32,11 @@ import subprocess
 import sys
 import time
 
-from pgjax.host_memory import M_ARENA_MAX, M_MMAP_MAX, M_TRIM_THRESHOLD, SETTINGS, SWITCH, TUNABLES  # no JAX yet
+from pgjax import host_memory  # no JAX yet
+from pgjax.host_memory import M_ARENA_MAX, M_MMAP_MAX, M_TRIM_THRESHOLD, SETTINGS, SWITCH, TUNABLES
 from readme_tables import save_table  # noqa: E402  (no JAX either)
 
-HUGE_PAGES = {TUNABLES: "glibc.malloc.hugetlb=1"}
+HUGE_PAGES = {TUNABLES: host_memory.HUGE_PAGES}
 REMAT = {"scan_layers": True, "remat": "save_nothing"}
 # key: (label, mallopt settings, environment, model options)
 VARIANTS = {

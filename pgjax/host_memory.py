@@ -22,7 +22,7 @@ elsewhere nothing happens.
 
 Transparent huge pages are the bounded half of the remedy: with glibc's tunable
 ``glibc.malloc.hugetlb=1`` malloc asks the kernel for 2 MiB pages for the blocks it maps, so the
-same gigabytes are faulted in 512 times less often (the zero-filling stays) and memory is handed
+same gigabytes are faulted in about 100 times less often (measured; the zero-filling stays) and memory is handed
 back as with glibc's defaults. On SmolLM2-135M's update it took 22-24 s per step instead of 28-29
 at 16 x 256 tokens (``benchmarks/host_memory.py``). glibc reads its tunables only when a process
 starts, so ``python -m pgjax.run`` starts itself again with the tunable
@@ -40,6 +40,7 @@ SETTINGS = ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, -1))  # one ar
 SWITCH = "PGJAX_KEEP_FREED_MEMORY"
 TUNABLES = "GLIBC_TUNABLES"
 HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb"
+HUGE_PAGES = f"{HUGE_PAGES_TUNABLE}=1"       # the GLIBC_TUNABLES pair that turns them on
 THP_MODE_FILE = pathlib.Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
@@ -77,13 +78,13 @@ def glibc_version() -> tuple[int, ...] | None:
 def with_huge_pages(environ, thp_mode: str | None, libc: tuple[int, ...] | None) -> dict | None:
     """``environ`` with ``glibc.malloc.hugetlb=1`` added to ``GLIBC_TUNABLES`` (colon-separated
     ``name=value`` pairs); None where that changes nothing or is decided already: the tunables name
-    ``glibc.malloc.hugetlb`` (either value), the THP mode is ``never`` or unknown, or ``libc`` is not
+    ``glibc.malloc.hugetlb`` (any value), the THP mode is ``never`` or unknown, or ``libc`` is not
     glibc >= 2.35 (the first with the tunable)."""
     tunables = environ.get(TUNABLES, "")
     named = {pair.split("=", 1)[0] for pair in tunables.split(":") if pair}
     if HUGE_PAGES_TUNABLE in named or thp_mode not in ("always", "madvise") or libc is None or libc < (2, 35):
         return None
-    return {**environ, TUNABLES: ":".join(filter(None, (tunables, f"{HUGE_PAGES_TUNABLE}=1")))}
+    return {**environ, TUNABLES: ":".join(filter(None, (tunables, HUGE_PAGES)))}
 
 
 def restart_with_huge_pages() -> None:
