@@ -6,6 +6,10 @@ with its tokenizer) and a GSM8K / MATH style JSONL file; nothing is downloaded:
     python -m pgjax.run experiments/math_checkpoint.py \\
         --set model.path=/models/Qwen2.5-0.5B-Instruct --set task.path=/data/gsm8k_train.jsonl
 
+The dataset may also be parquet, arrow or CSV (``task.file_format``, the
+``data`` extra), and its prompts chat messages (``--set task.prompt_field=messages``;
+docs/training.md, "Your own data").
+
 Prompts are the dataset's ``question`` field, put through the checkpoint's chat
 template when it has one (put any "put the final answer in \\boxed{}"
 instruction into the file, or into ``task.system_prompt``); answers are

@@ -12,7 +12,7 @@ from flax import nnx
 
 from pgjax.models import hf
 from pgjax.models.transformer import CausalLM, ModelConfig
-from pgjax.rewards import per_example
+from pgjax.rewards import Conversation, per_example
 from pgjax.train import experiment as experiment_lib
 from pgjax.train.experiment import ConfigError, TaskSection
 from pgjax.train.rollout import (PLAIN, PromptFormat, RolloutConfig, collect, encode_prompts, prompt_format_for,
@@ -48,6 +48,23 @@ def test_a_prompt_is_rendered_as_the_user_turn_after_the_system_prompt():
     assert mask.sum() == 1 + 4 + 1 + 1 + 1 + 1 + 1 + 9 + 1 and tokens[0, 4] == start     # "user", "assistant"
     with pytest.raises(ValueError, match="prompts must have 1..8 tokens"):
         encode_prompts(tokenizer, ["x"], 8, PromptFormat(chat=True))        # the template's tokens count
+
+
+def test_a_conversation_is_rendered_with_its_own_turns():
+    tokenizer = chatml_tokenizer()
+    turn = lambda role, content: {"role": role, "content": content}     # noqa: E731
+    chat = Conversation([turn("user", "1+2=?"), turn("assistant", "3"), turn("user", "and 2+2=?")])
+    assert PromptFormat(chat=True).render(tokenizer, [chat]) == [
+        "<|im_start|>user\n1+2=?<|im_end|>\n<|im_start|>assistant\n3<|im_end|>\n<|im_start|>user\nand 2+2=?<|im_end|>\n"
+        "<|im_start|>assistant\n"]
+    with_system = PromptFormat(chat=True, system_prompt="be brief").render(tokenizer, [chat])[0]
+    assert with_system.startswith("<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\n1+2=?")
+    own = Conversation([turn("system", "S"), turn("user", "x")])
+    assert PromptFormat(chat=True, system_prompt="be brief").render(tokenizer, [own]) == [
+        "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"]   # its own wins
+    assert PLAIN.render(tokenizer, [Conversation([turn("user", "x"), turn("assistant", "y")]), "z"]) == ["x", "z"]
+    with pytest.raises(ValueError, match="a conversation of 3 messages needs a chat template"):
+        PLAIN.render(tokenizer, [chat])
 
 
 def test_the_prompt_format_and_stop_tokens_follow_the_tokenizer_and_the_task_options(tmp_path):

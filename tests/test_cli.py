@@ -123,7 +123,8 @@ CASES = {
                                          "array.jsonl:1: expected a JSON object, got list"),
     "a dataset whose prompts are numbers": (["--set", "task.name=jsonl_math", "--set",
                                              "task.path={files}/numbers.jsonl"],
-                                            "numbers.jsonl:1: field 'question': the prompt must be a string, got int"),
+                                            "numbers.jsonl:1: field 'question': the prompt must be a string or a "
+                                            "list of chat messages, got int"),
     "a dataset without the prompt field": (["--set", "task.name=jsonl_math", "--set", "task.path={files}/good.jsonl",
                                             "--set", "task.prompt_field=q"],
                                            "good.jsonl:1: record lacks field(s) ['q']"),

@@ -27,7 +27,9 @@ Tasks (``examples(n, seed)`` -> dicts with ``prompt``, the demonstration
   the last ``':'``);
 - ``MixedArithmeticTask``: 1-, 2-, ..., n-digit sums in equal shares, tagged with their ``difficulty``;
 - ``CountdownTask``: ``"3 5 7>22:"`` -> ``"3*5+7"`` (each number once, + - * /);
-- ``JsonlMathTask``: a user's GSM8K / MATH style JSONL file, ``math_reward``;
+- ``JsonlMathTask``: a user's GSM8K / MATH style dataset file (JSON Lines, or parquet, arrow, csv,
+  json through ``datasets``; ``reader_format``), plain prompts or chat messages (``Conversation``),
+  ``math_reward``;
 - ``WordMathTask``: English arithmetic for a chat model (``"What is 23 + 48? ..."`` and word problems),
   answered in ``\\boxed{}``, 1..n-digit operands tagged with their ``difficulty``.
 ``JsonlMathTask`` and ``WordMathTask`` use the model's tokenizer (``tokenizer()`` is None); the
@@ -73,7 +75,7 @@ from pgjax.rewards.base import (
     with_timeout,
 )
 from pgjax.rewards.countdown import CountdownTask, countdown_reward, evaluate_expression, is_countdown_solution
-from pgjax.rewards.data import JsonlMathTask, load_jsonl
+from pgjax.rewards.data import FILE_FORMATS, Conversation, JsonlMathTask, load_jsonl, reader_format
 from pgjax.rewards.math_answers import (
     answers_equal,
     extract_answer,
@@ -101,14 +103,15 @@ from pgjax.rewards.word_math import (
 
 
 __all__ = [
-    "TASKS", "accepted_options", "ArithmeticTask", "CountdownTask", "EOS_ID", "JsonlMathTask", "MixedArithmeticTask", "PAD_ID",
+    "TASKS", "accepted_options", "ArithmeticTask", "Conversation", "CountdownTask", "EOS_ID", "FILE_FORMATS",
+    "JsonlMathTask", "MixedArithmeticTask", "PAD_ID",
     "NONFINITE_POLICIES", "RewardError", "RewardFn", "SPECIAL_TOKENS",
     "ScratchpadArithmeticTask", "Task", "UNK_ID", "WeightedSum", "answers_equal", "arithmetic_reward",
     "as_rewards", "batch_fields", "call_reward", "char_tokenizer", "check_columns", "combine", "countdown_reward",
     "described_value", "error_text", "evaluate_expression", "extract_answer", "finite_rewards", "format_reward",
     "import_object", "is_arithmetic_answer", "is_countdown_solution",
     "is_scratchpad_answer", "load_jsonl", "located_error", "make_task", "math_reward", "normalize_answer",
-    "parse_number", "per_example", "raised_at", "reference_answer", "reward_function", "reward_name",
+    "parse_number", "per_example", "raised_at", "reader_format", "reference_answer", "reward_function", "reward_name",
     "scratchpad_reward", "task_factory", "trailing_scratch_reward", "WordMathTask", "boxed_answer_reward",
     "is_word_math_answer", "with_timeout", "word_math_format_reward", "word_math_reward",
 ]

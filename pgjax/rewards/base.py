@@ -52,7 +52,8 @@ class RewardFn(Protocol):
 class Task(Protocol):
     """A task: prompts with the fields its reward needs, a demonstration and a verifier.
 
-    ``examples(n, seed)`` returns ``n`` dicts, each with ``prompt`` (str),
+    ``examples(n, seed)`` returns ``n`` dicts, each with ``prompt`` (str; a
+    ``Conversation`` for chat messages the chat template renders),
     ``answer`` (the demonstration / reference completion, for a supervised
     warm start) and the fields ``reward_fn`` reads; the same seed gives the
     same examples. ``reward_fn`` is the correctness reward (1.0 correct, 0.0

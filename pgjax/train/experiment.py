@@ -34,7 +34,8 @@ from pgjax.models.lora import TARGETS, LoRAConfig
 from pgjax.models.transformer import RUNTIME_OPTIONS, ModelConfig
 from pgjax.parallel.mesh import MeshConfig, check_divisible_rows
 from pgjax.parallel.multihost import DistributedConfig
-from pgjax.rewards import accepted_options, error_text, raised_at, reward_function, task_factory
+from pgjax.rewards import (FILE_FORMATS, accepted_options, error_text, raised_at, reader_format, reward_function,
+                           task_factory)
 from pgjax.train.learner import UpdateConfig
 from pgjax.train.optim import OptimConfig
 from pgjax.train.rollout import RolloutConfig
@@ -187,10 +188,14 @@ class TaskSection:
     demonstrations' longest free text, ``working``: ``before`` or ``after`` the answer), ``countdown``
     (``count`` numbers), ``word_math`` (English arithmetic and word problems for instruct models,
     answer in ``\\boxed{}``: ``digits``, ``ops``, ``word_share`` of word problems, ``answer_from``
-    ``boxed_or_last_number`` or ``boxed``) or ``jsonl_math`` (a user's JSONL file at ``path``,
-    ``prompt_field``, ``answer_field``, scored by the math verifier; every record is checked before
-    training starts, ``skip_invalid`` leaves bad records out and prints how many instead of
-    stopping). ``reward``: the import path of your own reward function (``fn(prompts, completions,
+    ``boxed_or_last_number`` or ``boxed``) or ``jsonl_math`` (a user's dataset file at ``path``,
+    ``prompt_field`` holding a prompt string or a list of chat messages, ``answer_field``, scored by
+    the math verifier; ``file_format``: ``auto`` (by the suffix: ``.parquet``, ``.arrow``, ``.csv``,
+    else JSON Lines), ``jsonl``, ``json``, ``parquet``, ``arrow`` or ``csv`` (all but ``jsonl`` read
+    by the ``datasets`` package, local files only); ``extra_fields``: comma-separated further
+    columns, passed to the reward functions by name; every record is checked before training
+    starts, ``skip_invalid`` leaves bad records out and prints how many instead of stopping).
+    ``reward``: the import path of your own reward function (``fn(prompts, completions,
     **fields)``) to train on instead of the task's verifier (accuracy is still the verifier's);
     ``format_weight`` adds the task's format reward. ``chat_template``: ``auto`` puts each prompt
     through the tokenizer's chat template when it has one (as the user's turn, after
@@ -208,6 +213,8 @@ class TaskSection:
     path: str = ""
     prompt_field: str = "question"
     answer_field: str = "answer"
+    extra_fields: str = ""
+    file_format: str = "auto"
     skip_invalid: bool = False
     word_share: float = 0.5
     answer_from: str = "boxed_or_last_number"
@@ -222,6 +229,8 @@ class TaskSection:
         _require(bool(self.name), "task.name", self.name, "a registered task or package.module:factory")
         _require(self.chat_template in CHAT_TEMPLATE, "task.chat_template", self.chat_template,
                  f"one of {', '.join(CHAT_TEMPLATE)}")
+        _require(self.file_format in FILE_FORMATS, "task.file_format", self.file_format,
+                 f"one of {', '.join(FILE_FORMATS)}")
         _require(math.isfinite(self.format_weight), "task.format_weight", self.format_weight, "a finite number")
         _require(0 <= self.reward_timeout < math.inf, "task.reward_timeout", self.reward_timeout,
                  "finite seconds >= 0 (0: no limit)")
@@ -389,10 +398,20 @@ def validate(exp: Experiment, mesh) -> None:
     if exp.model.path and not (pathlib.Path(exp.model.path) / "config.json").is_file():
         raise ConfigError(f"model.path={exp.model.path!r}: no Hugging Face checkpoint there (config.json missing)")
     _check_context(exp)
-    if exp.task.name == "jsonl_math" and not pathlib.Path(exp.task.path).is_file():
-        raise ConfigError(f"task.path={exp.task.path!r}: no such dataset file (jsonl_math reads a JSONL file)")
+    if exp.task.name == "jsonl_math":
+        _check_dataset_file(exp.task)
     if exp.logging.wandb and importlib.util.find_spec("wandb") is None:
         raise ConfigError("logging.wandb=True needs the wandb package: pip install -e '.[wandb]'")
+
+
+def _check_dataset_file(task: TaskSection) -> None:
+    """``task.path`` is a file, and the package its format needs (``rewards.reader_format``) is installed."""
+    if not pathlib.Path(task.path).is_file():
+        raise ConfigError(f"task.path={task.path!r}: no such dataset file (jsonl_math reads a dataset file)")
+    try:
+        reader_format(task.path, task.file_format)
+    except ImportError as error:
+        raise ConfigError(f"task.path={task.path!r}: {error}") from None
 
 
 def _check_context(exp: Experiment) -> None:

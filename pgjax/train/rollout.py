@@ -23,7 +23,7 @@ from pgjax.models import hf
 from pgjax.models.transformer import CausalLM
 from pgjax.parallel.mesh import single_device_mesh
 from pgjax.parallel.multihost import to_global, to_host
-from pgjax.rewards import NONFINITE_POLICIES, batch_fields, call_reward, finite_rewards, reward_name
+from pgjax.rewards import NONFINITE_POLICIES, Conversation, batch_fields, call_reward, finite_rewards, reward_name
 from pgjax.sample import Decoding, Samples, SamplingConfig, generate
 from pgjax.train.learner import Rollout
 
@@ -97,20 +97,32 @@ def pad_id(tokenizer) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class PromptFormat:
-    """How a task's prompt (the user's message) becomes the text the model continues. With ``chat``
-    the tokenizer's chat template renders an optional ``system_prompt`` turn, the user turn and the
-    opening of the assistant's turn (``add_generation_prompt``); without, the prompt is the text.
-    Rewards always see the task's own prompt and the decoded assistant text, never the template."""
+    """How a task's prompt (the user's message, or a ``Conversation`` of chat messages) becomes the
+    text the model continues. With ``chat`` the tokenizer's chat template renders an optional
+    ``system_prompt`` turn, the user turn (a conversation: its own messages, after ``system_prompt``
+    unless it opens with a system message of its own) and the opening of the assistant's turn
+    (``add_generation_prompt``); without, the prompt is the text, and a conversation can only be a
+    single user message (its text). Rewards always see the task's own prompt and the decoded
+    assistant text, never the template."""
     chat: bool = False
     system_prompt: str = ""
 
     def render(self, tokenizer, prompts: list[str]) -> list[str]:
-        """The model's input text for each prompt."""
+        """The model's input text for each prompt; ValueError for a conversation of more than one
+        message without a chat template."""
+        return [self._text(tokenizer, p) for p in prompts]
+
+    def _text(self, tokenizer, prompt: str) -> str:
+        turns = list(prompt.messages) if isinstance(prompt, Conversation) else [{"role": "user", "content": prompt}]
         if not self.chat:
-            return list(prompts)
-        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        return [tokenizer.apply_chat_template(system + [{"role": "user", "content": p}], add_generation_prompt=True,
-                                              tokenize=False) for p in prompts]
+            if len(turns) > 1:
+                raise ValueError(f"a conversation of {len(turns)} messages needs a chat template, but the prompts are "
+                                 "plain text (task.chat_template='none', or the tokenizer has no template); only a "
+                                 "single user message can be given as plain text")
+            return str(prompt)
+        if self.system_prompt and turns[0]["role"] != "system":
+            turns.insert(0, {"role": "system", "content": self.system_prompt})
+        return tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
 
 
 PLAIN = PromptFormat()
