@@ -1,12 +1,14 @@
 """Helpers shared by the test modules (fixtures live in conftest.py): random batches whose log-probs are
 a function of parameters, the tiny experiment / learner / rollout the training tests build on, the
-EmitX toy task, simulated devices for subprocesses, and readers of what a run writes.
+EmitX toy task, simulated devices for subprocesses, and readers of what a run writes (TensorBoard
+scalars and texts, an offline W&B run's history).
 
 Import them with ``from helpers import ...`` (pytest puts tests/ on sys.path; a subprocess started by
 a test puts it there itself). Nothing here compiles at import time."""
 import dataclasses
 import json
 import pathlib
+import struct
 
 import jax
 import jax.numpy as jnp
@@ -159,6 +161,40 @@ def read_events(directory) -> dict:
     events = EventAccumulator(str(directory), size_guidance={"scalars": 0})
     events.Reload()
     return {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
+
+
+def read_texts(directory) -> dict:
+    """{tag: [(step, text), ...]} of the TensorBoard text summaries in ``directory``, every event
+    kept, as TensorBoard's server reads them (its plugin event reader, which drops what a resumed
+    run purged; the older reader of ``read_events`` purges scalars only)."""
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+    events = EventAccumulator(str(directory), size_guidance={"tensors": 0})
+    events.Reload()
+    return {tag: [(e.step, e.tensor_proto.string_val[0].decode()) for e in events.Tensors(tag)]
+            for tag in events.Tags()["tensors"] if events.SummaryMetadata(tag).plugin_data.plugin_name == "text"}
+
+
+def read_wandb_history(path) -> list[dict]:
+    """The history rows of an offline W&B run file: LevelDB-style log blocks of 32 KiB, each record
+    a 7-byte header (crc32, length, type: 1 full, 2 first, 3 middle, 4 last) and a protobuf Record."""
+    from wandb.proto import wandb_internal_pb2
+    data, position, pending, rows = pathlib.Path(path).read_bytes(), 7, b"", []   # 7: the ':W&B' file header
+    while position + 7 <= len(data):
+        if 32768 - position % 32768 < 7:
+            position += 32768 - position % 32768
+            continue
+        _, length, kind = struct.unpack("<IHB", data[position:position + 7])
+        chunk, position = data[position + 7:position + 7 + length], position + 7 + length
+        if kind == 0:
+            break
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            if record.WhichOneof("record_type") == "history":
+                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                             for item in record.history.item})
+    return rows
 
 
 # ---------------------------------------------------------------- Hugging Face checkpoints (transformers)

@@ -5,8 +5,8 @@ changed experiment or changed input files is refused (or recorded); a directory 
 run's results is never written into; a live run directory is locked, also when its note file is
 deleted; ``final/`` is complete or not written; bad dataset records are named before anything is
 written; SIGTERM and Ctrl-C finish the step and checkpoint it; a run killed with SIGKILL resumes
-bit for bit; and a user's reward function that raises, hangs or returns no numbers is one line
-naming it. Functions and tasks defined here are addressable as ``test_faults:NAME``."""
+bit for bit (metrics, logged completions, weights); and a user's reward function that raises,
+hangs or returns no numbers is one line naming it. Functions and tasks defined here are addressable as ``test_faults:NAME``."""
 import dataclasses
 import hashlib
 import itertools
@@ -46,7 +46,7 @@ from pgjax.train import inputs
 from pgjax.train import run_dir as run_dir_lib
 from pgjax.train.interrupts import RunInterrupted
 from pgjax.train.run_dir import RunDirectory, RunLock, locate
-from pgjax.train.sinks import read_records
+from pgjax.train.sinks import read_completions, read_records
 from pgjax.train.trainer import Callback, Trainer, train
 from helpers import (EMIT_X, TINY_MODEL, EmitX, comparable, read_events, sampled_rollout, save_tiny_tokenizer,
                      tiny_experiment, tiny_learner)
@@ -483,8 +483,9 @@ def start_run(file, directory, *extra):
 def test_a_run_killed_with_sigkill_resumes_to_the_same_metrics_and_parameters(tmp_path):
     file = tmp_path / "resume.py"
     file.write_text(RESUME_EXPERIMENT)
-    whole = start_run(file, tmp_path / "whole")
-    killed = start_run(file, tmp_path / "killed")
+    logging = ("--set", "logging.completions_every=2")          # completions logged on every other step
+    whole = start_run(file, tmp_path / "whole", *logging)
+    killed = start_run(file, tmp_path / "killed", *logging)
     metrics = tmp_path / "killed" / "metrics.jsonl"
     deadline = time.time() + 300
     while time.time() < deadline and killed.poll() is None:
@@ -495,10 +496,12 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_metrics_and_parameters(tm
     killed.wait()
     assert killed.returncode == -signal.SIGKILL, killed.stdout.read()
     assert not (tmp_path / "killed" / "final").exists()
-    resumed = start_run(file, tmp_path / "killed", "--resume")
+    resumed = start_run(file, tmp_path / "killed", "--resume", *logging)
     assert resumed.wait() == 0, resumed.stdout.read()
     assert whole.wait() == 0, whole.stdout.read()
     assert comparable(metrics) == comparable(tmp_path / "whole" / "metrics.jsonl")
+    completions = [(tmp_path / run / "completions.jsonl").read_bytes() for run in ("whole", "killed")]
+    assert completions[0] == completions[1] and len(read_completions(tmp_path / "whole")) == 6 * 4
     events = read_events(tmp_path / "killed")   # TensorBoard keeps one value per step: the killed run's events
                                                 # after the checkpoint are purged on resume
     records = [json.loads(line) for line in metrics.read_text().splitlines()]

@@ -1,6 +1,7 @@
 """One experiment file on 1 device, on 8 simulated devices, and on 2 processes x 4 devices
 (``jax.distributed`` on localhost with CPU collectives): the same metrics and parameters; a
-checkpoint written by the 2-process run restores in 1 process and continues identically."""
+checkpoint written by the 2-process run restores in 1 process and continues identically; the
+2-process run logs the completions of process 0's rows, those of the 1-device run."""
 import json
 import os
 import pathlib
@@ -16,6 +17,7 @@ from flax import nnx
 from helpers import simulated_devices
 from pgjax.models import hf
 from pgjax.train.records import TIMING_KEYS
+from pgjax.train.sinks import read_completions
 
 EXPERIMENT = """
 from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
@@ -88,7 +90,8 @@ def test_one_experiment_file_on_one_device_eight_devices_and_two_processes(tmp_p
     # differences between meshes into different weights); `steps=0` runs only the warm start
     finish(launch(file, tmp_path / "warm", 1, "--set", "steps=0"))
     warm = ("--set", f"model.path={tmp_path / 'warm' / 'final'}", "--set", "warm_start.steps=0")
-    single = launch(file, tmp_path / "single", 1, *warm)
+    logged = ("--set", "logging.completions_every=1", "--set", "logging.completions_per_step=32")   # every row
+    single = launch(file, tmp_path / "single", 1, *warm, *logged)
     eight = launch(file, tmp_path / "eight", 8, *warm, "--set", "steps=3", "--set", "mesh.fsdp=2",
                    "--set", "mesh.tensor=2")
     finish(single, eight)
@@ -97,7 +100,7 @@ def test_one_experiment_file_on_one_device_eight_devices_and_two_processes(tmp_p
     assert_same_metrics(metrics(tmp_path / "eight"), [r for r in reference if r["step"] <= 3])
 
     port = free_port()
-    two = [launch(file, tmp_path / "two", 4, *warm, "--set", "steps=3", "--set", "mesh.fsdp=2",
+    two = [launch(file, tmp_path / "two", 4, *warm, *logged, "--set", "steps=3", "--set", "mesh.fsdp=2",
                   "--set", f"distributed.coordinator_address=127.0.0.1:{port}",
                   "--set", "distributed.num_processes=2", "--set", f"distributed.process_id={i}", process=i)
            for i in range(2)]
@@ -106,6 +109,14 @@ def test_one_experiment_file_on_one_device_eight_devices_and_two_processes(tmp_p
     assert sorted(p.name for p in (tmp_path / "two" / "checkpoints").iterdir() if p.name.isdigit()) == ["0", "3"]
 
     # the 2-process (8-device) checkpoint of step 3 continues on 1 process with 1 device
-    finish(launch(file, tmp_path / "two", 1, *warm, "--resume"))
+    finish(launch(file, tmp_path / "two", 1, *warm, *logged, "--resume"))
     assert_same_metrics(metrics(tmp_path / "two"), reference)
     assert_same_parameters(tmp_path / "two", tmp_path / "single")
+
+    # completions: on 2 processes drawn among process 0's rows (0-15 of 32), after the resume all 32
+    got, want = read_completions(tmp_path / "two"), read_completions(tmp_path / "single")
+    want = [r for r in want if r["step"] > 3 or r["row"] < 16]
+    assert [(r["step"], r["row"]) for r in got] == [(r["step"], r["row"]) for r in want] and len(got) == 3 * 16 + 2 * 32
+    for a, b in zip(got, want, strict=True):
+        assert {k: v for k, v in a.items() if k != "advantage"} == {k: v for k, v in b.items() if k != "advantage"}
+        assert a["advantage"] == pytest.approx(b["advantage"], rel=1e-3, abs=1e-5)

@@ -3,14 +3,12 @@ callbacks see every step; the run directory's metrics reach TensorBoard event fi
 Biases (offline) with the same values; progress never prints a line per step off a terminal."""
 import glob
 import io
-import json
 import pathlib
-import struct
 
 import numpy as np
 import pytest
 
-from helpers import read_events
+from helpers import read_events, read_wandb_history
 from pgjax import run
 from pgjax.train import experiment as experiment_lib
 from pgjax.train.progress import Progress
@@ -69,29 +67,6 @@ class Recorder(Callback):
 
     def after_step(self, trainer, record):
         self.records.append(record)
-
-
-def read_wandb_history(path) -> list[dict]:
-    """The history rows of an offline W&B run file: LevelDB-style log blocks of 32 KiB, each record
-    a 7-byte header (crc32, length, type: 1 full, 2 first, 3 middle, 4 last) and a protobuf Record."""
-    from wandb.proto import wandb_internal_pb2
-    data, position, pending, rows = pathlib.Path(path).read_bytes(), 7, b"", []   # 7: the ':W&B' file header
-    while position + 7 <= len(data):
-        if 32768 - position % 32768 < 7:
-            position += 32768 - position % 32768
-            continue
-        _, length, kind = struct.unpack("<IHB", data[position:position + 7])
-        chunk, position = data[position + 7:position + 7 + length], position + 7 + length
-        if kind == 0:
-            break
-        pending = chunk if kind in (1, 2) else pending + chunk
-        if kind in (1, 4):
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(pending)
-            if record.WhichOneof("record_type") == "history":
-                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                             for item in record.history.item})
-    return rows
 
 
 @pytest.mark.slow

@@ -260,15 +260,32 @@ class LoggingSection:
     """Where metrics go besides ``metrics.jsonl``: TensorBoard event files in the run directory
     (``tensorboard --logdir runs/``), and Weights & Biases when ``wandb`` is true (needs the
     ``wandb`` package; ``WANDB_MODE=offline`` keeps it local). ``progress_every``: seconds between
-    progress lines when stderr is not a terminal (a terminal gets a live bar)."""
+    progress lines when stderr is not a terminal (a terminal gets a live bar).
+
+    Completions (``pgjax.train.completions``): every ``completions_every`` RL steps (0: off)
+    ``completions_per_step`` rows of the step's batch (drawn from the seed: a resumed run logs the
+    same rows), their prompt and completion each clipped to ``completions_max_chars`` characters
+    (the cut marked), go to ``completions.jsonl``, TensorBoard text and a W&B table. The default, 4
+    rows every 10 steps, is the default ``eval_every``: a look at the samples beside each evaluation,
+    at most 4 x 2 x 2000 characters of text per logged step, and a W&B table (a file each) every
+    tenth step rather than every step."""
     tensorboard: bool = True
     wandb: bool = False
     wandb_project: str = "pgjax"
     progress_every: float = 30.0
+    completions_every: int = 10
+    completions_per_step: int = 4
+    completions_max_chars: int = 2000
 
     def __post_init__(self):
         check_types(self, "logging.")
         _require(self.progress_every >= 0, "logging.progress_every", self.progress_every, ">= 0 seconds")
+        _require(self.completions_every >= 0, "logging.completions_every", self.completions_every,
+                 "an integer >= 0 (RL steps between logged completions; 0: none)")
+        _require(self.completions_per_step >= 1, "logging.completions_per_step", self.completions_per_step,
+                 "an integer >= 1 (rows logged per step, at most the batch's)")
+        _require(self.completions_max_chars >= 1, "logging.completions_max_chars", self.completions_max_chars,
+                 "an integer >= 1 (characters kept of each prompt and completion)")
 
 
 @dataclasses.dataclass(frozen=True)

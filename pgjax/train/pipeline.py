@@ -29,6 +29,7 @@ from pgjax.parallel import mesh as mesh_lib
 from pgjax.parallel import multihost
 from pgjax.rewards import RewardError
 from pgjax.sample import Samples
+from pgjax.train.completions import logged_at, sample_rows
 from pgjax.train.context import TaskContext
 from pgjax.train.experiment import Experiment, RunStopped, stream_seed
 from pgjax.train.learner import Learner, Rollout, TrainState, placeholder_rollout
@@ -39,17 +40,19 @@ from pgjax.train.rollout import collect, dispatch_samples, keep_columns, pad_col
 @dataclasses.dataclass(frozen=True)
 class Sampled:
     """A scored batch waiting for its update: the ``Rollout``, its rows' statistics (``STAT_KEYS``,
-    every process's rows) and ``sampled_at``, the step count of the parameters that sampled it."""
+    every process's rows), ``sampled_at``, the step count of the parameters that sampled it, and
+    ``logged``, the rows of it the step logs (``completions.sample_rows``; None on other steps)."""
     rollout: Rollout
     stats: dict
     sampled_at: int
+    logged: list[dict] | None = None
 
     def saved(self, prompt_width: int, budget: int) -> tuple[Rollout, dict]:
         """(the rollout at full width, for a checkpoint's fixed layout; the JSON record to restore it)."""
         response = self.rollout.mask.shape[1]
         stats = {k: [str(np.asarray(v).dtype), np.asarray(v).tolist()] for k, v in self.stats.items()}
         record = {"prompt_columns": self.rollout.tokens.shape[1] - response, "response_columns": response,
-                  "sampled_at": self.sampled_at, "stats": stats}
+                  "sampled_at": self.sampled_at, "stats": stats, "logged": self.logged}
         return pad_columns(self.rollout, prompt_width, budget), record
 
     @classmethod
@@ -58,7 +61,7 @@ class Sampled:
         if trimmed:
             rollout = keep_columns(rollout, record["prompt_columns"], record["response_columns"])
         stats = {k: np.asarray(values, dtype) for k, (dtype, values) in record["stats"].items()}
-        return cls(rollout, stats, record["sampled_at"])
+        return cls(rollout, stats, record["sampled_at"], record.get("logged"))
 
 
 def sampling_key(state: TrainState, ahead: int):
@@ -130,7 +133,8 @@ class RolloutPipeline:
     def score(self, index: int, dispatched: tuple[list[dict], Samples], params, key, sampled_at: int) -> Sampled:
         """The dispatched batch of step ``index`` read back, decoded and scored (``rollout.collect``;
         ReMax's greedy responses sampled here with ``params`` and ``key``), placed on the learner's
-        devices; ``sampled_at``: the step count of ``params``."""
+        devices; ``sampled_at``: the step count of ``params``. On a step that logs completions, the
+        rows it logs are drawn here, from this process's texts (``completions.sample_rows``)."""
         exp, context, mesh = self.exp, self.context, self.sampler_mesh
         share, samples = dispatched
         try:
@@ -140,11 +144,13 @@ class RolloutPipeline:
                                      prompt_format=context.prompt_format, samples=samples)
         except RewardError as error:
             raise RunStopped(f"step {index}: {error}") from None
-        stats = multihost.gather_rows({k: stats[k] for k in STAT_KEYS},
-                                      exp.prompts_per_step * exp.rollout.samples_per_prompt, mesh)
+        rows = exp.prompts_per_step * exp.rollout.samples_per_prompt
+        logged = (sample_rows(exp, stats, index, multihost.process_rows(rows, mesh), context.task.format_pattern)
+                  if logged_at(exp.logging, index) else None)
+        stats = multihost.gather_rows({k: stats[k] for k in STAT_KEYS}, rows, mesh)
         if mesh is not self.mesh:
             rollout = jax.device_put(rollout, mesh_lib.batch_sharding(self.mesh))
-        return Sampled(rollout, stats, sampled_at)
+        return Sampled(rollout, stats, sampled_at, logged)
 
     def _sample(self, index: int, params, key, sampled_at: int) -> Sampled:
         """The batch of step ``index``, sampled and scored (``dispatch``, then ``score``)."""

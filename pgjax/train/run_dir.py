@@ -5,8 +5,8 @@ changes a resume makes to them, and ``RunDirectory``, which writes everything el
   experiment.json         the experiment the run uses (rewritten, atomically, when a resume changes it)
   inputs.json             the content fingerprints of its input files (``pgjax.train.inputs``)
   changes.jsonl           each accepted change on resume: the step, the keys (old and new), the input files
-  metrics.jsonl, events.out.tfevents.*, wandb/, curves.png
-                          the metric records (``pgjax.train.sinks``)
+  metrics.jsonl, completions.jsonl, events.out.tfevents.*, wandb/, curves.png
+                          the metric records and logged completions (``pgjax.train.sinks``)
   checkpoints/<step>/, damaged_checkpoints/
                           verified orbax checkpoints (``pgjax.train.checkpoints``)
   tokenizer/              the tokenizer the run used (and the checkpoint's generation_config.json)
@@ -23,9 +23,9 @@ last that holds some; ``restart`` moves them aside first), and a resume whose ex
 from the saved one in anything that changes the maths or the data, or whose input files hold
 other bytes, is refused with the list of changes unless they are accepted (``accept_changes``).
 ``create`` takes the directory's lock (a second run on a live directory gets a ConfigError naming
-the holder) and makes it; ``start`` opens the metric sinks; the first record writes a new run's
-first files or a resume's changes. On several processes every process writes its shards of each
-checkpoint and process 0 alone writes everything else (and holds the lock).
+the holder) and makes it; ``start`` opens the metric sinks and completions.jsonl; the first record
+writes a new run's first files or a resume's changes. On several processes every process writes
+its shards of each checkpoint and process 0 alone writes everything else (and holds the lock).
 """
 from __future__ import annotations
 
@@ -286,6 +286,7 @@ class RunDirectory:
         self.primary = True         # until ``create``: no JAX call before jax.distributed starts
         self.checkpoints: Checkpoints | None = None
         self.sinks: list[Sink] = []
+        self.completions_file: MetricsFile | None = None
         self.lock = RunLock(self.directory)
         self.changes = self._changes(accept_changes) if self.resume else {}
         self.saved_inputs = (_saved_json(self.directory / INPUTS_FILE, "the input files are", accept_changes)
@@ -302,6 +303,10 @@ class RunDirectory:
     @property
     def metrics_path(self) -> pathlib.Path:
         return self.directory / "metrics.jsonl"
+
+    @property
+    def completions_path(self) -> pathlib.Path:
+        return self.directory / "completions.jsonl"
 
     def _changes(self, accept: bool) -> dict[str, tuple]:
         """The keys this resume changes; ConfigError for a change of the maths or data not ``accept``-ed."""
@@ -370,10 +375,11 @@ class RunDirectory:
 
     def start(self, tokenizer, start_step: int) -> None:
         """Open the metric sinks the experiment enables (see ``pgjax.train.sinks``: a resume drops what
-        was logged after ``start_step``); a resume rewrites a missing tokenizer/ (process 0). A new
-        run's experiment.json, inputs.json and tokenizer/, or a resume's changes, are written with the
-        first record (``log``): a run stopped before it holds no results, a change that never ran is
-        not recorded."""
+        was logged after ``start_step``), and completions.jsonl when ``logging.completions_every`` logs
+        completions or the file is there (a new run empties it, a resume cuts it); a resume rewrites a
+        missing tokenizer/ (process 0). A new run's experiment.json, inputs.json and tokenizer/, or a
+        resume's changes, are written with the first record (``log``): a run stopped before it holds
+        no results, a change that never ran is not recorded."""
         if not self.primary:
             return
         self.tokenizer, self.start_step = tokenizer, start_step
@@ -383,6 +389,8 @@ class RunDirectory:
         if logging.tensorboard:
             self.sinks.insert(0, TensorBoard(self.directory, since))
         self.sinks.insert(0, MetricsFile(self.metrics_path, since))
+        if logging.completions_every or self.completions_path.exists():
+            self.completions_file = MetricsFile(self.completions_path, since)
         self.unrecorded = not self.resume or bool(self.changes or self.input_changes)
         if self.resume:
             if not _holds_tokenizer(self.directory / "tokenizer"):
@@ -430,6 +438,16 @@ class RunDirectory:
             self.unrecorded = False
         for sink in self.sinks:
             sink.log(record)
+
+    def log_completions(self, rows: list[dict]) -> None:
+        """One step's logged completions (``pgjax.train.completions``; after that step's ``log``) to
+        completions.jsonl, a line per row, and to every sink (none but on process 0)."""
+        if not self.primary or not rows or self.completions_file is None:
+            return
+        for row in rows:
+            self.completions_file.log(row)
+        for sink in self.sinks:
+            sink.log_completions(rows)
 
     def export(self, policy) -> None:
         """``final/``: the policy as a Hugging Face checkpoint with the run's tokenizer (with LoRA: the

@@ -1,20 +1,26 @@
-"""Where a run's metric records go: logging sinks behind one interface, reading the records back,
-and the curves drawn from them.
+"""Where a run's metric records and logged completions go: logging sinks behind one interface,
+reading them back, and the curves drawn from the records.
 
   metrics.jsonl           ``MetricsFile``: one JSON line per RL step (and the step-0 evaluation);
                           non-finite numbers as null
-  events.out.tfevents.*   ``TensorBoard``: the same numbers (``tensorboard --logdir runs/``)
-  wandb/, wandb_run_id    ``WandB``: the same numbers in a Weights & Biases run (optional package)
+  completions.jsonl       a second ``MetricsFile``: one JSON line per logged completion
+                          (``pgjax.train.completions``)
+  events.out.tfevents.*   ``TensorBoard``: the same numbers (``tensorboard --logdir runs/``), and each
+                          step's completions as a markdown table (the Text tab, tag ``completions``)
+  wandb/, wandb_run_id    ``WandB``: the same numbers and a ``completions`` table per logged step in a
+                          Weights & Biases run (optional package)
   curves.png              ``plot``: reward / accuracy / length / KL / entropy curves, drawn at the end
 
-A ``Sink`` takes records (``log``: a dict with an int ``step``, numbers, None) and is closed once
-(``close``). Each opens for a new run or a resumed one: a resume starts after ``start_step``, and
-what a killed run wrote after that checkpoint is dropped (metrics.jsonl cut, TensorBoard events
-purged, W&B continuing the same run, which ignores re-logged steps). ``read_records`` reads
-metrics.jsonl back, leaving out a torn last line.
+A ``Sink`` takes records (``log``: a dict with an int ``step``, numbers, None) and a step's
+completion rows (``log_completions``), and is closed once (``close``). Each opens for a new run or a
+resumed one: a resume starts after ``start_step``, and what a killed run wrote after that checkpoint
+is dropped (the JSONL files cut, TensorBoard events purged, W&B continuing the same run, which
+ignores re-logged steps). ``read_records`` and ``read_completions`` read the JSONL files back,
+leaving out a torn last line.
 """
 from __future__ import annotations
 
+import html
 import json
 import math
 import os
@@ -36,6 +42,10 @@ class Sink:
         """Write one record: ``{"step": int, key: number or None, ...}`` (numbers may be non-finite)."""
         raise NotImplementedError
 
+    def log_completions(self, rows: list[dict]) -> None:
+        """Write one step's logged completions (``pgjax.train.completions``: dicts of one ``step``);
+        by default nothing."""
+
     def close(self, failed: bool = False) -> None:
         """Flush and release what the sink holds; ``failed``: the run ended with an error."""
 
@@ -46,8 +56,8 @@ def _numbers(record: dict) -> dict[str, float]:
             if k != "step" and isinstance(v, (int, float)) and math.isfinite(v)}
 
 
-def _metric_lines(path: pathlib.Path) -> tuple[list[tuple[int, dict]], int]:
-    """(end offset, record) of every complete line of a metrics file, and the size of a torn last line
+def _record_lines(path: pathlib.Path) -> tuple[list[tuple[int, dict]], int]:
+    """(end offset, record) of every complete line of a JSONL file, and the size of a torn last line
     (one without its newline, or not JSON: a write cut short) to drop; a bad line before the last is a
     ValueError naming it."""
     data = path.read_bytes() if path.exists() else b""
@@ -70,14 +80,26 @@ def _metric_lines(path: pathlib.Path) -> tuple[list[tuple[int, dict]], int]:
     return lines, torn
 
 
+def _read(path: pathlib.Path) -> list[dict]:
+    """The records of a JSONL file (none if it is missing; a torn last line, from a run killed while
+    writing it, is left out)."""
+    return [record for _, record in _record_lines(path)[0]]
+
+
 def read_records(directory) -> list[dict]:
-    """The metric records of the run in ``directory`` (none before its first line; a torn last line,
-    from a run killed while writing it, is left out)."""
-    return [record for _, record in _metric_lines(pathlib.Path(directory) / "metrics.jsonl")[0]]
+    """The metric records of the run in ``directory`` (metrics.jsonl, see ``_read``)."""
+    return _read(pathlib.Path(directory) / "metrics.jsonl")
+
+
+def read_completions(directory) -> list[dict]:
+    """The logged completions of the run in ``directory`` (completions.jsonl, see ``_read``), one dict
+    per row in step order (``pgjax.train.completions``)."""
+    return _read(pathlib.Path(directory) / "completions.jsonl")
 
 
 class MetricsFile(Sink):
-    """metrics.jsonl: one JSON line per record, non-finite numbers as null. A new run
+    """A JSONL file of step records (metrics.jsonl; completions.jsonl too, whose rows ``log`` writes
+    one by one): one JSON line per record, non-finite numbers as null. A new run
     (``start_step`` None) starts it empty (leftovers of a run that never checkpointed are not its);
     a resumed one cuts it after its last line at or before ``start_step`` (and a torn last line,
     saying so on stderr); a bad line before the last is a ConfigError."""
@@ -93,7 +115,7 @@ class MetricsFile(Sink):
         """Truncate the file after its last record at or before ``start_step`` (the lines after it are
         redone); a torn last line is dropped with a message."""
         try:
-            lines, torn = _metric_lines(self.path)
+            lines, torn = _record_lines(self.path)
         except ValueError as error:
             raise ConfigError(f"--resume: {error}; repair or remove that line") from None
         if torn:
@@ -125,6 +147,10 @@ class TensorBoard(Sink):
             self.writer.add_scalar(key, value, record["step"])
         self.writer.flush()
 
+    def log_completions(self, rows: list[dict]) -> None:
+        self.writer.add_text("completions", markdown_table(rows), rows[0]["step"])
+        self.writer.flush()
+
     def close(self, failed: bool = False) -> None:
         self.writer.close()
 
@@ -150,8 +176,43 @@ class WandB(Sink):
     def log(self, record: dict) -> None:
         self.run.log(_numbers(record), step=record["step"])
 
+    def log_completions(self, rows: list[dict]) -> None:
+        import wandb
+        columns = table_columns(rows)
+        table = wandb.Table(columns=columns, data=[[row.get(c) for c in columns] for row in rows])
+        self.run.log({"completions": table}, step=rows[0]["step"])
+
     def close(self, failed: bool = False) -> None:
         self.run.finish(exit_code=1 if failed else 0)
+
+
+def table_columns(rows: list[dict]) -> list[str]:
+    """The columns of a table of completion rows: every key of the rows (in their order) but ``step``."""
+    return [key for key in dict.fromkeys(k for row in rows for k in row) if key != "step"]
+
+
+def _cell(value) -> str:
+    """A markdown table cell showing ``value`` as is: numbers to 4 significant digits, None empty;
+    text with HTML and markdown's inline marks escaped and line breaks as ``<br>``."""
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if not isinstance(value, str):
+        return str(value)
+    text = html.escape(value, quote=False)
+    for mark in "\\`*_[]|":
+        text = text.replace(mark, "\\" + mark)
+    return text.replace("\r\n", "\n").replace("\n", "<br>")
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """The completion rows of one step as a markdown table (``table_columns``), as TensorBoard's Text
+    tab renders it."""
+    columns = table_columns(rows)
+    lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
+    lines += ["| " + " | ".join(_cell(row.get(c)) for c in columns) + " |" for row in rows]
+    return "\n".join(lines)
 
 
 def plot(records: list[dict], path, title: str) -> None:

@@ -33,6 +33,7 @@ from pgjax.parallel import mesh as mesh_lib
 from pgjax.parallel import multihost
 from pgjax.parallel.mesh import learner_and_sampler_meshes, shard
 from pgjax.rewards import RewardError, combine, format_reward, reward_function, with_timeout
+from pgjax.train.completions import logged_at, with_advantages
 from pgjax.train.context import task_context, user_error
 from pgjax.train import interrupts
 from pgjax.train.evaluation import evaluate
@@ -93,6 +94,7 @@ class Trainer:
         self.skipped_in_a_row = 0    # consecutive steps whose every update was non-finite (and skipped)
         self.warm_started = not exp.warm_start.steps      # nothing to do, or done (or restored)
         self.started = False        # the step-0 evaluation is logged (or the run restored): fit goes on from here
+        self.completions: list[dict] | None = None      # the last step's logged completions (pgjax.train.completions)
 
     @property
     def tokenizer(self):
@@ -184,7 +186,10 @@ class Trainer:
         while the device runs the update (a separate sampler mesh also samples meanwhile). In a
         ``jax.profiler`` trace the phases are named ``pgjax/sample_dispatch``, ``pgjax/prepare``,
         ``pgjax/update_dispatch``, ``pgjax/score`` (in it ``pgjax/read_back``, waiting for the sampler, and
-        ``pgjax/decode_and_score``) and ``pgjax/update_wait``."""
+        ``pgjax/decode_and_score``) and ``pgjax/update_wait``.
+
+        On a step that logs completions (``logging.completions_every``) ``self.completions`` holds the
+        rows drawn from the batch, with their advantages (``pgjax.train.completions``); else None."""
         exp, staleness = self.exp, self.exp.rollout.staleness
         t0 = time.perf_counter()
         batch = self.pipeline.take(self.state, self.step_count)
@@ -207,6 +212,8 @@ class Trainer:
         with jax.profiler.TraceAnnotation("pgjax/update_wait"):
             metrics = jax.device_get(metrics)
         t3 = time.perf_counter()
+        logged = batch.logged is not None and logged_at(exp.logging, self.step_count + 1)
+        self.completions = with_advantages(batch.logged, rollout, self.mesh) if logged else None
         lag = self.step_count - batch.sampled_at
         self.step_count += 1
         self.started = True
@@ -272,9 +279,10 @@ class Trainer:
     def fit(self, run: RunDirectory | None = None, callbacks=(), progress: bool = True) -> None:
         """Train to ``steps``: a fresh trainer first runs the warm start and logs the step-0 evaluation;
         then each step, with evaluation every ``eval_every`` steps and at the end. With a ``run``
-        directory every record is logged and a checkpoint written every ``checkpoint_every`` steps
-        and at the end; ``callbacks`` see every step. A stop signal (``interrupts.graceful_stop``)
-        ends the loop after the current step with its checkpoint written: RunInterrupted."""
+        directory every record and the logged completions are written, and a checkpoint every
+        ``checkpoint_every`` steps and at the end; ``callbacks`` see every step. A stop signal
+        (``interrupts.graceful_stop``) ends the loop after the current step with its checkpoint
+        written: RunInterrupted."""
         exp, callbacks = self.exp, tuple(callbacks)
         if run is not None and run.checkpoints is None:
             raise ValueError("fit(run): call run.create() and run.start(...) first (as train() does)")
@@ -293,7 +301,7 @@ class Trainer:
                 callback.after_step(self, record)
             bar.update(record)
             checkpoint = self.step_count % exp.checkpoint_every == 0 or self.step_count == exp.steps
-            self._emit(record, run, checkpoint)
+            self._emit(record, run, checkpoint, self.completions)
             if self.skipped_in_a_row >= exp.update.max_skipped_steps:
                 raise RunStopped(f"steps {self.step_count - self.skipped_in_a_row + 1}..{self.step_count}: every "
                                  "update had a non-finite loss, gradient or result (or no finite reward) and was "
@@ -317,9 +325,14 @@ class Trainer:
         raise RunInterrupted(signum, f"after step {self.step_count}, its checkpoint written; --resume continues "
                                      "from it")
 
-    def _emit(self, record: dict, run: RunDirectory | None, checkpoint: bool = True) -> None:
+    def _emit(self, record: dict, run: RunDirectory | None, checkpoint: bool = True,
+              completions: list[dict] | None = None) -> None:
+        """``record`` and the step's logged ``completions`` to ``run``, then its checkpoint (so that
+        a resume, which drops what was logged after its checkpoint, never repeats nor loses a line)."""
         if run is not None:
             run.log(record)
+            if completions:
+                run.log_completions(completions)
             if checkpoint:
                 self.save(run.checkpoints)
 
