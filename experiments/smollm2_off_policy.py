@@ -41,7 +41,7 @@ VARIANTS = {
     "s2": ("rollout.staleness=2", "algorithm.correction=ignore"),
     "s2_token_tis": ("rollout.staleness=2", *TIS),
 }
-EVALUATED = ("greedy_accuracy", "pass@1", "pass@8", "mean_length", "truncation_rate")
+EVALUATED = ("greedy_accuracy", "pass@1", "pass@8", "mean_length")
 MISMATCH = ("mismatch_abs", "mismatch_kl", "mismatch_outside", "is_limited")
 
 
@@ -62,12 +62,22 @@ def train_and_evaluate(variant: str, runs: pathlib.Path, out: pathlib.Path, expe
                         "--temperature", "0.7", "--json", str(out / f"{variant}.json")], check=True)
 
 
+def truncation(metrics: dict) -> dict:
+    """The share of sampled responses cut at the budget: 1 - ``finish_rate`` with its interval turned
+    around, or ``truncation_rate`` as reports written before the finish rate have it."""
+    if "truncation_rate" in metrics:
+        return metrics["truncation_rate"]
+    finished = metrics["finish_rate"]
+    return {"value": 1 - finished["value"], "ci95": [1 - finished["ci95"][1], 1 - finished["ci95"][0]]}
+
+
 def summarise(variant: str, records: list[dict], evaluation: dict) -> dict:
     """One variant's row: the evaluation's values and 95% intervals, the mismatch metrics' mean over
     all RL steps, the median step time and the wall time of the RL steps."""
     steps = [r for r in records if "accuracy" in r]
     return {"overrides": list(VARIANTS[variant]),
             **{key: evaluation["metrics"][key] for key in EVALUATED},
+            "truncation_rate": truncation(evaluation["metrics"]),
             **{key: tail_mean([r.get(key) for r in steps], len(steps)) for key in MISMATCH},
             "mismatch_abs_max": max(r["mismatch_abs_max"] for r in steps),
             "step_seconds": float(np.median([r["time_step"] for r in steps])),

@@ -1,20 +1,35 @@
 """The evaluation command line: a checkpoint or a run's policy on a task's held-out prompts, with 95%
-confidence intervals (the metrics and intervals: ``pgjax.train.evaluation``).
+confidence intervals (the metrics and intervals: ``pgjax.train.evaluation``), and the paired comparison
+of such evaluations (``compare``; the statistics: ``pgjax.train.paired``).
 
     python -m pgjax.eval MODEL_OR_RUN --task NAME [--set task.KEY=VALUE ...] [--prompts P] [--samples N]
-                         [--k 1,8] [--max-new-tokens T] [--temperature 1.0] [--seed 0] [--json OUT.json]
+                         [--k 1,8] [--max-new-tokens T[,T...]] [--temperature 1.0] [--seed 0]
+                         [--by difficulty,op,kind] [--batch-rows 512] [--json OUT.json]
+    python -m pgjax.eval compare LABEL=REPORT.json[@T][,REPORT.json[@T]...] LABEL=... [--budget T]
+                         [--resamples 10000] [--seed 0] [--json OUT.json]
 
 Held-out prompts: the task context of the experiment (``pgjax.train.context.task_context``, as the
 Trainer builds it), whose evaluation prompts are ``task.examples(P, seed=stream_seed(seed, "eval",
 0))``. On a run directory ``seed``, ``P`` (``eval_prompts``), the task, ``max_prompt_tokens`` and
 ``max_new_tokens`` default to the run's ``experiment.json``, so the prompts are exactly those the run
 evaluated on during training (a dataset task's records fitted to the run's ``max_prompt_tokens``),
-rendered the same way and stopped by the same tokens. ``--json`` writes the results with the task's
-options and each prompt's correct counts.
+rendered the same way and stopped by the same tokens; ``--set task.held_out=templates`` (word_math)
+evaluates on phrasings training never drew. Several budgets (``--max-new-tokens 64,256,512``) are
+evaluated one after another on the same prompts with the same key and printed as one table, a row
+per budget and stratum (``--by``: the example tags to group by). ``--json`` writes the results with the
+task's options, each prompt's text, tags and outcomes (one budget: the results at the top level;
+several: a ``budgets`` list).
+
+``compare`` reads two or more such reports, one label per model with one report per run (e.g. per
+training seed), all evaluated on the same prompts (the same ``--seed``, ``--prompts`` and task options;
+otherwise it refuses), and prints each model's metrics across its runs (mean, standard deviation,
+min-max) and, for each pair, the mean per-prompt difference with its paired bootstrap interval and
+the exact sign-flip test (McNemar's exact test for one greedy run each). ``REPORT.json@T`` picks budget
+T of a report with several.
 
 Exit status: 0 done; 1 a reward function failed on the model's responses (it raised, did not return
 within ``task.reward_timeout``, or returned something that is not a number; one line names it); 2 a
-mistake in the arguments or the task, found before any sampling.
+mistake in the arguments, the task or a report, found before any sampling.
 """
 from __future__ import annotations
 
@@ -31,7 +46,8 @@ from pgjax.models import hf
 from pgjax.rewards import RewardError
 from pgjax.sample import Decoding
 from pgjax.train.context import task_context
-from pgjax.train.evaluation import check_ks, evaluate, to_markdown
+from pgjax.train import paired
+from pgjax.train.evaluation import BATCH_ROWS, RESAMPLES, STRATA, check_ks, evaluate, strata_of, to_markdown
 from pgjax.train.experiment import ConfigError, Experiment, ModelSection, TaskSection, override
 from pgjax.train.rollout import RolloutConfig
 
@@ -75,36 +91,62 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m pgjax.eval", description=__doc__.split("\n\n")[0])
     parser.add_argument("model", metavar="MODEL_OR_RUN",
                         help="a Hugging Face checkpoint directory, or a pgjax run directory (its final/ policy; "
-                             "task, prompts, seed and token budgets default to its experiment.json)")
+                             "task, prompts, seed and token budgets default to its experiment.json); "
+                             "'compare' compares reports instead (python -m pgjax.eval compare --help)")
     parser.add_argument("--task", help="the task (a registered name or package.module:factory); required for a "
                                        "checkpoint directory, default for a run: the run's")
     parser.add_argument("--set", action="append", default=[], metavar="task.KEY=VALUE",
-                        help="a task option (repeatable), e.g. task.digits=3")
+                        help="a task option (repeatable), e.g. task.digits=3 or task.held_out=templates")
     parser.add_argument("--prompts", type=int, help="held-out prompts (default: the run's eval_prompts, else 256)")
     parser.add_argument("--samples", type=int, default=8, help="sampled responses per prompt (0: greedy only)")
-    parser.add_argument("--k", help="comma-separated k of pass@k (default: 1 and --samples)")
-    parser.add_argument("--max-new-tokens", type=int, help="response budget (default: the run's)")
+    parser.add_argument("--k", help="comma-separated k of pass@k (default: 1 and --samples; 1 is always reported)")
+    parser.add_argument("--max-new-tokens", help="response budget, or comma-separated budgets evaluated one after "
+                                                 "another, e.g. 64,256,512 (default: the run's)")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the sampled pass")
     parser.add_argument("--seed", type=int, help="seed of the prompts and the sampling (default: the run's, else 0)")
+    parser.add_argument("--by", help="comma-separated example tags to report each value of (default: those of "
+                                     f"{','.join(STRATA)} the examples carry; '' for none)")
+    parser.add_argument("--batch-rows", type=int, default=BATCH_ROWS,
+                        help="responses per sampler call (its KV cache grows with rows x (prompt + budget) tokens)")
     parser.add_argument("--json", metavar="OUT.json", help="also write the results as JSON")
     return parser.parse_args(argv)
+
+
+def _integers(option: str, text: str) -> list[int]:
+    """A comma-separated list of integers; ValueError naming ``option`` otherwise."""
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ValueError(f"{option}={text!r}: expected comma-separated integers such as 1,8") from None
 
 
 def _ks(text: str | None, samples: int) -> tuple[int, ...]:
     """``--k`` as integers (default: 1 and ``samples``), checked against ``samples``."""
     if text is None:
         return check_ks((1, samples) if samples else (), samples)
-    try:
-        ks = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise ValueError(f"--k={text!r}: expected comma-separated integers such as 1,8") from None
-    return check_ks(ks, samples)
+    return check_ks(_integers("--k", text), samples)
+
+
+def _budgets(text: str | None, run: Experiment | None, model) -> list[int]:
+    """``--max-new-tokens`` as distinct budgets in their order (default: the run's); ConfigError when a
+    checkpoint has no default, ValueError for a budget < 1."""
+    if text is None:
+        if run is None:
+            raise ConfigError(f"--max-new-tokens is required for {model} (a run directory's experiment.json "
+                              "gives a default)")
+        return [run.rollout.max_new_tokens]
+    budgets = list(dict.fromkeys(_integers("--max-new-tokens", text)))
+    if min(budgets) < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {text}")
+    return budgets
 
 
 def setup(args: argparse.Namespace) -> dict:
     """Everything ``evaluate`` and the report need from the command line: the model, its task context,
     held-out examples and settings (ConfigError / ValueError / OSError for bad input, before any sampling)."""
     ks = _ks(args.k, args.samples)
+    if args.batch_rows < 1:
+        raise ValueError(f"--batch-rows must be >= 1, got {args.batch_rows}")
     model_dir, run = locate_model(args.model)
     if run is None and not args.task:
         raise ConfigError(f"--task is required for {args.model} (only a run directory's experiment.json names one)")
@@ -115,43 +157,92 @@ def setup(args: argparse.Namespace) -> dict:
     prompts = exp.eval_prompts if args.prompts is None else args.prompts
     if prompts < 1:
         raise ValueError(f"--prompts must be >= 1, got {prompts}")
+    budgets = _budgets(args.max_new_tokens, run, args.model)
     exp = dataclasses.replace(exp, eval_prompts=prompts, seed=exp.seed if args.seed is None else args.seed)
     context = task_context(exp, model_dir, fit_to=run.rollout.max_prompt_tokens if run else None)
     examples = context.eval_examples
+    by = STRATA if args.by is None else [tag for tag in args.by.split(",") if tag]
+    missing = [tag for tag in by if tag not in examples[0] and args.by is not None]
+    if missing:
+        raise ValueError(f"--by {missing[0]}: the examples carry no such tag (they have {', '.join(examples[0])})")
+    strata_of(examples, by)
     ids = context.tokenizer(context.render([e["prompt"] for e in examples]), add_special_tokens=False)["input_ids"]
-    max_new_tokens = args.max_new_tokens
-    if max_new_tokens is None and run is not None:
-        max_new_tokens = run.rollout.max_new_tokens
-    if max_new_tokens is None:
-        raise ConfigError(f"--max-new-tokens is required for {args.model} (a run directory's experiment.json "
-                          "gives a default)")
     policy = hf.load(model_dir, param_dtype=exp.model.param_dtype, compute_dtype=exp.model.compute_dtype)
     return {"policy": policy, "tokenizer": context.tokenizer,
             "task": context.task, "examples": examples, "samples": args.samples, "ks": ks,
-            "decoding": Decoding(max_new_tokens=max_new_tokens, temperature=args.temperature),
+            "decodings": [Decoding(max_new_tokens=budget, temperature=args.temperature) for budget in budgets],
             "max_prompt_tokens": max(max(map(len, ids)), run.rollout.max_prompt_tokens if run else 0),
-            "eos_ids": context.eos_ids, "prompt_format": context.prompt_format,
-            "key": jax.random.PRNGKey(exp.seed),
+            "eos_ids": context.eos_ids, "prompt_format": context.prompt_format, "by": by,
+            "batch_rows": args.batch_rows, "key": jax.random.PRNGKey(exp.seed),
             "about": {"model": str(args.model), "task": exp.task.name, "task_options": exp.task.options(),
                       "seed": exp.seed}}
 
 
+def parse_compare_args(argv) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m pgjax.eval compare",
+                                     description="Paired comparison of pgjax.eval --json reports on the same prompts")
+    parser.add_argument("models", nargs="+", metavar="LABEL=REPORT.json[@T][,REPORT.json[@T]...]",
+                        help="a model: its label and its reports, one per run (e.g. per training seed); @T picks "
+                             "budget T of a report with several")
+    parser.add_argument("--budget", type=int, help="the budget of every report without @T (default: its only one)")
+    parser.add_argument("--resamples", type=int, default=RESAMPLES, help="bootstrap resamples (>= 10000)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap resamples")
+    parser.add_argument("--json", metavar="OUT.json", help="also write the comparison as JSON")
+    return parser.parse_args(argv)
+
+
+def compare_models(args: argparse.Namespace) -> dict:
+    """``paired.compare`` of the reports the arguments name (ValueError for a malformed argument or report)."""
+    models = {}
+    for argument in args.models:
+        label, _, reports = argument.partition("=")
+        if not label or not reports or label in models:
+            raise ValueError(f"{argument!r}: expected LABEL=REPORT.json[,REPORT.json...] with a label of its own")
+        models[label] = []
+        for report in reports.split(","):
+            path, at, budget = report.rpartition("@") if "@" in report else (report, "", "")
+            if at and not budget.isdigit():
+                raise ValueError(f"{report!r}: expected REPORT.json@BUDGET with a whole number of tokens")
+            models[label].append(paired.load_evaluation(path, int(budget) if at else args.budget))
+    return paired.compare(models, args.resamples, args.seed)
+
+
+def _error(command: str, error: Exception) -> int:
+    print(f"{command}: error: {' '.join(str(error).split())}", file=sys.stderr)
+    return 2
+
+
+def compare_main(argv) -> int:
+    args = parse_compare_args(argv)
+    try:
+        comparison = compare_models(args)
+    except (ValueError, OSError) as error:
+        return _error("pgjax.eval compare", error)
+    print(paired.to_markdown(comparison))
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(comparison, indent=2))
+    return 0
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["compare"]:
+        return compare_main(argv[1:])
     args = parse_args(argv)
     try:
         settings = setup(args)
     except (ValueError, TypeError, OSError, KeyError) as error:     # ConfigError is a ValueError
-        print(f"pgjax.eval: error: {' '.join(str(error).split())}", file=sys.stderr)
-        return 2
-    about = settings.pop("about")
+        return _error("pgjax.eval", error)
+    about, decodings = settings.pop("about"), settings.pop("decodings")
     try:
-        results = evaluate(**settings)
+        evaluations = [evaluate(**settings, decoding=decoding) for decoding in decodings]
     except RewardError as error:
         print(f"pgjax.eval: stopped: {error}", file=sys.stderr)
         return 1
-    print(to_markdown(results))
+    print(to_markdown(evaluations))
     if args.json:
-        pathlib.Path(args.json).write_text(json.dumps({**about, **results}, indent=2))
+        report = {**about, **evaluations[0]} if len(evaluations) == 1 else {**about, "budgets": evaluations}
+        pathlib.Path(args.json).write_text(json.dumps(report, indent=2))
     return 0
 
 

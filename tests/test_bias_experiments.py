@@ -151,3 +151,13 @@ def test_a_study_keeps_only_seeds_every_variant_finished_under_the_same_settings
     assert finished_seeds(path, {**settings, "overrides": []}, ["a"], 3) == {"a": {}}
     assert finished_seeds(path, {**settings, "steps": 6}, ["a"], 3) == {"a": {}}
     assert finished_seeds(path, settings, ["a"], 1) == {"a": {0: {"step": [1]}}}
+
+
+def test_smollm2_off_policy_reads_the_truncation_of_old_and_new_reports(monkeypatch):
+    """Reports before the finish rate hold ``truncation_rate``; newer ones ``finish_rate``, its complement."""
+    monkeypatch.syspath_prepend(str(EXPERIMENTS))
+    sp = _load("smollm2_off_policy")
+    new = sp.truncation({"finish_rate": {"value": 0.75, "ci95": [0.625, 0.875], "interval": "bootstrap"}})
+    assert new == {"value": 0.25, "ci95": [0.125, 0.375]}
+    old = {"value": 0.4, "ci95": [0.3, 0.5], "interval": "wilson"}
+    assert sp.truncation({"truncation_rate": old}) is old

@@ -1,13 +1,17 @@
 """pgjax.rewards.word_math: English arithmetic prompts, their demonstrations, the boxed verifier and format rule."""
 import collections
+import hashlib
+import json
 import re
 
 import numpy as np
 import pytest
+from helpers import tiny_experiment
 
 from pgjax import rewards as R
 from pgjax.rewards import word_math as W
-from pgjax.train.experiment import TaskSection
+from pgjax.train.experiment import ConfigError, Experiment, TaskSection, override
+from pgjax.train.trainer import Trainer
 
 
 def score(fn, completions, target):
@@ -217,3 +221,80 @@ def test_registry_and_task_section():
     for bad in ({"digits": 0}, {"ops": "+/"}, {"answer_from": "last"}, {"word_share": 1.5}):
         with pytest.raises(ValueError):
             R.WordMathTask(**bad)
+
+
+def template_pattern(template: str) -> str:
+    """A regex that a prompt of ``template`` (instruction removed) fully matches, whatever its operands and name."""
+    return (re.escape(template).replace(r"\{a\}", r"\d+").replace(r"\{b\}", r"\d+")
+            .replace(r"\{sym\}", "[+×-]").replace(r"\{name\}", "[A-Z][a-z]+"))
+
+
+TRAIN = (*W.EXPRESSION_TEMPLATES, *(t for ts in W.WORD_TEMPLATES.values() for t in ts))
+HELD_OUT = (*W.HELD_OUT_EXPRESSION_TEMPLATES, *(t for ts in W.HELD_OUT_WORD_TEMPLATES.values() for t in ts))
+
+
+def templates_of(prompt: str, templates) -> list[str]:
+    question = prompt.removesuffix(" " + W.INSTRUCTION)
+    return [t for t in templates if re.fullmatch(template_pattern(t), question)]
+
+
+def test_training_examples_are_those_drawn_before_the_held_out_splits():
+    """held_out="none" draws exactly what WordMathTask drew before held-out phrasings and the kind tag existed
+    (the SHA-256 of those examples, computed then)."""
+    examples = [{k: v for k, v in e.items() if k != "kind"} for e in R.WordMathTask(digits=3).examples(500, seed=1)]
+    digest = hashlib.sha256(json.dumps(examples).encode()).hexdigest()
+    assert digest == "4b65e57026bbfaec9b661602893053b76308d0dea1ef2482a1763e95a6cf3866"
+
+
+def test_training_never_draws_a_held_out_template_and_the_held_out_split_draws_only_those():
+    assert len(HELD_OUT) == len(TRAIN) and not set(HELD_OUT) & set(TRAIN)
+    used = {"none": set(), "templates": set()}
+    for held_out, own, other in (("none", TRAIN, HELD_OUT), ("templates", HELD_OUT, TRAIN)):
+        for word_share in (0.0, 0.5, 1.0):
+            for seed in range(4):
+                for e in R.WordMathTask(digits=2, word_share=word_share, held_out=held_out).examples(200, seed=seed):
+                    (template,) = templates_of(e["prompt"], own)
+                    assert not templates_of(e["prompt"], other), e["prompt"]
+                    expression = template in W.EXPRESSION_TEMPLATES + W.HELD_OUT_EXPRESSION_TEMPLATES
+                    assert e["kind"] == ("expression" if expression else "word")
+                    used[held_out].add(template)
+    assert used == {"none": set(TRAIN), "templates": set(HELD_OUT)}          # every template is drawn
+
+
+def test_every_held_out_template_states_an_answer_equal_to_its_target():
+    for op in "+-*":
+        for word_share in (0.0, 1.0):
+            for e in R.WordMathTask(digits=2, ops=op, word_share=word_share, held_out="both").examples(100, seed=5):
+                a, b = operands(e)
+                value = a + b if op == "+" else a - b if op == "-" else a * b
+                assert e["target"] == value and e["op"] == op
+                numbers = [int(n) for n in re.findall(r"\d+", e["prompt"])]
+                assert sorted(numbers) == sorted((a, b)), e["prompt"]           # the operands, and no other number
+                assert e["kind"] == ("word" if word_share else "expression")
+
+
+@pytest.mark.parametrize("digits", [1, 2, 3, 17])
+def test_held_out_numbers_lie_outside_the_training_range(digits):
+    train = R.WordMathTask(digits=digits).examples(300, seed=2)
+    assert max(max(operands(e)) for e in train) < 10 ** digits
+    for held_out in ("numbers", "both"):
+        for e in R.WordMathTask(digits=digits, held_out=held_out).examples(300, seed=2):
+            a, b = operands(e)
+            assert 10 ** digits <= max(a, b) < 10 ** (digits + 1) and min(a, b) >= 2
+            assert e["difficulty"] == digits + 1
+            templates = HELD_OUT if held_out == "both" else TRAIN
+            assert len(templates_of(e["prompt"], templates)) == 1
+    smaller = {len(str(min(operands(e)))) for e in R.WordMathTask(digits=digits, held_out="numbers").examples(300)}
+    assert smaller <= set(range(1, digits + 2)) and (digits > 3 or smaller == set(range(1, digits + 2)))
+
+
+def test_held_out_is_a_task_option_and_training_refuses_it(tmp_path):
+    exp = override(Experiment(), ["task.name=word_math", "task.held_out=templates", "task.digits=3"])
+    assert R.make_task(exp.task.name, **exp.task.options()) == R.WordMathTask(digits=3, ops="+", held_out="templates")
+    for bad, message in (({"held_out": "test"}, "held_out must be one of none, templates, numbers, both"),
+                         ({"held_out": "numbers", "digits": 18}, "digits must be <= 17")):
+        with pytest.raises(ValueError, match=message):
+            R.WordMathTask(**bad)
+    training = tiny_experiment(tmp_path, task=TaskSection(name="word_math", held_out="numbers"))
+    with pytest.raises(ConfigError, match="task.held_out='numbers' is a held-out evaluation split"):
+        Trainer(training)

@@ -14,7 +14,20 @@ operand is 2-9. The operator is drawn uniformly from ``ops``
 (``"+-*"``); a difference is always the larger minus the smaller, so every
 target is a non-negative integer. Each prompt is a word problem with
 probability ``word_share`` (default 0.5), its template drawn from those of the
-operator, else a bare expression.
+operator, else a bare expression. Each example is tagged with its ``difficulty``,
+``op`` and ``kind`` (``"word"`` or ``"expression"``), which evaluation groups by.
+
+Held-out phrasings (``held_out``): training draws only ``EXPRESSION_TEMPLATES``
+and ``WORD_TEMPLATES``, with operands below ``10 ** digits``. ``held_out=
+"templates"`` draws from a second set, ``HELD_OUT_EXPRESSION_TEMPLATES`` and
+``HELD_OUT_WORD_TEMPLATES`` (other verbs, objects and sentence shapes), that
+training never sees; ``"numbers"`` keeps the training templates but gives every
+example difficulty ``digits + 1``: its larger operand has one digit more than
+training's largest (so it lies outside the training range, ``>= 10 ** digits``),
+the other 1..``digits + 1`` digits as usual; ``"both"`` does both. These splits
+are for evaluation (``python -m pgjax.eval ... --set task.held_out=templates``);
+the Trainer refuses to train on them. ``held_out="none"`` (the default) draws
+exactly the examples it drew before the splits existed.
 
 Answers: the verifier reads the only number of the last ``\\boxed{}`` with
 non-blank content, or, with ``answer_from="boxed_or_last_number"`` (the
@@ -57,6 +70,23 @@ WORD_TEMPLATES = {
           "A garden has {a} rows of {b} flowers. How many flowers are in the garden?",
           "{name} buys {a} bags with {b} marbles in each. How many marbles does {name} buy?"),
 }
+
+# The held-out phrasings: no template of these is one of the above, and no prompt of one set matches a
+# template of the other (tested); the same placeholders and operand order.
+HELD_OUT_EXPRESSION_TEMPLATES = ("Find {a} {sym} {b}.", "Evaluate {a} {sym} {b}.", "How much is {a} {sym} {b}?")
+HELD_OUT_WORD_TEMPLATES = {
+    "+": ("{name} collected {a} shells and then found {b} more. How many shells does {name} have altogether?",
+          "A train carries {a} passengers, and {b} more get on at the next station. How many passengers are on "
+          "the train now?",
+          "A farm has {a} sheep and {b} goats. How many animals does the farm have?"),
+    "-": ("A tank holds {a} liters of water and {b} liters leak out. How many liters remain in the tank?",
+          "{name} had {a} stickers and gave away {b}. How many stickers does {name} still have?",
+          "A school has {a} students, and {b} of them are away on a trip. How many students are at school?"),
+    "*": ("Each of {a} shelves holds {b} books. How many books are on the shelves?",
+          "{name} saves {b} dollars a week for {a} weeks. How many dollars does {name} save?",
+          "A theater has {a} rows with {b} seats in each row. How many seats does the theater have?"),
+}
+HELD_OUT = ("none", "templates", "numbers", "both")
 
 # Exactly one \boxed, holding only a number (spaces around it allowed), then only whitespace, punctuation
 # (. , ; : ! ?), closing brackets, $ or * (markdown bold), or the LaTeX math closers \) and \].
@@ -115,16 +145,20 @@ class WordMathTask:
     ``digits``: the hardest difficulty (operands of up to ``digits`` digits; difficulties 1..``digits`` in
     equal shares); ``ops``: operators drawn uniformly (a subset of ``"+-*"``); ``answer_from``: where the
     verifier reads the answer (``ANSWER_FROM``); ``word_share``: the probability of a word problem rather
-    than a bare expression. ``tokenizer()`` is None: use the model's tokenizer.
+    than a bare expression; ``held_out``: ``"none"`` (training's phrasings and numbers), ``"templates"``,
+    ``"numbers"`` or ``"both"``, the held-out evaluation splits (module docstring; ``digits`` <= 17 for
+    held-out numbers). ``tokenizer()`` is None: use the model's tokenizer.
 
     Example: ``{"prompt": "What is 23 + 48? Put your final answer within \\boxed{}.",
-    "answer": "23 + 48 = 71. The answer is \\boxed{71}.", "target": 71, "difficulty": 2, "op": "+"}``.
+    "answer": "23 + 48 = 71. The answer is \\boxed{71}.", "target": 71, "difficulty": 2, "op": "+",
+    "kind": "expression"}``.
     """
 
     digits: int = 2
     ops: str = "+-*"
     answer_from: str = "boxed_or_last_number"
     word_share: float = 0.5
+    held_out: str = "none"
     name: str = dataclasses.field(default="word_math", init=False)
     format_pattern: str = dataclasses.field(default=FORMAT_PATTERN, init=False)
 
@@ -134,6 +168,11 @@ class WordMathTask:
             raise ValueError(f"answer_from must be one of {ANSWER_FROM}, got {self.answer_from!r}")
         if not 0.0 <= self.word_share <= 1.0:
             raise ValueError(f"word_share must be in [0, 1], got {self.word_share!r}")
+        if self.held_out not in HELD_OUT:
+            raise ValueError(f"held_out must be one of {', '.join(HELD_OUT)}, got {self.held_out!r}")
+        if self.held_out in ("numbers", "both") and self.digits > 17:
+            raise ValueError(f"held-out numbers have digits + 1 digits, at most 18: digits must be <= 17, "
+                             f"got {self.digits}")
 
     @property
     def reward_fn(self):
@@ -144,9 +183,11 @@ class WordMathTask:
         return None
 
     def examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
-        """``n`` examples, a deterministic function of ``seed``; example ``i`` has difficulty ``i % digits + 1``."""
+        """``n`` examples, a deterministic function of ``seed``; example ``i`` has difficulty ``i % digits + 1``
+        (``digits + 1`` for all with held-out numbers)."""
         rng = np.random.default_rng(seed)
-        return [self._example(i % self.digits + 1, rng) for i in range(n)]
+        numbers = self.held_out in ("numbers", "both")
+        return [self._example(self.digits + 1 if numbers else i % self.digits + 1, rng) for i in range(n)]
 
     def _example(self, difficulty: int, rng: np.random.Generator) -> dict[str, Any]:
         """One example of the given difficulty: operator, operands (larger first for ``-``, else in random
@@ -155,11 +196,16 @@ class WordMathTask:
         a, b = _operands(difficulty, rng)
         if op != "-" and rng.integers(2):
             a, b = b, a
-        templates = WORD_TEMPLATES[op] if rng.random() < self.word_share else EXPRESSION_TEMPLATES
+        held_out = self.held_out in ("templates", "both")
+        kind = "word" if rng.random() < self.word_share else "expression"
+        if kind == "word":
+            templates = (HELD_OUT_WORD_TEMPLATES if held_out else WORD_TEMPLATES)[op]
+        else:
+            templates = HELD_OUT_EXPRESSION_TEMPLATES if held_out else EXPRESSION_TEMPLATES
         template = templates[int(rng.integers(len(templates)))]
         name = NAMES[int(rng.integers(len(NAMES)))]
         value = _value_of(a, op, b)
         question = template.format(a=a, b=b, sym=SYMBOLS[op], name=name)
         return {"prompt": f"{question} {INSTRUCTION}",
                 "answer": f"{a} {SYMBOLS[op]} {b} = {value}. The answer is \\boxed{{{value}}}.",
-                "target": value, "difficulty": difficulty, "op": op}
+                "target": value, "difficulty": difficulty, "op": op, "kind": kind}

@@ -1,27 +1,35 @@
 """Evaluation of a policy on a task's held-out prompts, with 95% confidence intervals: ``evaluate``
-(the Trainer's periodic evaluation and ``python -m pgjax.eval``'s), the unbiased ``pass_at_k`` and
-the intervals.
+(the Trainer's periodic evaluation and ``python -m pgjax.eval``'s), the unbiased ``pass_at_k``, the
+intervals, and one table of evaluations at several budgets (``to_markdown``).
 
 ``evaluate`` is the one evaluation code path: a greedy pass (one argmax response per prompt) and a
-sampled pass (N responses per prompt), both through ``rollout.sample_and_score``. Its metrics:
+sampled pass (N responses per prompt), both through ``rollout.sample_and_score``, in batches of at
+most ``batch_rows`` responses. Its metrics, each for all prompts and for each value of each tag the
+examples carry (``STRATA``: ``difficulty``, ``op``, ``kind``; the ``strata`` of the results):
 
-  greedy_accuracy   fraction of prompts whose greedy response scores exactly 1.0 by ``task.reward_fn``
-                    (``Trainer.evaluate``'s definition)
-  pass@k            the unbiased estimator ``pass_at_k`` of each prompt, averaged over prompts
-  format_rate       fraction of sampled responses the task's ``format_pattern`` fully matches
-  mean_length       mean sampled response length in tokens (the sampler's ``lengths``: EOS included)
-  truncation_rate   fraction of sampled responses that hit ``max_new_tokens`` without EOS
+  greedy_accuracy    fraction of prompts whose greedy response scores exactly 1.0 by ``task.reward_fn``
+                     (``Trainer.evaluate``'s definition)
+  pass@k             the unbiased estimator ``pass_at_k`` of each prompt, averaged over prompts; pass@1 is
+                     the sampled accuracy overall (always reported when sampling)
+  finish_rate        fraction of sampled responses that ended with an EOS / end-of-turn token rather than
+                     running into ``max_new_tokens``
+  accuracy_finished  fraction correct among the sampled responses that finished (None when none did):
+                     accuracy separated from the budget
+  mean_length        mean sampled response length in tokens (the sampler's ``lengths``: EOS included)
+  format_rate        fraction of sampled responses the task's ``format_pattern`` fully matches
 
 Which 95% interval goes with which metric:
 
-  Wilson score interval (``wilson_interval``), for a proportion of independent 0/1 outcomes:
-    greedy_accuracy (one outcome per prompt), format_rate and truncation_rate (one per sampled
-    response; responses to the same prompt are treated as independent, so these intervals are
-    somewhat narrow when prompts differ a lot).
-  Normal approximation (``mean_interval``), mean +- z s / sqrt(m) with s the sample standard
-  deviation over the m prompts, for a mean of per-prompt values:
-    pass@k (each prompt's estimate) and mean_length (each prompt's mean length), clipped to the
-    values they can take.
+  Wilson score interval (``wilson_interval``): greedy_accuracy, one independent 0/1 outcome per prompt.
+  Percentile bootstrap over prompts (``bootstrap_means``, ``percentile_interval``): every sampled
+    metric. Each of ``RESAMPLES`` (10,000) resamples draws the prompts with replacement (a prompt's N
+    responses move together, so prompts that differ in difficulty widen the interval as they should),
+    recomputes the metric (accuracy_finished as the ratio of the resampled means of correct-and-finished
+    and finished; resamples where nothing finished are left out) and the interval is the 2.5th to
+    97.5th percentile of the resampled values. The resamples come from ``np.random.default_rng(seed)``
+    with ``bootstrap_seed`` (default 0), so an evaluation's intervals are reproducible. Where every
+    prompt has the same value (say, no correct response at all) every resample does too and the
+    interval is that one point: the data show no spread, which with few prompts is weak evidence.
 """
 from __future__ import annotations
 
@@ -32,15 +40,18 @@ import jax
 import numpy as np
 
 from pgjax.parallel import multihost
-from pgjax.parallel.mesh import single_device_mesh
+from pgjax.parallel.mesh import batch_shards, single_device_mesh
 from pgjax.rewards import format_reward
 from pgjax.sample import Decoding
 from pgjax.train.rollout import PLAIN, PromptFormat, pad_id, sample_and_score
 
 Z95 = statistics.NormalDist().inv_cdf(0.975)     # 1.95996...: the two-sided 95% normal quantile
+RESAMPLES = 10_000                                # bootstrap resamples of every interval that is not Wilson's
+STRATA = ("difficulty", "op", "kind")             # the example tags evaluation groups by, when examples carry them
+BATCH_ROWS = 512                                  # responses per sampler call
 
 
-def _integers(name: str, value) -> np.ndarray:
+def integer_array(name: str, value) -> np.ndarray:
     """``value`` as an integer array; ValueError for anything else (floats included)."""
     array = np.asarray(value)
     if not (np.issubdtype(array.dtype, np.integer) and array.dtype != bool):
@@ -56,8 +67,8 @@ def pass_at_k(n, c, k: int) -> np.ndarray:
     which is 1 when n - c < k. The product form keeps every factor in (0, 1) instead of dividing huge
     binomial coefficients. ``n`` and ``c`` broadcast together (one entry per problem); float64 out.
     ValueError unless they are integers with 0 <= c <= n and 1 <= k <= n."""
-    n, c = np.broadcast_arrays(_integers("n", n), _integers("c", c))
-    k = int(_integers("k", k))
+    n, c = np.broadcast_arrays(integer_array("n", n), integer_array("c", c))
+    k = int(integer_array("k", k))
     if np.any(c < 0) or np.any(c > n):
         raise ValueError(f"c (correct samples) must be in [0, n]; got c={c.tolist()} with n={n.tolist()}")
     if k < 1 or np.any(k > n):
@@ -87,21 +98,33 @@ def wilson_interval(successes: int, trials: int, z: float = Z95) -> tuple[float,
     return low, high
 
 
-def mean_interval(values, z: float = Z95, support: tuple[float, float] = (-math.inf, math.inf)
-                  ) -> tuple[float, float] | None:
-    """The normal-approximation interval of the mean of m independent values (one per problem):
+def bootstrap_means(columns, resamples: int = RESAMPLES, seed: int = 0) -> np.ndarray:
+    """The column means of ``columns`` [P, M] (one row per prompt) on ``resamples`` bootstrap resamples of
+    the prompts, float64 [resamples, M]: resample b takes the rows ``idx[b]`` of
+    ``idx = np.random.default_rng(seed).integers(0, P, size=(resamples, P))`` (P prompts drawn with
+    replacement) and its means are ``columns[idx[b]].mean(0)``. Vectorised in blocks of resamples
+    (about 32 MiB each). ValueError for anything but a finite [P >= 1, M] array or resamples < 1."""
+    columns = np.asarray(columns, np.float64)
+    if columns.ndim != 2 or len(columns) < 1 or not np.all(np.isfinite(columns)):
+        raise ValueError(f"columns must be a finite [prompts >= 1, M] array, got shape {columns.shape}")
+    if resamples < 1:
+        raise ValueError(f"resamples must be >= 1, got {resamples}")
+    prompts = len(columns)
+    idx = np.random.default_rng(seed).integers(0, prompts, size=(resamples, prompts))
+    block = max(1, 2 ** 22 // columns.size)
+    return np.concatenate([columns[idx[b:b + block]].mean(1) for b in range(0, resamples, block)])
 
-        mean -+ z s / sqrt(m),   s the sample standard deviation (ddof 1),
 
-    clipped to ``support`` (the values the mean can take); None when m < 2 (no s). It relies on the
-    mean being about normal over problems, and is a point when every value is the same."""
-    values = np.asarray(values, np.float64)
-    if values.ndim != 1 or not np.all(np.isfinite(values)):
-        raise ValueError(f"values must be a finite 1-D array, got shape {values.shape}")
-    if len(values) < 2:
+def percentile_interval(draws) -> tuple[float, float] | None:
+    """The 95% percentile bootstrap interval: the 2.5th and 97.5th percentiles of the resampled values
+    ``draws`` (NumPy's default, linear interpolation between order statistics), leaving out NaN draws (a
+    statistic undefined on that resample); None when no draw is a number."""
+    draws = np.asarray(draws, np.float64)
+    draws = draws[~np.isnan(draws)]
+    if not draws.size:
         return None
-    mean, half = values.mean(), z * values.std(ddof=1) / math.sqrt(len(values))
-    return float(max(support[0], mean - half)), float(min(support[1], mean + half))
+    low, high = np.percentile(draws, [2.5, 97.5])
+    return float(low), float(high)
 
 
 def _proportion(outcomes) -> dict:
@@ -111,11 +134,11 @@ def _proportion(outcomes) -> dict:
             "interval": "wilson"}
 
 
-def _mean(values, support: tuple[float, float]) -> dict:
-    """The mean of per-problem ``values`` with its normal-approximation interval."""
-    interval = mean_interval(values, support=support)
-    return {"value": float(np.mean(values)), "ci95": None if interval is None else list(interval),
-            "interval": "normal"}
+def _bootstrapped(value, draws) -> dict:
+    """A metric's ``value`` (None: undefined) with the percentile interval of its resampled ``draws``
+    (None: fewer than two prompts, nothing to resample)."""
+    interval = None if value is None or draws is None else percentile_interval(draws)
+    return {"value": value, "ci95": None if interval is None else list(interval), "interval": "bootstrap"}
 
 
 def check_ks(ks, samples: int) -> tuple[int, ...]:
@@ -128,67 +151,201 @@ def check_ks(ks, samples: int) -> tuple[int, ...]:
     return tuple(sorted(set(ks)))
 
 
+def outcome_metrics(greedy_correct, sampled: dict | None, ks=(1,), resamples: int = RESAMPLES,
+                    seed: int = 0) -> dict:
+    """The metrics of one set of P prompts (module docstring) from their outcomes: ``greedy_correct`` [P]
+    0/1, and ``sampled`` (None: the greedy pass only) with ``correct``, ``finished``, ``format`` [P, N]
+    0/1 and ``length`` [P, N] of N responses per prompt; pass@k for each of ``ks``. Greedy accuracy has
+    the Wilson interval, the sampled metrics the percentile bootstrap over prompts (``resamples``,
+    ``seed``; all from the same resamples)."""
+    metrics = {"greedy_accuracy": _proportion(greedy_correct)}
+    if sampled is None:
+        return metrics
+    correct, finished = np.asarray(sampled["correct"], bool), np.asarray(sampled["finished"], bool)
+    columns = {f"pass@{k}": pass_at_k(correct.shape[1], correct.sum(1), k) for k in ks}
+    columns |= {"finish_rate": finished.mean(1), "finished_correct": (correct & finished).mean(1),
+                "mean_length": np.asarray(sampled["length"], np.float64).mean(1),
+                "format_rate": np.asarray(sampled["format"], bool).mean(1)}
+    values = {name: float(column.mean()) for name, column in columns.items()}
+    draws = dict.fromkeys(columns)
+    if len(correct) >= 2:
+        draws = dict(zip(columns, bootstrap_means(np.stack(list(columns.values()), 1), resamples, seed).T))
+    for name in (*(f"pass@{k}" for k in ks), "finish_rate"):
+        metrics[name] = _bootstrapped(values[name], draws[name])
+    ratio = None
+    if draws["finish_rate"] is not None:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(draws["finish_rate"] > 0, draws["finished_correct"] / draws["finish_rate"], np.nan)
+    metrics["accuracy_finished"] = _bootstrapped(
+        values["finished_correct"] / values["finish_rate"] if finished.any() else None, ratio)
+    for name in ("mean_length", "format_rate"):
+        metrics[name] = _bootstrapped(values[name], draws[name])
+    return metrics
+
+
+def _plain(value):
+    """A NumPy scalar as the Python one (for JSON)."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def strata_of(examples: list[dict], by=STRATA) -> dict[str, list]:
+    """``{tag: its value for each example}`` for each tag of ``by`` the examples carry; ValueError for a
+    value that is not a str, int, float or bool."""
+    tags = {}
+    for tag in (t for t in by if t in examples[0]):
+        values = [_plain(e[tag]) for e in examples]
+        bad = next((v for v in values if not isinstance(v, str | int | float)), None)
+        if bad is not None:
+            raise ValueError(f"tag {tag!r}: evaluation groups by str, int, float or bool values, got {bad!r}")
+        tags[tag] = values
+    return tags
+
+
+def _strata(tags: dict[str, list], greedy_correct, sampled: dict | None, ks, resamples: int, seed: int) -> dict:
+    """``{tag: {str(value): {"prompts": count, "metrics": outcome_metrics of those prompts}}}``, values in
+    sorted order (numbers before strings)."""
+    out = {}
+    for tag, values in tags.items():
+        values = np.array(values, dtype=object)
+        out[tag] = {}
+        for value in sorted(set(values), key=lambda v: (isinstance(v, str), v)):
+            rows = values == value
+            part = None if sampled is None else {name: x[rows] for name, x in sampled.items()}
+            out[tag][str(value)] = {"prompts": int(rows.sum()),
+                                    "metrics": outcome_metrics(greedy_correct[rows], part, ks, resamples, seed)}
+    return out
+
+
+def _per_prompt(examples: list[dict], tags: dict, greedy_correct, sampled: dict | None) -> dict:
+    """Each prompt's text, tags and outcome counts (what ``pgjax.train.paired`` compares)."""
+    out = {"prompt": [e["prompt"] for e in examples], "tags": tags,
+           "greedy_correct": greedy_correct.astype(int).tolist()}
+    if sampled is not None:
+        correct, finished = sampled["correct"], sampled["finished"]
+        out |= {"sampled_correct": correct.sum(1).tolist(), "sampled_finished": finished.sum(1).tolist(),
+                "finished_correct": (correct & finished).sum(1).tolist(),
+                "mean_length": sampled["length"].mean(1).tolist()}
+    return out
+
+
+def _sample_in_batches(policy, tokenizer, examples: list[dict], prompt_width: int, key, sampling, scorers: dict,
+                       mesh, nonfinite: str, prompt_format: PromptFormat, batch_rows: int) -> dict:
+    """``sample_and_score`` of ``examples`` (this process's) in consecutive batches of at most
+    ``batch_rows`` responses (at least one prompt, a multiple of this process's batch devices; the last
+    batch filled up with copies of its first prompt, so one program is compiled, and the copies
+    dropped): each scorer's scores, ``length`` and ``truncated`` of every response in order (row
+    p * n + k: sample k of prompt p). One batch samples with ``key``, batch i of several with
+    ``fold_in(key, i)``."""
+    unit = max(1, batch_shards(mesh) // jax.process_count())
+    size = min(len(examples), max(unit, batch_rows // sampling.n // unit * unit))
+    batches = [examples[i:i + size] for i in range(0, len(examples), size)]
+    parts = []
+    for i, batch in enumerate(batches):
+        scored = sample_and_score(policy, tokenizer, batch + [batch[0]] * (size - len(batch)), prompt_width,
+                                  key if len(batches) == 1 else jax.random.fold_in(key, i), sampling, scorers,
+                                  mesh, nonfinite, prompt_format)
+        rows = len(batch) * sampling.n
+        parts.append({**{name: np.asarray(x)[:rows] for name, x in scored.scores.items()},
+                      "length": np.asarray(scored.lengths)[:rows], "truncated": np.asarray(scored.truncated)[:rows]})
+    return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
+
+
 def evaluate(policy, tokenizer, task, examples: list[dict], *, samples: int, ks=(), decoding: Decoding,
              max_prompt_tokens: int, eos_ids, key, mesh=None, nonfinite: str = "error",
-             prompt_format: PromptFormat = PLAIN) -> dict:
+             prompt_format: PromptFormat = PLAIN, by=STRATA, batch_rows: int = BATCH_ROWS,
+             resamples: int = RESAMPLES, bootstrap_seed: int = 0) -> dict:
     """Greedy and sampled evaluation of ``policy`` on ``examples`` (every process's: each process
     samples its share, ``multihost.process_share``, and the metrics gather all rows).
 
     The greedy pass draws one argmax response per prompt; ``greedy_accuracy`` is the fraction whose
     ``task.reward_fn`` score is exactly 1.0. With ``samples`` = N >= 1 a sampled pass draws N responses
     per prompt as ``decoding`` says (``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``; a
-    ``RolloutConfig`` will do) and gives ``pass@k`` for each k of ``ks`` (1 <= k <= N), ``format_rate``,
-    ``mean_length`` and ``truncation_rate`` (see the module docstring); ``samples=0`` runs the greedy
-    pass only. Prompts are rendered by ``prompt_format`` (a chat template) and left-padded to
-    ``max_prompt_tokens``; ``eos_ids`` end a response; ``key`` seeds the sampling; ``nonfinite`` is
-    ``sample_and_score``'s policy for a NaN score.
+    ``RolloutConfig`` will do) and gives ``pass@k`` for 1 and each k of ``ks`` (1 <= k <= N),
+    ``finish_rate``, ``accuracy_finished``, ``mean_length`` and ``format_rate`` (see the module
+    docstring); ``samples=0`` runs the greedy pass only. The metrics are computed for all prompts and,
+    under ``strata``, for the prompts of each value of each tag of ``by`` the examples carry. Prompts
+    are rendered by ``prompt_format`` (a chat template) and left-padded to ``max_prompt_tokens``;
+    ``eos_ids`` end a response; ``key`` seeds the sampling (the same key at two budgets draws the same
+    tokens up to the smaller one); each sampler call takes at most ``batch_rows`` responses (its KV cache
+    grows with rows x (``max_prompt_tokens`` + ``max_new_tokens``)); ``nonfinite`` is
+    ``sample_and_score``'s policy for a NaN score; ``resamples`` and ``bootstrap_seed`` set the bootstrap.
 
-    Returns ``{"prompts": P, "samples": N, "decoding": {...}, "metrics": {name: {"value", "ci95":
-    [low, high] or None, "interval": "wilson" | "normal"}}, "per_prompt": {"greedy_correct": [P] 0/1,
-    "sampled_correct": [P] correct samples of N (with samples)}}``, JSON-ready, prompts in ``examples``' order."""
-    ks = check_ks(ks, samples)
+    Returns ``{"prompts": P, "samples": N, "decoding": {...}, "bootstrap": {"resamples", "seed"},
+    "metrics": {name: {"value", "ci95": [low, high] or None, "interval": "wilson" | "bootstrap"}},
+    "strata": {tag: {value: {"prompts", "metrics"}}}, "per_prompt": {"prompt": [P] texts, "tags": {tag:
+    [P]}, "greedy_correct": [P] 0/1, and with samples "sampled_correct", "sampled_finished",
+    "finished_correct": [P] counts of N, "mean_length": [P]}}``, JSON-ready, prompts in ``examples``' order."""
+    ks = check_ks((1, *ks) if samples else ks, samples)
     if not examples:
         raise ValueError("evaluate needs at least one example")
+    if batch_rows < 1:
+        raise ValueError(f"batch_rows must be >= 1, got {batch_rows}")
+    tags = strata_of(examples, by)
     mesh = single_device_mesh() if mesh is None else mesh
     share, pad, prompts = multihost.process_share(examples, mesh), pad_id(tokenizer), len(examples)
     greedy_key, sample_key = jax.random.split(key)
-    greedy = sample_and_score(policy, tokenizer, share, max_prompt_tokens, greedy_key,
-                              decoding.sampling(eos_ids, pad, greedy=True), {"correct": task.reward_fn},
-                              mesh, nonfinite, prompt_format)
-    greedy_correct = multihost.gather_rows(greedy.scores["correct"] == 1.0, prompts, mesh)
-    metrics = {"greedy_accuracy": _proportion(greedy_correct)}
-    per_prompt = {"greedy_correct": greedy_correct.astype(int).tolist()}
+    greedy = _sample_in_batches(policy, tokenizer, share, max_prompt_tokens, greedy_key,
+                                decoding.sampling(eos_ids, pad, greedy=True), {"correct": task.reward_fn},
+                                mesh, nonfinite, prompt_format, batch_rows)
+    greedy_correct = multihost.gather_rows(greedy["correct"] == 1.0, prompts, mesh)
+    sampled = None
     if samples:
-        scored = sample_and_score(policy, tokenizer, share, max_prompt_tokens, sample_key,
+        rows = _sample_in_batches(policy, tokenizer, share, max_prompt_tokens, sample_key,
                                   decoding.sampling(eos_ids, pad, n=samples),
                                   {"correct": task.reward_fn, "format": format_reward(task.format_pattern)},
-                                  mesh, nonfinite, prompt_format)
-        rows = {"correct": scored.scores["correct"] == 1.0, "format": scored.scores["format"] == 1.0,
-                "length": scored.lengths, "truncated": scored.truncated}
-        rows = multihost.gather_rows(rows, prompts * samples, mesh)
-        correct = rows["correct"].reshape(prompts, samples).sum(1)
-        per_prompt["sampled_correct"] = correct.astype(int).tolist()
-        metrics.update({f"pass@{k}": _mean(pass_at_k(samples, correct, k), (0.0, 1.0)) for k in ks})
-        metrics["format_rate"] = _proportion(rows["format"])
-        metrics["mean_length"] = _mean(rows["length"].reshape(prompts, samples).mean(1),
-                                       (0.0, float(decoding.max_new_tokens)))
-        metrics["truncation_rate"] = _proportion(rows["truncated"])
-    return {"prompts": prompts, "samples": samples, "decoding": decoding.decoding(), "metrics": metrics,
-            "per_prompt": per_prompt}
+                                  mesh, nonfinite, prompt_format, batch_rows)
+        rows = multihost.gather_rows({"correct": rows["correct"] == 1.0, "format": rows["format"] == 1.0,
+                                      "finished": ~rows["truncated"], "length": rows["length"]},
+                                     prompts * samples, mesh)
+        sampled = {name: x.reshape(prompts, samples) for name, x in rows.items()}
+    return {"prompts": prompts, "samples": samples, "decoding": decoding.decoding(),
+            "bootstrap": {"resamples": resamples, "seed": bootstrap_seed},
+            "metrics": outcome_metrics(greedy_correct, sampled, ks, resamples, bootstrap_seed),
+            "strata": _strata(tags, greedy_correct, sampled, ks, resamples, bootstrap_seed),
+            "per_prompt": _per_prompt(examples, tags, greedy_correct, sampled)}
 
 
-INTERVALS = {"wilson": "Wilson score interval (a proportion of independent 0/1 outcomes)",
-             "normal": "normal approximation, mean +- 1.96 s / sqrt(prompts) with s the standard deviation over "
-                       "prompts"}
+def budgets_of(report: dict) -> list[dict]:
+    """The evaluations of a report ``python -m pgjax.eval --json`` wrote, one per response budget: its
+    ``budgets`` list (several ``--max-new-tokens``), or the report itself (one)."""
+    return report["budgets"] if "budgets" in report else [report]
 
 
-def to_markdown(results: dict) -> str:
-    """A table ``metric | value | 95% CI`` of ``evaluate``'s results, and a line on the counts and intervals."""
-    rows = ["| metric | value | 95% CI |", "|---|---:|---:|"]
-    for name, m in results["metrics"].items():
-        interval = "-" if m["ci95"] is None else f"[{m['ci95'][0]:.3f}, {m['ci95'][1]:.3f}]"
-        rows.append(f"| {name} | {m['value']:.3f} | {interval} |")
-    used = dict.fromkeys(m["interval"] for m in results["metrics"].values())
-    rows += ["", f"{results['prompts']} prompts, {results['samples']} samples per prompt; 95% CI: "
-             + "; ".join(f"{name}: {INTERVALS[name]}" for name in used)]
+LABELS = {"greedy_accuracy": "greedy", "finish_rate": "finished", "accuracy_finished": "accuracy if finished",
+          "mean_length": "length", "format_rate": "format"}
+INTERVALS = {"wilson": "Wilson score interval (one 0/1 outcome per prompt)",
+             "bootstrap": "percentile bootstrap over prompts ({resamples} resamples, seed {seed}; a prompt's "
+                          "responses are resampled together)"}
+
+
+def _cell(name: str, metric: dict) -> str:
+    """``value [low, high]`` (lengths to 0.1, the rest to 0.001; ``-`` where undefined)."""
+    if metric["value"] is None:
+        return "-"
+    digits = 1 if name == "mean_length" else 3
+    interval = "" if metric["ci95"] is None else " [{:.{d}f}, {:.{d}f}]".format(*metric["ci95"], d=digits)
+    return f"{metric['value']:.{digits}f}{interval}"
+
+
+def to_markdown(evaluations) -> str:
+    """One table of ``evaluate``'s results at one or several budgets (a results dict or a list of them):
+    a row per budget and stratum (all prompts, then each tag's values), a column per metric, each cell
+    ``value [95% CI]``; then a line on the counts and the intervals."""
+    evaluations = [evaluations] if isinstance(evaluations, dict) else list(evaluations)
+    names = list(dict.fromkeys(name for results in evaluations for name in results["metrics"]))
+    rows = ["| budget | prompts | stratum | " + " | ".join(LABELS.get(n, n) for n in names) + " |",
+            "|---:|---:|---|" + "---:|" * len(names)]
+    for results in evaluations:
+        groups = [("all", results["prompts"], results["metrics"])]
+        groups += [(f"{tag}={value}", part["prompts"], part["metrics"])
+                   for tag, values in results["strata"].items() for value, part in values.items()]
+        for label, count, metrics in groups:
+            cells = " | ".join(_cell(n, metrics[n]) if n in metrics else "-" for n in names)
+            rows.append(f"| {results['decoding']['max_new_tokens']} | {count} | {label} | {cells} |")
+    first = evaluations[0]
+    used = dict.fromkeys(m["interval"] for results in evaluations for m in results["metrics"].values())
+    sampling = (f"{first['samples']} samples per prompt at temperature {first['decoding']['temperature']:g}"
+                if first["samples"] else "greedy only")
+    rows += ["", f"budget: max new tokens; {sampling}; 95% CI: "
+             + "; ".join(f"{name}: {INTERVALS[name].format(**first['bootstrap'])}" for name in used)]
     return "\n".join(rows)

@@ -203,7 +203,8 @@ class TaskSection:
     ``none`` gives the model the prompt as plain text. ``reward_timeout``: the seconds each call of the
     reward function (or the task's verifier) may take; one that has not returned by then stops the run
     with an error naming it (0: no limit; a function stuck in C code that holds the GIL cannot be
-    interrupted, so then the limit cannot fire either)."""
+    interrupted, so then the limit cannot fire either). ``held_out`` (``word_math``): ``none``, or the held-out
+    evaluation split ``templates``, ``numbers`` or ``both``, which the Trainer refuses to train on."""
     name: str = "arithmetic"
     digits: int = 2
     ops: str = "+"
@@ -218,6 +219,7 @@ class TaskSection:
     skip_invalid: bool = False
     word_share: float = 0.5
     answer_from: str = "boxed_or_last_number"
+    held_out: str = "none"
     reward: str = ""
     format_weight: float = 0.0
     chat_template: str = "auto"

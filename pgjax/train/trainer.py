@@ -78,6 +78,10 @@ class Trainer:
         self.mesh, sampler_mesh = user_error(mesh_options, lambda: learner_and_sampler_meshes(
             exp.mesh, exp.rollout.sampler_devices))
         validate(exp, self.mesh)
+        if exp.task.held_out != "none":     # word_math's held-out phrasings stay out of training
+            raise ConfigError(f"task.held_out={exp.task.held_out!r} is a held-out evaluation split that training never "
+                              f"draws: train with task.held_out=none, evaluate with python -m pgjax.eval RUN --set "
+                              f"task.held_out={exp.task.held_out}")
         user_error("rollout.sampler_devices", lambda: mesh_lib.check_divisible_rows(
             exp.prompts_per_step, sampler_mesh, "prompts_per_step (over the sampler's devices)"))
         self.algorithm = exp.algorithm.build()
