@@ -331,6 +331,16 @@ def test_a_resume_that_changes_the_maths_or_data_is_refused_listing_the_keys(fin
     assert snapshot(run) == untouched
 
 
+def test_a_key_newer_than_the_run_resumes_at_its_default_and_is_refused_otherwise(finished, tmp_path):
+    exp, run = copy_of(finished, tmp_path)
+    saved = json.loads((run / "experiment.json").read_text())
+    del saved["task"]["held_out"], saved["logging"]["completions_every"]    # a run begun before these keys
+    (run / "experiment.json").write_text(json.dumps(saved))
+    assert set(RunDirectory(exp, resume=True).changes) == {"run_dir"}     # at their defaults: no change
+    with pytest.raises(ConfigError, match=r"task\.held_out: None -> 'templates'"):
+        RunDirectory(dataclasses.replace(exp, task=dataclasses.replace(exp.task, held_out="templates")), resume=True)
+
+
 def test_operational_changes_resume_and_are_recorded(finished, tmp_path):
     exp, run = copy_of(finished, tmp_path)
     changed = dataclasses.replace(exp, steps=6, eval_every=3, update=UpdateConfig(micro_batches=2))

@@ -221,9 +221,14 @@ def experiment_record(exp: Experiment) -> dict:
 
 
 def experiment_changes(saved: dict, exp: Experiment) -> dict[str, tuple]:
-    """``{key: (saved value, new value)}`` for every key of ``exp`` that differs from the saved experiment."""
+    """``{key: (saved value, new value)}`` for every key of ``exp`` that differs from the saved experiment.
+    A key the saved experiment lacks (a run begun before pgjax had it) differs only when its value is
+    not the key's default: a new key's default keeps the behaviour from before the key existed."""
     old, new = _flat(saved), _flat(experiment_record(exp))
-    return {key: (old.get(key), new.get(key)) for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)}
+    defaults = _flat(experiment_record(Experiment()))
+    unchanged_new_key = lambda key: key not in old and key in defaults and new.get(key) == defaults[key]  # noqa: E731
+    return {key: (old.get(key), new.get(key)) for key in sorted(set(old) | set(new))
+            if old.get(key) != new.get(key) and not unchanged_new_key(key)}
 
 
 def is_operational(key: str) -> bool:
