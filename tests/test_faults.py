@@ -6,7 +6,8 @@ run's results is never written into; a live run directory is locked, also when i
 deleted; ``final/`` is complete or not written; bad dataset records are named before anything is
 written; SIGTERM and Ctrl-C finish the step and checkpoint it; a run killed with SIGKILL resumes
 bit for bit (metrics, logged completions, weights); and a user's reward function that raises,
-hangs or returns no numbers is one line naming it. Functions and tasks defined here are addressable as ``test_faults:NAME``."""
+hangs or returns no numbers is one line naming it. Functions and tasks defined here are addressable
+as ``test_faults:NAME``."""
 import dataclasses
 import hashlib
 import itertools
