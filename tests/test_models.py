@@ -1,5 +1,7 @@
-"""Flax NNX Llama / Qwen2 / Qwen3 against the reference implementation (transformers +
-PyTorch): golden logits on a left-padded batch, and save -> from_pretrained round trips."""
+"""Flax NNX Llama / Qwen2 / Qwen3 / Gemma 3 against the reference implementation (transformers +
+PyTorch): golden logits on a left-padded batch, and save -> from_pretrained round trips; for Gemma 3
+also its configuration, sequences longer than the sliding window through the KV cache, stacked
+layers, remat, bfloat16 and LoRA."""
 import json
 
 import jax
@@ -8,17 +10,21 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from helpers import save_tiny_tokenizer, tiny_hf_config
+from helpers import GEMMA3_TINY, per_layer, save_tiny_tokenizer, tiny_hf_config
 from pgjax.core import chunked_logprobs_and_entropy, token_logprobs
-from pgjax.models import hf
+from pgjax.models import hf, lora
 from pgjax.models.transformer import CausalLM, ModelConfig, rope_frequencies
 
 transformers = pytest.importorskip("transformers")
 
-FAMILIES = [("llama", False), ("llama", True), ("qwen2", False), ("qwen2", True), ("qwen3", False), ("qwen3", True)]
-def left_padded_batch():
-    tokens = np.random.default_rng(0).integers(1, 64, size=(3, 9))
-    mask = np.ones((3, 9), np.int64)
+FAMILIES = [("llama", False), ("llama", True), ("qwen2", False), ("qwen2", True), ("qwen3", False), ("qwen3", True),
+            ("gemma3", False), ("gemma3", True)]
+
+
+def left_padded_batch(length=9):
+    """Rows with 0, 3 and 5 slots of left padding (9 slots: longer than Gemma's tiny window of 4)."""
+    tokens = np.random.default_rng(0).integers(1, 64, size=(3, length))
+    mask = np.ones((3, length), np.int64)
     mask[1, :3] = 0
     mask[2, :5] = 0
     return tokens, mask
@@ -32,18 +38,33 @@ def reference_logits(ref, tokens, mask):
                    position_ids=torch.tensor(positions)).logits.numpy()
 
 
-@pytest.fixture(scope="module", params=FAMILIES, ids=[f"{f}-{'tied' if t else 'untied'}" for f, t in FAMILIES])
-def checkpoint(request, tmp_path_factory):
+def reference_checkpoint(family, tied, directory, dtype=None, seed=0):
+    """A tiny random transformers model of ``family`` (norms and biases moved away from their initial
+    values), saved to ``directory`` (in ``dtype`` if given); returns the float model."""
     torch = pytest.importorskip("torch", reason="golden tests need torch (pip install torch==2.13.0)")
-    family, tied = request.param
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     ref = transformers.AutoModelForCausalLM.from_config(tiny_hf_config(family, tied)).eval()
     with torch.no_grad():
         for p in ref.parameters():
-            p.add_(torch.randn_like(p) * 0.05)   # norms and biases away from their initial values
-    directory = tmp_path_factory.mktemp(f"{family}-{tied}")
+            p.add_(torch.randn_like(p) * 0.05)
+    if dtype is not None:
+        ref = ref.to(dtype)
     ref.save_pretrained(directory)
-    return family, tied, ref, directory
+    return ref.float()
+
+
+@pytest.fixture(scope="module", params=FAMILIES, ids=[f"{f}-{'tied' if t else 'untied'}" for f, t in FAMILIES])
+def checkpoint(request, tmp_path_factory):
+    family, tied = request.param
+    directory = tmp_path_factory.mktemp(f"{family}-{tied}")
+    return family, tied, reference_checkpoint(family, tied, directory), directory
+
+
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory):
+    """(transformers reference, directory) of the tiny tied Gemma 3 (``GEMMA3_TINY``)."""
+    directory = tmp_path_factory.mktemp("gemma3")
+    return reference_checkpoint("gemma3", True, directory), directory
 
 
 def test_golden_logits_on_a_left_padded_batch(checkpoint):
@@ -87,8 +108,9 @@ def test_hidden_states_feed_the_memory_efficient_log_probs(checkpoint):
     np.testing.assert_allclose(np.asarray(chunked), np.asarray(plain), atol=1e-5)
 
 
-def test_every_weight_has_logical_axes_of_its_rank():
-    config = ModelConfig(family="qwen3", vocab_size=16, hidden_size=8, intermediate_size=12, num_hidden_layers=1,
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_every_weight_has_logical_axes_of_its_rank(family):
+    config = ModelConfig(family=family, vocab_size=16, hidden_size=8, intermediate_size=12, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=1, head_dim=4)
     model = CausalLM(config, nnx.Rngs(0))
     params = nnx.state(model, nnx.Param)
@@ -124,11 +146,13 @@ def test_bad_checkpoints_raise_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="unsupported architecture 'gpt2'"):
         hf.load(gpt2)
     for family, setting in (("llama", {"hidden_act": "gelu"}), ("llama", {"attention_bias": True}),
-                            ("qwen3", {"use_sliding_window": True})):
+                            ("qwen3", {"use_sliding_window": True}), ("gemma3", {"hidden_activation": "gelu"}),
+                            ("gemma3", {"final_logit_softcapping": 30.0}), ("gemma3", {"attn_logit_softcapping": 50.0}),
+                            ("gemma3", {"use_bidirectional_attention": True})):
         config = tiny_hf_config(family, False)
         for name, value in setting.items():
             setattr(config, name, value)
-        with pytest.raises(ValueError, match=f"unsupported {family} settings {name}={value!r}"):
+        with pytest.raises(ValueError, match=f"unsupported {config.model_type} settings {name}={value!r}"):
             hf.config_from_hf(config)
 
 
@@ -143,20 +167,15 @@ def test_a_weight_whose_shape_disagrees_with_the_config_raises(tmp_path):
         hf.load(tmp_path)
 
 
-def test_bfloat16_checkpoint_loads_and_runs_in_bfloat16(tmp_path):
+@pytest.mark.parametrize("family", ["qwen2", "gemma3"])
+def test_bfloat16_checkpoint_loads_and_runs_in_bfloat16(family, tmp_path):
     torch = pytest.importorskip("torch", reason="needs torch to write a bf16 checkpoint")
-    torch.manual_seed(1)
-    ref = transformers.AutoModelForCausalLM.from_config(tiny_hf_config("qwen2", False))
-    with torch.no_grad():
-        for p in ref.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    ref = ref.to(torch.bfloat16)
-    ref.save_pretrained(tmp_path)
+    ref = reference_checkpoint(family, False, tmp_path, dtype=torch.bfloat16, seed=1)
     model = hf.load(tmp_path, param_dtype="bfloat16", compute_dtype="bfloat16")
     assert model.embed[...].dtype == jnp.bfloat16
     tokens, mask = left_padded_batch()
     got = np.asarray(model(jnp.asarray(tokens), jnp.asarray(mask)).astype(jnp.float32))
-    want = reference_logits(ref.float(), tokens, mask)
+    want = reference_logits(ref, tokens, mask)
     # bf16 compute vs the same bf16 weights computed in float32: logits ~1, measured error ~7e-3
     assert np.abs(want).max() > 0.5
     assert np.abs(got - want)[mask > 0].max() < 0.03
@@ -258,3 +277,124 @@ def test_a_model_variable_without_a_checkpoint_weight_raises(tmp_path, monkeypat
     monkeypatch.setattr(hf, "_layout", lambda c: layout(c)[:-1])
     with pytest.raises(RuntimeError, match="no checkpoint weight maps to .*post_attention_norm"):
         hf.load(tmp_path)
+
+
+# --------------------------------------------------------------------------------------- Gemma 3
+
+
+def test_gemma3_config_is_read_and_the_rope_frequencies_follow_it(gemma):
+    """The layer types, window, query scale and both RoPE bases come from config.json; the global layers'
+    frequencies are the linear-scaled ones and the local layers' unscaled (float64 reference)."""
+    _, directory = gemma
+    c = hf.load(directory).config
+    assert (c.family, c.layer_types, c.sliding_window, c.query_pre_attn_scalar) == (
+        "gemma3", tuple(GEMMA3_TINY["layer_types"]), 4, 24)
+    assert (c.rope_theta, c.rope_local_theta, dict(c.rope_scaling)) == (
+        50000.0, 1000.0, {"rope_type": "linear", "factor": 2.0})
+    assert c.layer_kinds == (1, 0, 1)
+    exponents = np.arange(0, 16, 2, dtype=np.float64) / 16
+    np.testing.assert_allclose(rope_frequencies(c), 50000.0 ** -exponents / 2, rtol=1e-6)
+    np.testing.assert_allclose(rope_frequencies(c, sliding=True), 1000.0 ** -exponents, rtol=1e-6)
+
+
+def test_gemma3_settings_outside_the_family_or_inconsistent_are_clear_errors():
+    base = dict(vocab_size=16, hidden_size=8, intermediate_size=12, num_hidden_layers=2, num_attention_heads=2,
+                num_key_value_heads=1, head_dim=4)
+    with pytest.raises(ValueError, match="sliding_window=4 is invalid: None unless family='gemma3'"):
+        ModelConfig(family="llama", sliding_window=4, **base)
+    with pytest.raises(ValueError, match="layer_types=.* is invalid: num_hidden_layers=2 names"):
+        ModelConfig(family="gemma3", layer_types=("full_attention",), **base)
+    with pytest.raises(ValueError, match="sliding_window=None is invalid: set: layer_types has sliding"):
+        ModelConfig(family="gemma3", layer_types=("sliding_attention", "full_attention"), rope_local_theta=1e4,
+                    **base)
+    config = ModelConfig(family="gemma3", layer_types=["sliding_attention", "full_attention"], sliding_window=2,
+                         rope_local_theta=1e4, **base)
+    assert config.layer_types == ("sliding_attention", "full_attention") and config.layer_kinds == (1, 0)
+
+
+def test_a_new_gemma3_model_saves_a_checkpoint_transformers_runs(tmp_path):
+    """A random Gemma 3 as an experiment's model section builds it (every layer global, no window set)."""
+    torch = pytest.importorskip("torch")
+    config = ModelConfig(family="gemma3", vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, tie_word_embeddings=True)
+    model = CausalLM(config, nnx.Rngs(0))
+    hf.save(model, tmp_path)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    tokens, mask = left_padded_batch()
+    tokens = tokens % 40
+    want = reference_logits(reference, tokens, mask)
+    assert np.abs(np.asarray(model(jnp.asarray(tokens), jnp.asarray(mask))) - want)[mask > 0].max() <= 1e-5
+    assert hf.load(tmp_path).config.layer_kinds == (0, 0)
+
+
+GEMMA_OPTIONS = [{}, dict(scan_layers=True), dict(remat="save_nothing"), dict(scan_layers=True, remat="save_matmuls")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("options", GEMMA_OPTIONS, ids=lambda o: "+".join(f"{k}={v}" for k, v in o.items()) or "plain")
+def test_gemma3_cache_decode_scan_and_remat_give_the_reference_logits(gemma, options):
+    """12-slot left-padded rows (3 x the window): the full forward equals transformers; a 7-token prefill
+    then 5 one-token KV-cache steps give the same logits (the window applies to the cache too)."""
+    ref, directory = gemma
+    model = hf.load(directory, **options)
+    tokens, mask = left_padded_batch(12)
+    want = reference_logits(ref, tokens, mask)
+    full = np.asarray(model(jnp.asarray(tokens), jnp.asarray(mask)))
+    assert np.abs(full - want)[mask > 0].max() <= 1e-4
+    key_mask = jnp.asarray(mask)
+    logits, cache = model.decode(jnp.asarray(tokens[:, :7]), key_mask, model.init_cache(3, 12), 0)
+    steps = [logits]
+    for i in range(7, 12):
+        logits, cache = model.decode(jnp.asarray(tokens[:, i:i + 1]), key_mask, cache, i)
+        steps.append(logits)
+    decoded = np.asarray(jnp.concatenate(steps, 1))
+    assert np.abs(decoded - full)[mask > 0].max() <= 1e-5
+
+
+@pytest.mark.slow
+def test_gemma3_stacked_layers_under_remat_give_the_plain_gradients(gemma):
+    """Local and global layers in one ``lax.scan`` (each layer's kind scanned data) under remat: the same
+    loss and per-layer gradients as the unrolled model."""
+    _, directory = gemma
+    tokens, mask = (jnp.asarray(x) for x in left_padded_batch(12))
+
+    def loss_and_grads(model):
+        graphdef, params = nnx.split(model, nnx.Param)
+
+        def loss(p):
+            logp = token_logprobs(nnx.merge(graphdef, p)(tokens, mask)[:, :-1], tokens[:, 1:])
+            return -(logp * mask[:, 1:]).sum() / mask[:, 1:].sum()
+        return jax.value_and_grad(loss)(params)
+
+    plain = hf.load(directory)
+    scanned = hf.load(directory, scan_layers=True, remat="save_nothing")
+    (want_loss, want), (got_loss, got) = loss_and_grads(plain), loss_and_grads(scanned)
+    np.testing.assert_allclose(got_loss, want_loss, rtol=1e-6)
+    want, got = per_layer(want, plain.config), per_layer(got, scanned.config)
+    assert got.keys() == want.keys() and len(want) == 3 * 13 + 2
+    for name in want:      # summation orders differ: measured up to 2e-7 on gradients up to 0.1
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=str(name))
+
+
+@pytest.mark.slow
+def test_gemma3_lora_adapters_load_into_peft_and_merge(gemma, tmp_path):
+    """Adapters on all seven projections of the local and global layers: PEFT on transformers' Gemma 3 and
+    the merged checkpoint reproduce the adapted pgjax logits."""
+    torch = pytest.importorskip("torch")
+    peft = pytest.importorskip("peft")
+    _, directory = gemma
+    model = hf.load(directory, lora=lora.LoRAConfig(rank=4, alpha=8.0))
+    adapters = nnx.state(model, lora.LoRAParam)
+    keys = iter(jax.random.split(jax.random.key(7), len(jax.tree.leaves(adapters))))
+    nnx.update(model, jax.tree.map(lambda x: x + 0.1 * jax.random.normal(next(keys), x.shape), adapters))
+    tokens, mask = left_padded_batch(12)
+    want = np.asarray(model(jnp.asarray(tokens), jnp.asarray(mask)))
+    assert np.abs(want - np.asarray(hf.load(directory)(jnp.asarray(tokens), jnp.asarray(mask)))).max() > 1e-2
+    hf.save_peft(model, tmp_path / "adapter", base_model=str(directory))
+    base = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    with_adapter = peft.PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
+    hf.save(lora.merged(model), tmp_path / "merged")
+    merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32).eval()
+    for reference in (with_adapter, merged):
+        np.testing.assert_allclose(reference_logits(reference, tokens, mask)[mask > 0], want[mask > 0],
+                                   rtol=1e-4, atol=1e-5)

@@ -14,12 +14,17 @@ from pgjax.sample.sampler import stage_sizes
 VOCAB = 48
 
 
+# Gemma 3: a local layer with a window of 3 slots (shorter than the prompts) before a global one
+GEMMA = dict(layer_types=("sliding_attention", "full_attention"), sliding_window=3, rope_local_theta=100.0,
+             query_pre_attn_scalar=12)
+
+
 def sharp_model(family):
     config = ModelConfig(family=family, vocab_size=VOCAB, hidden_size=32, intermediate_size=48,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                          rope_scaling=(("factor", 8.0), ("high_freq_factor", 4.0), ("low_freq_factor", 1.0),
                                        ("original_max_position_embeddings", 8), ("rope_type", "llama3"))
-                         if family == "llama" else None)
+                         if family == "llama" else None, **(GEMMA if family == "gemma3" else {}))
     m = CausalLM(config, nnx.Rngs(1))
     for variable in jax.tree.leaves(nnx.state(m, nnx.Param), is_leaf=lambda x: isinstance(x, nnx.Variable)):
         if variable[...].ndim > 1:   # sharper logits than the 0.02 init, so samples differ visibly
@@ -27,7 +32,7 @@ def sharp_model(family):
     return m
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "gemma3"])
 def model(request):
     """Each family, for the tests that compare against the cache-free forward."""
     return sharp_model(request.param)

@@ -244,7 +244,7 @@ def test_set_overrides_typed_fields_and_rejects_what_is_not_valid():
              ("update.epochs=0", r"update.epochs='0' is invalid: epochs must be >= 1"),
              ("rollout.overlong_buffer=6", r"overlong_buffer must be in \[0, max_new_tokens=6\)"),
              ("rollout.top_p=1.5", r"rollout.top_p='1.5' is invalid: top_p must be in \(0, 1\]"),
-             ("model.family=gpt2", r"model.family='gpt2' is invalid: one of \('llama', 'qwen2', 'qwen3'\)"),
+             ("model.family=gpt2", r"model.family='gpt2' is invalid: one of \('llama', 'qwen2', 'qwen3', 'gemma3'\)"),
              ("rollout.mask_truncated=maybe", "a bool, true or false"),
              ("algorithm.hparams.kl_coef=nan", "a finite number"),
              ("update.correction=token", "did you mean algorithm.correction?")]

@@ -22,7 +22,7 @@ import numpy as np
 from flax import nnx
 
 from pgjax.models import lora as lora_lib
-from pgjax.models.transformer import FAMILIES, RUNTIME_OPTIONS, CausalLM, ModelConfig
+from pgjax.models.transformer import RUNTIME_OPTIONS, CausalLM, ModelConfig
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "tokenizer.model")     # any one of them makes a directory a tokenizer's
@@ -30,6 +30,10 @@ TOKENIZER_EXTRAS = ("added_tokens.json", "chat_template.jinja", "chat_template.j
 CHAT_TEMPLATE_DIR = "additional_chat_templates"         # transformers 5: named templates besides the default
 # what ``save`` takes from ``tokenizer_dir`` (files where present, and CHAT_TEMPLATE_DIR whole)
 COPIED_FILES = TOKENIZER_FILES + TOKENIZER_EXTRAS + ("generation_config.json",)
+# each pgjax family's transformers model_type and architecture class
+HF_NAMES = {"llama": ("llama", "LlamaForCausalLM"), "qwen2": ("qwen2", "Qwen2ForCausalLM"),
+            "qwen3": ("qwen3", "Qwen3ForCausalLM"), "gemma3": ("gemma3_text", "Gemma3ForCausalLM")}
+FAMILY_OF = {model_type: family for family, (model_type, _) in HF_NAMES.items()}
 
 
 def config_from_hf(hf_config, **options) -> ModelConfig:
@@ -38,42 +42,71 @@ def config_from_hf(hf_config, **options) -> ModelConfig:
     unknown = set(options) - set(RUNTIME_OPTIONS)
     if unknown:
         raise TypeError(f"unknown model options {sorted(unknown)}; valid: {RUNTIME_OPTIONS}")
-    family = hf_config.model_type
-    if family not in FAMILIES:
-        raise ValueError(f"unsupported architecture {family!r}; supported model_type values: {FAMILIES}")
+    family = FAMILY_OF.get(hf_config.model_type)
+    if family is None:
+        raise ValueError(f"unsupported architecture {hf_config.model_type!r}; supported model_type values: "
+                         f"{tuple(FAMILY_OF)}")
     _check_supported(hf_config)
-    rope = dict(getattr(hf_config, "rope_parameters", None) or {})
-    legacy = getattr(hf_config, "rope_scaling", None)
-    if legacy:
-        rope.update(legacy)
-    theta = rope.pop("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
-    kind = rope.get("rope_type", rope.get("type", "default"))
-    scaling = None if kind == "default" else tuple(sorted((k, v) for k, v in rope.items() if k != "type"))
+    theta, scaling = _rope(hf_config, "full_attention" if family == "gemma3" else None)
     heads = hf_config.num_attention_heads
     return ModelConfig(
         family=family, vocab_size=hf_config.vocab_size, hidden_size=hf_config.hidden_size,
         intermediate_size=hf_config.intermediate_size, num_hidden_layers=hf_config.num_hidden_layers,
         num_attention_heads=heads, num_key_value_heads=getattr(hf_config, "num_key_value_heads", None) or heads,
         head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads,
-        rms_norm_eps=hf_config.rms_norm_eps, rope_theta=float(theta), rope_scaling=scaling,
+        rms_norm_eps=hf_config.rms_norm_eps, rope_theta=theta, rope_scaling=scaling,
         tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        **(_gemma_fields(hf_config) if family == "gemma3" else {}),
         **options,
         max_position_embeddings=getattr(hf_config, "max_position_embeddings", None),
         bos_token_id=getattr(hf_config, "bos_token_id", None), eos_token_id=_token_ids(hf_config),
         pad_token_id=getattr(hf_config, "pad_token_id", None))
 
 
+def _rope(hf_config, layer_type=None) -> tuple[float, tuple | None]:
+    """(rope_theta, rope_scaling as sorted pairs or None) of the config: transformers 5's
+    ``rope_parameters`` with a legacy ``rope_scaling`` merged in, or (Gemma 3) its entry for
+    ``layer_type`` ("full_attention" or "sliding_attention")."""
+    rope = dict(getattr(hf_config, "rope_parameters", None) or {})
+    if layer_type is None:
+        rope.update(getattr(hf_config, "rope_scaling", None) or {})
+    else:
+        rope = dict(rope.get(layer_type) or {})
+    theta = rope.pop("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    scaling = None if kind == "default" else tuple(sorted((k, v) for k, v in rope.items() if k != "type"))
+    return float(theta), scaling
+
+
+def _gemma_fields(hf_config) -> dict:
+    """The Gemma 3 fields of ``ModelConfig`` (layer types, sliding window, local RoPE base, query scale)."""
+    local_theta, local_scaling = _rope(hf_config, "sliding_attention")
+    if local_scaling:
+        raise ValueError(f"unsupported gemma3_text rope scaling {dict(local_scaling)} of the sliding-window "
+                         f"layers: pgjax scales only the full-attention layers' frequencies")
+    return {"layer_types": tuple(hf_config.layer_types), "sliding_window": hf_config.sliding_window,
+            "rope_local_theta": local_theta, "query_pre_attn_scalar": hf_config.query_pre_attn_scalar}
+
+
 def _check_supported(hf_config) -> None:
-    """Raise for settings that change the model's maths beyond what ``CausalLM`` implements (SiLU MLPs
-    without biases, q/k/v biases only in Qwen2, full attention in every layer)."""
+    """Raise for settings that change the model's maths beyond what ``CausalLM`` implements (SiLU MLPs,
+    GELU-tanh in Gemma 3, without biases; q/k/v biases only in Qwen2; causal attention, windowed only
+    in Gemma 3's sliding layers; no logit soft-capping: transformers' Gemma 3 skips the attention one,
+    and a capped output would need the chunked log-probs to cap too)."""
+    gemma = hf_config.model_type == "gemma3_text"
+    act_name, act = ("hidden_activation", "gelu_pytorch_tanh") if gemma else ("hidden_act", "silu")
     flag = lambda name: bool(getattr(hf_config, name, False))
-    unsupported = {"hidden_act": getattr(hf_config, "hidden_act", "silu") != "silu", "mlp_bias": flag("mlp_bias"),
+    unsupported = {act_name: getattr(hf_config, act_name, act) != act, "mlp_bias": flag("mlp_bias"),
                    "attention_bias": hf_config.model_type != "qwen2" and flag("attention_bias"),
-                   "use_sliding_window": flag("use_sliding_window")}
+                   "use_sliding_window": flag("use_sliding_window"),
+                   "use_bidirectional_attention": flag("use_bidirectional_attention"),
+                   "attn_logit_softcapping": getattr(hf_config, "attn_logit_softcapping", None) is not None,
+                   "final_logit_softcapping": getattr(hf_config, "final_logit_softcapping", None) is not None}
     found = [f"{name}={getattr(hf_config, name)!r}" for name, bad in unsupported.items() if bad]
     if found:
         raise ValueError(f"unsupported {hf_config.model_type} settings {', '.join(found)}: pgjax's CausalLM "
-                         f"implements SiLU MLPs without biases, q/k/v biases only in qwen2, full attention")
+                         f"implements SiLU MLPs (GELU-tanh in gemma3) without biases, q/k/v biases only in qwen2, "
+                         f"causal attention (sliding windows only in gemma3), no logit soft-capping")
 
 
 def _token_ids(hf_config):
@@ -130,6 +163,9 @@ def _layout(config: ModelConfig):
                     for n, count in (("q", h), ("k", kv), ("v", kv))]
         if c.qk_norm:
             out += [(pre + f"self_attn.{n}_norm.weight", at + (f"{n}_norm", "weight"), *same) for n in ("q", "k")]
+        if c.gemma:
+            out += [(pre + f"{n}_feedforward_layernorm.weight", ("layers", i, f"{n}_feedforward_norm", "weight"),
+                     *same) for n in ("pre", "post")]
     return out
 
 
@@ -233,16 +269,27 @@ def end_of_turn_ids(tokenizer) -> tuple[int, ...]:
 
 def hf_config_dict(config: ModelConfig) -> dict:
     """config.json content for ``config``."""
-    arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[config.family]
-    out = {"architectures": [arch], "model_type": config.family, "vocab_size": config.vocab_size,
+    model_type, arch = HF_NAMES[config.family]
+    out = {"architectures": [arch], "model_type": model_type, "vocab_size": config.vocab_size,
            "hidden_size": config.hidden_size, "intermediate_size": config.intermediate_size,
            "num_hidden_layers": config.num_hidden_layers, "num_attention_heads": config.num_attention_heads,
            "num_key_value_heads": config.num_key_value_heads, "head_dim": config.head_dim,
-           "rms_norm_eps": config.rms_norm_eps, "rope_theta": config.rope_theta, "hidden_act": "silu",
-           "tie_word_embeddings": config.tie_word_embeddings, "torch_dtype": config.param_dtype,
-           "attention_bias": config.qkv_bias}
-    if config.rope_scaling:
-        out["rope_scaling"] = dict(config.rope_scaling)
+           "rms_norm_eps": config.rms_norm_eps, "tie_word_embeddings": config.tie_word_embeddings,
+           "torch_dtype": config.param_dtype, "attention_bias": config.qkv_bias}
+    if config.gemma:        # transformers 5's per-layer-type rope_parameters
+        rope = {"full_attention": {"rope_type": "default", **dict(config.rope_scaling or {}),
+                                   "rope_theta": config.rope_theta}}
+        if config.rope_local_theta is not None:
+            rope["sliding_attention"] = {"rope_type": "default", "rope_theta": config.rope_local_theta}
+        if config.sliding_window is not None:   # else transformers' default, unused without sliding layers
+            out["sliding_window"] = config.sliding_window
+        out.update(hidden_activation="gelu_pytorch_tanh", rope_parameters=rope,
+                   layer_types=list(config.layer_types or ("full_attention",) * config.num_hidden_layers),
+                   query_pre_attn_scalar=config.query_pre_attn_scalar or config.head_dim)
+    else:
+        out.update(hidden_act="silu", rope_theta=config.rope_theta)
+        if config.rope_scaling:
+            out["rope_scaling"] = dict(config.rope_scaling)
     carried = {"max_position_embeddings": config.max_position_embeddings, "bos_token_id": config.bos_token_id,
                "eos_token_id": config.eos_token_id, "pad_token_id": config.pad_token_id}
     out.update((k, list(v) if isinstance(v, tuple) else v) for k, v in carried.items() if v is not None)

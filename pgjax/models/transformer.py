@@ -1,8 +1,11 @@
-"""A decoder-only transformer in Flax NNX covering the Llama 3.x, Qwen2 and Qwen3 families.
+"""A decoder-only transformer in Flax NNX covering the Llama 3.x, Qwen2, Qwen3 and Gemma 3 (text) families.
 
-RMSNorm, rotary position embeddings (with Llama 3's frequency scaling),
-grouped-query attention (Qwen2's q/k/v biases, Qwen3's q/k RMSNorm), SwiGLU MLP,
-tied or untied embeddings. Every weight is an ``nnx.Param`` carrying
+RMSNorm, rotary position embeddings (with Llama 3's or linear frequency scaling),
+grouped-query attention (Qwen2's q/k/v biases, Qwen3's and Gemma 3's q/k RMSNorm), SwiGLU MLP,
+tied or untied embeddings. Gemma 3 adds zero-centred norms (x * (1 + w)) on each sublayer's input
+and output, a GELU-gated MLP, embeddings scaled by sqrt(hidden_size), a query_pre_attn_scalar
+for the attention scale, and sliding-window ("local") layers with their own RoPE base between
+the full-attention ("global") ones. Every weight is an ``nnx.Param`` carrying
 ``logical_axes`` (``vocab``, ``embed``, ``heads``, ``kv_heads``, ``head_dim``,
 ``mlp``, ``norm``) for a sharding rule table.
 
@@ -23,7 +26,10 @@ from flax import nnx
 from pgjax.models.lora import Adapter, LoRAConfig, adapter, dropout_keys
 from pgjax.parallel.mesh import constrain
 
-FAMILIES = ("llama", "qwen2", "qwen3")
+FAMILIES = ("llama", "qwen2", "qwen3", "gemma3")
+# each layer's attention, named as Hugging Face's ``layer_types``; a layer's index here is its "kind"
+LAYER_TYPES = ("full_attention", "sliding_attention")
+GEMMA_FIELDS = ("layer_types", "sliding_window", "rope_local_theta", "query_pre_attn_scalar")   # None elsewhere
 DTYPES = ("float32", "bfloat16")      # parameter and compute dtypes
 # rematerialisation of each layer in a full forward pass (what its backward pass keeps, what it
 # recomputes): "off" keeps every activation; "save_matmuls" keeps the 2-D projection and MLP
@@ -48,8 +54,16 @@ class ModelConfig:
     head_dim: int
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
-    rope_scaling: tuple | None = None     # Llama 3: sorted (key, value) pairs of HF's rope_scaling dict
+    rope_scaling: tuple | None = None     # sorted (key, value) pairs of HF's rope_scaling (llama3 or linear)
     tie_word_embeddings: bool = False
+    # Gemma 3 only (None otherwise): each layer's LAYER_TYPES name (None: every layer full attention); the
+    # sliding layers' window (a query sees itself and the sliding_window - 1 slots before it) and RoPE
+    # base (rope_theta and rope_scaling are the full layers'); attention scores scaled by
+    # query_pre_attn_scalar^(-1/2) instead of head_dim^(-1/2)
+    layer_types: tuple[str, ...] | None = None
+    sliding_window: int | None = None
+    rope_local_theta: float | None = None
+    query_pre_attn_scalar: float | None = None
     param_dtype: str = "float32"
     compute_dtype: str = "float32"
     remat: str = "off"                    # a key of REMAT_POLICIES
@@ -62,9 +76,14 @@ class ModelConfig:
     pad_token_id: int | None = None
 
     def __post_init__(self):
-        """ValueError ``NAME=VALUE is invalid: WHAT IS VALID`` for the first field out of its range."""
+        """ValueError ``NAME=VALUE is invalid: WHAT IS VALID`` for the first field out of its range
+        (``layer_types`` given as a list is kept as a tuple)."""
+        if isinstance(self.layer_types, list):
+            object.__setattr__(self, "layer_types", tuple(self.layer_types))
         sizes = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                  "num_key_value_heads", "head_dim")
+        sliding = "sliding_attention" in (self.layer_types or ())
+        positive = lambda name: getattr(self, name) is None or getattr(self, name) > 0      # noqa: E731
         rules = [("family", lambda: self.family in FAMILIES, f"one of {FAMILIES}"),
                  *((name, lambda name=name: getattr(self, name) >= 1, "an integer >= 1") for name in sizes),
                  ("num_key_value_heads", lambda: self.num_attention_heads % self.num_key_value_heads == 0,
@@ -73,7 +92,18 @@ class ModelConfig:
                  ("rope_theta", lambda: self.rope_theta > 0, "> 0"),
                  ("param_dtype", lambda: self.param_dtype in DTYPES, f"one of {DTYPES}"),
                  ("compute_dtype", lambda: self.compute_dtype in DTYPES, f"one of {DTYPES}"),
-                 ("remat", lambda: self.remat in REMAT_POLICIES, f"one of {tuple(REMAT_POLICIES)}")]
+                 ("remat", lambda: self.remat in REMAT_POLICIES, f"one of {tuple(REMAT_POLICIES)}"),
+                 *((name, lambda name=name: getattr(self, name) is None or self.family == "gemma3",
+                    "None unless family='gemma3'") for name in GEMMA_FIELDS),
+                 ("layer_types", lambda: self.layer_types is None or (
+                     len(self.layer_types) == self.num_hidden_layers and set(self.layer_types) <= set(LAYER_TYPES)),
+                  f"num_hidden_layers={self.num_hidden_layers} names, each one of {LAYER_TYPES}"),
+                 ("sliding_window", lambda: self.sliding_window is None or self.sliding_window >= 1, "an integer >= 1"),
+                 *((name, lambda name=name: not sliding or getattr(self, name) is not None,
+                    "set: layer_types has sliding_attention layers")
+                   for name in ("sliding_window", "rope_local_theta")),
+                 ("rope_local_theta", lambda: positive("rope_local_theta"), "> 0"),
+                 ("query_pre_attn_scalar", lambda: positive("query_pre_attn_scalar"), "> 0")]
         for name, ok, valid in rules:
             if not ok():
                 raise ValueError(f"{name}={getattr(self, name)!r} is invalid: {valid}")
@@ -84,7 +114,18 @@ class ModelConfig:
 
     @property
     def qk_norm(self) -> bool:
-        return self.family == "qwen3"
+        return self.family in ("qwen3", "gemma3")
+
+    @property
+    def gemma(self) -> bool:
+        """Gemma's layer: zero-centred norms, a norm on each sublayer's output too, GELU-gated MLP,
+        embeddings scaled by sqrt(hidden_size)."""
+        return self.family == "gemma3"
+
+    @property
+    def layer_kinds(self) -> tuple[int, ...]:
+        """Each layer's index in ``LAYER_TYPES`` (0, full attention, for every layer without ``layer_types``)."""
+        return tuple(LAYER_TYPES.index(t) for t in self.layer_types or ("full_attention",) * self.num_hidden_layers)
 
 
 def _param(rngs, shape, axes, dtype, scale=0.02):
@@ -92,28 +133,39 @@ def _param(rngs, shape, axes, dtype, scale=0.02):
 
 
 class RMSNorm(nnx.Module):
-    """y = x / sqrt(mean(x^2) + eps) * w, normalised in float32, returned in x's dtype."""
+    """y = x / sqrt(mean(x^2) + eps) * w, normalised in float32, returned in x's dtype.
 
-    def __init__(self, size: int, eps: float, dtype):
-        self.weight = nnx.Param(jnp.ones((size,), dtype), logical_axes=("norm",))
+    ``zero_centred`` (Gemma): y = x / sqrt(mean(x^2) + eps) * (1 + w), w starting at 0, the product
+    taken in float32 before the cast (as transformers' Gemma3RMSNorm)."""
+
+    def __init__(self, size: int, eps: float, dtype, zero_centred: bool = False):
+        self.weight = nnx.Param((jnp.zeros if zero_centred else jnp.ones)((size,), dtype), logical_axes=("norm",))
         self.eps = eps
+        self.zero_centred = zero_centred
 
     def __call__(self, x):
         x32 = x.astype(jnp.float32)
         normed = x32 * jax.lax.rsqrt(jnp.mean(x32 ** 2, axis=-1, keepdims=True) + self.eps)
+        if self.zero_centred:
+            return (normed * (1.0 + self.weight[...].astype(jnp.float32))).astype(x.dtype)
         return self.weight[...].astype(x.dtype) * normed.astype(x.dtype)
 
 
-def rope_frequencies(config: ModelConfig) -> jax.Array:
-    """Inverse frequencies theta^(-2i/d), with Llama 3's scaling when ``rope_scaling`` says so."""
+def rope_frequencies(config: ModelConfig, sliding: bool = False) -> jax.Array:
+    """Inverse frequencies theta^(-2i/d), scaled as ``rope_scaling`` says (linear: all divided by its
+    factor; Llama 3's). ``sliding``: those of Gemma's sliding-window layers (base ``rope_local_theta``,
+    never scaled)."""
     d = config.head_dim
-    inv = 1.0 / (config.rope_theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
-    if not config.rope_scaling:
+    theta = config.rope_local_theta if sliding else config.rope_theta
+    inv = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+    if sliding or not config.rope_scaling:
         return inv
     s = dict(config.rope_scaling)
     kind = s.get("rope_type", s.get("type"))
+    if kind == "linear":
+        return inv / s["factor"]
     if kind != "llama3":
-        raise ValueError(f"unsupported rope_scaling type {kind!r}; supported: 'llama3'")
+        raise ValueError(f"unsupported rope_scaling type {kind!r}; supported: 'linear', 'llama3'")
     factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
     old = s["original_max_position_embeddings"]
     wavelen = 2 * math.pi / inv
@@ -152,8 +204,8 @@ class Attention(nnx.Module):
             self.k_bias = nnx.Param(jnp.zeros((c.num_key_value_heads, c.head_dim), dtype), logical_axes=("kv_heads", "head_dim"))
             self.v_bias = nnx.Param(jnp.zeros((c.num_key_value_heads, c.head_dim), dtype), logical_axes=("kv_heads", "head_dim"))
         if c.qk_norm:
-            self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype)
-            self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype)
+            self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype, c.gemma)
+            self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype, c.gemma)
         q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
         _add_adapters(self, c, rngs, {"q_proj": (c.hidden_size, q, ("embed", "heads")),
                                       "k_proj": (c.hidden_size, kv, ("embed", "kv_heads")),
@@ -185,7 +237,7 @@ class Attention(nnx.Module):
         if cache is not None:
             k = jax.lax.dynamic_update_slice_in_dim(cache[0], k.astype(cache[0].dtype), index, axis=2)
             v = jax.lax.dynamic_update_slice_in_dim(cache[1], v.astype(cache[1].dtype), index, axis=2)
-        out = grouped_query_attention(q, k, v, bias)
+        out = grouped_query_attention(q, k, v, bias, self.config.query_pre_attn_scalar)
         b, t, h, d = out.shape
         out = out.reshape(b, t, h * d)
         projected = _adapted(out, self.o[...].reshape(h * d, -1), adapter(self, "o_proj"), dropout_key, 3)
@@ -224,17 +276,22 @@ def _add_adapters(module: nnx.Module, config: ModelConfig, rngs: nnx.Rngs, shape
                                                       jnp.dtype(config.param_dtype), rngs))
 
 
-def attention_bias(key_mask, index, length: int) -> jax.Array:
-    """0 where query slot i = index + t may see key slot s (s <= i and ``key_mask`` [B, S] set),
-    the float32 minimum elsewhere: [B, 1, 1, length, S], built once per forward."""
+def attention_bias(key_mask, index, length: int, window: int | None = None) -> jax.Array:
+    """0 where query slot i = index + t may see key slot s (s <= i and ``key_mask`` [B, S] set, and
+    with a ``window`` i - s < window), the float32 minimum elsewhere: [B, 1, 1, length, S], built once
+    per forward. Left padding comes before a row's tokens, so slot distances are position distances."""
     query_slots = index + jnp.arange(length)
     key_slots = jnp.arange(key_mask.shape[1])
-    allowed = (key_slots[None, :] <= query_slots[:, None])[None] & (key_mask[:, None, :] > 0)
+    allowed = key_slots[None, :] <= query_slots[:, None]
+    if window is not None:
+        allowed = allowed & (query_slots[:, None] - key_slots[None, :] < window)
+    allowed = allowed[None] & (key_mask[:, None, :] > 0)
     return jnp.where(allowed, 0.0, jnp.finfo(jnp.float32).min)[:, None, None]
 
 
-def grouped_query_attention(q, k, v, bias):
-    """softmax(q k^T / sqrt(D) + bias) v with H query heads sharing each of KV key/value heads.
+def grouped_query_attention(q, k, v, bias, query_scale=None):
+    """softmax(q k^T / sqrt(s) + bias) v with H query heads sharing each of KV key/value heads;
+    s = ``query_scale`` (Gemma's query_pre_attn_scalar), D when None.
 
     q [B, T, H, D]; k, v [B, KV, S, D] (heads before slots, so the KV cache is read as
     a plain batched matmul, never transposed); ``bias`` from ``attention_bias``.
@@ -243,17 +300,20 @@ def grouped_query_attention(q, k, v, bias):
     b, t, h, d = q.shape
     kv = k.shape[1]
     grouped = q.reshape(b, t, kv, h // kv, d).transpose(0, 2, 3, 1, 4)               # [B, KV, G, T, D]
-    scores = jnp.einsum("bkgqd,bksd->bkgqs", grouped, k).astype(jnp.float32) / math.sqrt(d) + bias
+    scale = math.sqrt(d if query_scale is None else query_scale)
+    scores = jnp.einsum("bkgqd,bksd->bkgqs", grouped, k).astype(jnp.float32) / scale + bias
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgqs,bksd->bkgqd", probs, v)
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
 
 
 class MLP(nnx.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    """SwiGLU: down(silu(gate(x)) * up(x)); Gemma's GeGLU: down(gelu(gate(x)) * up(x)) with the tanh
+    approximation of GELU (transformers' ``gelu_pytorch_tanh``)."""
 
     def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
         c, dtype = config, jnp.dtype(config.param_dtype)
+        self.gelu = c.gemma
         self.gate = _param(rngs, (c.hidden_size, c.intermediate_size), ("embed", "mlp"), dtype)
         self.up = _param(rngs, (c.hidden_size, c.intermediate_size), ("embed", "mlp"), dtype)
         self.down = _param(rngs, (c.intermediate_size, c.hidden_size), ("mlp", "embed"), dtype)
@@ -264,19 +324,32 @@ class MLP(nnx.Module):
     def __call__(self, x, dropout_key=None):
         gate = _adapted(x, self.gate[...], adapter(self, "gate_proj"), dropout_key, 4)
         up = _adapted(x, self.up[...], adapter(self, "up_proj"), dropout_key, 5)
-        return _adapted(jax.nn.silu(gate) * up, self.down[...], adapter(self, "down_proj"), dropout_key, 6)
+        act = jax.nn.gelu(gate, approximate=True) if self.gelu else jax.nn.silu(gate)
+        return _adapted(act * up, self.down[...], adapter(self, "down_proj"), dropout_key, 6)
 
 
 class Block(nnx.Module):
+    """Llama / Qwen: h = x + attn(input_norm(x)), out = h + mlp(post_attention_norm(h)).
+    Gemma (``sandwich``): h = x + post_attention_norm(attn(input_norm(x))),
+    out = h + post_feedforward_norm(mlp(pre_feedforward_norm(h)))."""
+
     def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
         dtype = jnp.dtype(config.param_dtype)
-        self.input_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        norm = lambda: RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, config.gemma)   # noqa: E731
+        self.sandwich = config.gemma
+        self.input_norm = norm()
         self.attention = Attention(config, rngs)
-        self.post_attention_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.post_attention_norm = norm()
+        if self.sandwich:
+            self.pre_feedforward_norm = norm()
+            self.post_feedforward_norm = norm()
         self.mlp = MLP(config, rngs)
 
     def __call__(self, x, rope, bias, cache=None, index=0, dropout_key=None):
         attended, cache = self.attention(self.input_norm(x), rope, bias, cache, index, dropout_key)
+        if self.sandwich:
+            x = x + self.post_attention_norm(attended)
+            return x + self.post_feedforward_norm(self.mlp(self.pre_feedforward_norm(x), dropout_key)), cache
         x = x + attended
         return x + self.mlp(self.post_attention_norm(x), dropout_key), cache
 
@@ -290,7 +363,7 @@ class CausalLM(nnx.Module):
         self.embed = _param(rngs, (config.vocab_size, config.hidden_size), ("vocab", "embed"), dtype)
         blocks = [Block(config, rngs) for _ in range(config.num_hidden_layers)]
         self.layers = stack_blocks(blocks) if config.scan_layers else nnx.List(blocks)
-        self.final_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.final_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, config.gemma)
         if not config.tie_word_embeddings:
             self.lm_head = _param(rngs, (config.hidden_size, config.vocab_size), ("embed", "vocab"), dtype)
 
@@ -331,45 +404,56 @@ class CausalLM(nnx.Module):
 
     def _hidden(self, tokens, key_mask, cache, index, dropout_key=None, mesh=None):
         positions = jax.lax.dynamic_slice_in_dim(positions_from_mask(key_mask), index, tokens.shape[1], axis=1)
-        dt = jnp.dtype(self.config.compute_dtype)
+        c = self.config
+        dt = jnp.dtype(c.compute_dtype)
         x = self.embed[...].astype(dt)[tokens]
-        rope = rope_tables(positions, rope_frequencies(self.config))
-        bias = attention_bias(key_mask, index, tokens.shape[1])
+        if c.gemma:     # the scale rounded to the weights' dtype first, as transformers does (25.25 in bf16)
+            x = x * jnp.asarray(math.sqrt(c.hidden_size), self.embed[...].dtype).astype(dt)
+        contexts = tuple((rope_tables(positions, rope_frequencies(c, sliding=bool(kind))),
+                          attention_bias(key_mask, index, tokens.shape[1], c.sliding_window if kind else None))
+                         for kind in range(max(c.layer_kinds) + 1))
         if cache is None:
-            return self.final_norm(self._trunk(x, rope, bias, dropout_key, mesh)), ()
+            return self.final_norm(self._trunk(x, contexts, dropout_key, mesh)), ()
         new_cache = []
-        for i, layer in enumerate(self.blocks()):
-            x, layer_cache = layer(x, rope, bias, cache[i], index)
+        for i, (layer, kind) in enumerate(zip(self.blocks(), c.layer_kinds)):
+            x, layer_cache = layer(x, *contexts[kind], cache[i], index)
             new_cache.append(layer_cache)
         return self.final_norm(x), tuple(new_cache)
 
-    def _trunk(self, x, rope, bias, dropout_key, mesh):
+    def _trunk(self, x, contexts, dropout_key, mesh):
         """Every layer on x [B, T, D] without a cache: a ``lax.scan`` over the stacked layers
         (``scan_layers``; one traced layer whatever the depth) or one traced block per layer;
-        each under ``jax.checkpoint`` with the ``remat`` policy unless it is "off". Layer i's
-        adapter dropout (with a ``dropout_key``) is drawn from the key folded with i. With a
-        ``mesh`` each layer's input and output are constrained to the batch split: without it
-        XLA keeps FSDP's activations whole on every device of the ``fsdp`` axis (the parameters'
-        split along ``embed`` pulls them that way), holding fsdp times the activation memory."""
+        each under ``jax.checkpoint`` with the ``remat`` policy unless it is "off". ``contexts``:
+        the (RoPE tables, attention bias) of each layer kind (``ModelConfig.layer_kinds``); under
+        scan with more than one kind, each layer's kind is scanned data that picks its context, so
+        the local and global layers are still one traced program. Layer i's adapter dropout (with a
+        ``dropout_key``) is drawn from the key folded with i. With a ``mesh`` each layer's input and
+        output are constrained to the batch split: without it XLA keeps FSDP's activations whole on
+        every device of the ``fsdp`` axis (the parameters' split along ``embed`` pulls them that
+        way), holding fsdp times the activation memory."""
         policy = REMAT_POLICIES[self.config.remat]
         keys = dropout_keys(dropout_key, self.config.num_hidden_layers)
+        kinds = self.config.layer_kinds
 
-        def layer_output(layer, x, key):
+        def layer_output(layer, x, key, context):
             x = constrain(x, ("batch", None, None), mesh)
-            return constrain(layer(x, rope, bias, dropout_key=key)[0], ("batch", None, None), mesh)
+            return constrain(layer(x, *context, dropout_key=key)[0], ("batch", None, None), mesh)
 
         if self.config.scan_layers:
             graphdef, stacked = nnx.split(self.layers)
+            several = len(contexts) > 1
+            choices = jax.tree.map(lambda *c: jnp.stack(c), *contexts) if several else None   # [kinds, ...]
 
             def body(x, layer):
-                layer_state, key = layer
-                return layer_output(nnx.merge(graphdef, layer_state), x, key), None
+                layer_state, key, kind = layer
+                context = jax.tree.map(lambda c: c[kind], choices) if several else contexts[0]
+                return layer_output(nnx.merge(graphdef, layer_state), x, key, context), None
 
             body = body if policy is None else jax.checkpoint(body, policy=policy)
-            return jax.lax.scan(body, x, (stacked, keys))[0]
+            return jax.lax.scan(body, x, (stacked, keys, jnp.asarray(kinds) if several else None))[0]
         apply = layer_output if policy is None else nnx.remat(layer_output, policy=policy)
         for i, layer in enumerate(self.layers):
-            x = apply(layer, x, None if keys is None else keys[i])
+            x = apply(layer, x, None if keys is None else keys[i], contexts[kinds[i]])
         return x
 
     def blocks(self) -> list[Block]:
