@@ -166,7 +166,7 @@ def setup(args: argparse.Namespace) -> dict:
     if missing:
         raise ValueError(f"--by {missing[0]}: the examples carry no such tag (they have {', '.join(examples[0])})")
     strata_of(examples, by)
-    ids = context.tokenizer(context.render([e["prompt"] for e in examples]), add_special_tokens=False)["input_ids"]
+    ids = context.prompt_format.token_ids(context.tokenizer, [e["prompt"] for e in examples])
     policy = hf.load(model_dir, param_dtype=exp.model.param_dtype, compute_dtype=exp.model.compute_dtype)
     return {"policy": policy, "tokenizer": context.tokenizer,
             "task": context.task, "examples": examples, "samples": args.samples, "ks": ks,

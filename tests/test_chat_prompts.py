@@ -152,3 +152,20 @@ def test_the_trainer_renders_prompts_and_stops_at_the_end_of_turn(tmp_path):
         Trainer(experiment_lib.override(base, ["rollout.max_prompt_tokens=20"]))
     with pytest.raises(ConfigError, match="task.chat_template='chatml' is invalid: one of auto, none"):
         experiment_lib.override(base, ["task.chat_template=chatml"])
+
+
+def test_plain_prompts_get_the_tokenizers_bos_and_templated_ones_only_the_templates():
+    """A base model such as Gemma 3 needs its <bos> on plain text (the tokenizer adds it); a chat
+    template writes its own, so the rendered text is not given a second one."""
+    tokenizer = chatml_tokenizer("{{ bos_token }}" + CHATML)
+    tokenizer.add_special_tokens({"bos_token": "<bos>"})
+    tokenizer._tokenizer.post_processor = tokenizers.processors.TemplateProcessing(
+        single="<bos> $A", special_tokens=[("<bos>", tokenizer.bos_token_id)])
+    bos = tokenizer.bos_token_id
+    assert PLAIN.token_ids(tokenizer, ["ab"]) == [[bos, *tokenizer("ab", add_special_tokens=False)["input_ids"]]]
+    tokens, mask = encode_prompts(tokenizer, ["ab"], 4)
+    assert tokens[0, 1:].tolist() == PLAIN.token_ids(tokenizer, ["ab"])[0] and mask.tolist() == [[0, 1, 1, 1]]
+    chat = PromptFormat(chat=True).token_ids(tokenizer, ["ab"])[0]
+    assert chat[0] == bos and chat.count(bos) == 1          # the template's own, not a second one
+    rendered = PromptFormat(chat=True).render(tokenizer, ["ab"])
+    assert chat == tokenizer(rendered, add_special_tokens=False)["input_ids"][0]

@@ -63,7 +63,7 @@ class Task(Protocol):
     tokenizer, or None where the model's tokenizer is to be used.
 
     Optional, for a task over a finite set of records (``JsonlMathTask``):
-    ``fit_prompts(tokenizer, max_tokens, render)`` checks (or, by the task's
+    ``fit_prompts(tokenizer, max_tokens, render, special_tokens)`` checks (or, by the task's
     own option, drops) prompts too long for the model, and ``summary()`` says
     in one line what was left out; the Trainer calls them when present.
     """

@@ -29,7 +29,7 @@ ValueError ``"{path}:{place}: {reason}"`` naming the field at fault:
   verifier gets a final answer: ``normalize_answer(reference_answer(answer))``
   is not empty (so ``""``, ``"#### "``, ``"\\boxed{}"`` cannot be scored).
 
-``JsonlMathTask.fit_prompts(tokenizer, max_tokens, render)`` then requires every prompt, as
+``JsonlMathTask.fit_prompts(tokenizer, max_tokens, render, special_tokens)`` then requires every prompt, as
 rendered for the model, to have 1..``max_tokens`` tokens (and a conversation to be renderable:
 without a chat template only a single user message is). With ``skip_invalid=True`` bad
 records are left out instead and listed (``JsonlMathTask.skipped``,
@@ -390,11 +390,12 @@ class JsonlMathTask:
             return None
         return f"{self.path}: {len(data.records)} records, {len(data.skipped)} skipped ({data.listing()})"
 
-    def fit_prompts(self, tokenizer, max_tokens: int, render=None) -> None:
+    def fit_prompts(self, tokenizer, max_tokens: int, render=None, special_tokens: bool = False) -> None:
         """Check that every prompt, as ``render`` turns a list of prompts into the model's input texts
         (default: unchanged; a chat template), can be rendered (``render`` raises ValueError for one
         that cannot: a conversation without a chat template) and has 1..``max_tokens`` tokens
-        (``tokenizer(texts, add_special_tokens=False)["input_ids"]``, one batch): ValueError naming
+        (``tokenizer(texts, add_special_tokens=special_tokens)["input_ids"]``, one batch; the
+        rollout's ``PromptFormat.special_tokens``): ValueError naming
         the file, line or row, field and problem (the token count and limit) for the first that does
         not, or with ``skip_invalid`` leave those out (ValueError if none is left). ``examples``
         then draws from the records kept."""
@@ -406,7 +407,8 @@ class JsonlMathTask:
                 texts[i] = record["prompt"] if render is None else render([record["prompt"]])[0]
             except ValueError as error:
                 problems[i] = str(error)
-        ids = dict(zip(texts, tokenizer(list(texts.values()), add_special_tokens=False)["input_ids"])) if texts else {}
+        encoded = tokenizer(list(texts.values()), add_special_tokens=special_tokens)["input_ids"] if texts else []
+        ids = dict(zip(texts, encoded))
         keep = []
         for i, place in enumerate(data.places):
             if i in ids and 1 <= len(ids[i]) <= max_tokens:

@@ -110,7 +110,7 @@ def task_context(exp: Experiment, checkpoint: str | pathlib.Path = "", fit_to: i
                                                                    dict.fromkeys((str(checkpoint), exp.model.path))))
     if fit_to is not None and hasattr(task, "fit_prompts"):
         render = lambda prompts: prompt_format.render(tokenizer, prompts)     # noqa: E731
-        in_task(lambda: task.fit_prompts(tokenizer, fit_to, render))
+        in_task(lambda: task.fit_prompts(tokenizer, fit_to, render, prompt_format.special_tokens))
     summary = in_task(lambda: task.summary() if hasattr(task, "summary") else None)
     if summary and multihost.is_primary():
         print(f"dataset {summary}", file=sys.stderr)

@@ -112,6 +112,19 @@ class PromptFormat:
         message without a chat template."""
         return [self._text(tokenizer, p) for p in prompts]
 
+    @property
+    def special_tokens(self) -> bool:
+        """Whether the tokenizer adds its own special tokens to the rendered text: for plain text yes
+        (a ``<bos>`` where the tokenizer puts one, as Llama's and Gemma's do: without it Gemma 3 270M
+        repeats its prompt instead of continuing it), after a chat template no (the template writes
+        them itself)."""
+        return not self.chat
+
+    def token_ids(self, tokenizer, prompts: list[str]) -> list[list[int]]:
+        """The token ids the model reads for each prompt: ``render``'s text, tokenized with the
+        tokenizer's special tokens where ``special_tokens`` says."""
+        return tokenizer(self.render(tokenizer, prompts), add_special_tokens=self.special_tokens)["input_ids"]
+
     def _text(self, tokenizer, prompt: str) -> str:
         turns = list(prompt.messages) if isinstance(prompt, Conversation) else [{"role": "user", "content": prompt}]
         if not self.chat:
@@ -150,9 +163,9 @@ def stop_tokens(tokenizer, prompt_format: PromptFormat, checkpoints=()) -> tuple
 
 def encode_prompts(tokenizer, prompts: list[str], width: int, prompt_format: PromptFormat = PLAIN
                    ) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids and mask [P, width] of the prompts as ``prompt_format`` renders them, left-padded
-    with the tokenizer's pad id; too long raises."""
-    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompt_format.render(tokenizer, prompts)]
+    """Token ids and mask [P, width] of the prompts as ``prompt_format`` reads them
+    (``PromptFormat.token_ids``), left-padded with the tokenizer's pad id; too long raises."""
+    ids = prompt_format.token_ids(tokenizer, prompts)
     longest = max(map(len, ids))
     if longest > width or min(map(len, ids)) == 0:
         raise ValueError(f"prompts must have 1..{width} tokens (max_prompt_tokens); got up to {longest}")
