@@ -169,3 +169,32 @@ def test_plain_prompts_get_the_tokenizers_bos_and_templated_ones_only_the_templa
     assert chat[0] == bos and chat.count(bos) == 1          # the template's own, not a second one
     rendered = PromptFormat(chat=True).render(tokenizer, ["ab"])
     assert chat == tokenizer(rendered, add_special_tokens=False)["input_ids"][0]
+
+
+def test_a_prompt_template_writes_the_prompt_plain_or_as_the_user_turn():
+    tokenizer = chatml_tokenizer()
+    template = "q: {prompt}\na:"
+    assert PromptFormat(template=template).render(tokenizer, ["1+2=?"]) == ["q: 1+2=?\na:"]
+    assert PromptFormat(chat=True, template=template).render(tokenizer, ["1+2=?"]) == [
+        "<|im_start|>user\nq: 1+2=?\na:<|im_end|>\n<|im_start|>assistant\n"]
+    turn = lambda role, content: {"role": role, "content": content}     # noqa: E731
+    chat = Conversation([turn("user", "1+2=?"), turn("assistant", "3"), turn("user", "2+2=?")])
+    assert PromptFormat(chat=True, template=template).render(tokenizer, [chat])[0].count("q: ") == 1   # the last turn
+    assert prompt_format_for(tokenizer, "none", prompt_template=template) == PromptFormat(template=template)
+    for bad in ("no placeholder", "{prompt} {prompt}"):
+        with pytest.raises(ConfigError, match="task.prompt_template=.* is invalid: a text holding {prompt} once"):
+            TaskSection(prompt_template=bad)
+
+
+def test_stop_text_ends_a_response_at_every_token_that_holds_it():
+    from pgjax.train.rollout import text_tokens
+    tokenizer = chatml_tokenizer()
+    newline = tokenizer.convert_tokens_to_ids("\n")
+    assert TaskSection(stop_text="\\n,=").stop_texts == ("\n", "=")
+    assert text_tokens(tokenizer, ("\n", "=")) == (newline, tokenizer.convert_tokens_to_ids("="))
+    eos_ids, end_id = stop_tokens(tokenizer, PLAIN, stop_texts=("\n",))
+    assert eos_ids == (tokenizer.eos_token_id, newline) and end_id == tokenizer.eos_token_id
+    with pytest.raises(ValueError, match="no token of the tokenizer holds '#'"):
+        text_tokens(tokenizer, ("#",))
+    with pytest.raises(ConfigError, match="task.stop_text='a,,b' is invalid: comma-separated texts, none empty"):
+        TaskSection(stop_text="a,,b")

@@ -105,9 +105,11 @@ def task_context(exp: Experiment, checkpoint: str | pathlib.Path = "", fit_to: i
             raise ConfigError(f"task.name={t.name!r} has no tokenizer of its own: set model.path to a "
                               "checkpoint directory with one")
         tokenizer = user_error("model.path", lambda: hf.load_tokenizer(checkpoint))
-    prompt_format = user_error("task", lambda: prompt_format_for(tokenizer, t.chat_template, t.system_prompt))
+    prompt_format = user_error("task", lambda: prompt_format_for(tokenizer, t.chat_template, t.system_prompt,
+                                                                 t.prompt_template))
     eos_ids, end_id = user_error("model.path", lambda: stop_tokens(tokenizer, prompt_format,
-                                                                   dict.fromkeys((str(checkpoint), exp.model.path))))
+                                                                   dict.fromkeys((str(checkpoint), exp.model.path)),
+                                                                   t.stop_texts))
     if fit_to is not None and hasattr(task, "fit_prompts"):
         render = lambda prompts: prompt_format.render(tokenizer, prompts)     # noqa: E731
         in_task(lambda: task.fit_prompts(tokenizer, fit_to, render, prompt_format.special_tokens))

@@ -200,7 +200,12 @@ class TaskSection:
     ``format_weight`` adds the task's format reward. ``chat_template``: ``auto`` puts each prompt
     through the tokenizer's chat template when it has one (as the user's turn, after
     ``system_prompt`` if set; responses then also stop at the template's end-of-turn token),
-    ``none`` gives the model the prompt as plain text. ``reward_timeout``: the seconds each call of the
+    ``none`` gives the model the prompt as plain text. ``prompt_template``: how each prompt is written
+    for the model, its ``{prompt}`` replaced by the task's prompt (a base model without a chat
+    template: ``"Question: {prompt}\\nAnswer:"``; under a chat template, the user turn's text).
+    ``stop_text``: comma-separated texts (``\\n`` a line break) any token holding one of which ends
+    a response too, as EOS does (``"\\n"``: a base model's answer ends with its line, instead of
+    going on to pose the next question). ``reward_timeout``: the seconds each call of the
     reward function (or the task's verifier) may take; one that has not returned by then stops the run
     with an error naming it (0: no limit; a function stuck in C code that holds the GIL cannot be
     interrupted, so then the limit cannot fire either). ``held_out`` (``word_math``): ``none``, or the held-out
@@ -224,6 +229,8 @@ class TaskSection:
     format_weight: float = 0.0
     chat_template: str = "auto"
     system_prompt: str = ""
+    prompt_template: str = "{prompt}"
+    stop_text: str = ""
     reward_timeout: float = 0.0
 
     def __post_init__(self):
@@ -231,17 +238,28 @@ class TaskSection:
         _require(bool(self.name), "task.name", self.name, "a registered task or package.module:factory")
         _require(self.chat_template in CHAT_TEMPLATE, "task.chat_template", self.chat_template,
                  f"one of {', '.join(CHAT_TEMPLATE)}")
+        _require(self.prompt_template.count("{prompt}") == 1, "task.prompt_template", self.prompt_template,
+                 "a text holding {prompt} once, e.g. 'Question: {prompt}\\nAnswer:'")
+        _require(all(self.stop_texts), "task.stop_text", self.stop_text,
+                 "comma-separated texts, none empty (escapes \\n and \\t allowed)")
         _require(self.file_format in FILE_FORMATS, "task.file_format", self.file_format,
                  f"one of {', '.join(FILE_FORMATS)}")
         _require(math.isfinite(self.format_weight), "task.format_weight", self.format_weight, "a finite number")
         _require(0 <= self.reward_timeout < math.inf, "task.reward_timeout", self.reward_timeout,
                  "finite seconds >= 0 (0: no limit)")
 
+    @property
+    def stop_texts(self) -> tuple[str, ...]:
+        """``stop_text`` split at its commas, with ``\\n`` and ``\\t`` read as a line break and a tab."""
+        if not self.stop_text:
+            return ()
+        return tuple(part.replace("\\n", "\n").replace("\\t", "\t") for part in self.stop_text.split(","))
+
     def options(self) -> dict:
         """The fields a task factory may take, by name."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                 if f.name not in ("name", "reward", "format_weight", "chat_template", "system_prompt",
-                                  "reward_timeout")}
+                                  "prompt_template", "stop_text", "reward_timeout")}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -106,6 +106,7 @@ class PromptFormat:
     assistant text, never the template."""
     chat: bool = False
     system_prompt: str = ""
+    template: str = "{prompt}"      # how the prompt's text is written (a conversation: its last user turn's)
 
     def render(self, tokenizer, prompts: list[str]) -> list[str]:
         """The model's input text for each prompt; ValueError for a conversation of more than one
@@ -127,12 +128,13 @@ class PromptFormat:
 
     def _text(self, tokenizer, prompt: str) -> str:
         turns = list(prompt.messages) if isinstance(prompt, Conversation) else [{"role": "user", "content": prompt}]
+        turns[-1] = {"role": "user", "content": self.template.replace("{prompt}", str(turns[-1]["content"]))}
         if not self.chat:
             if len(turns) > 1:
                 raise ValueError(f"a conversation of {len(turns)} messages needs a chat template, but the prompts are "
                                  "plain text (task.chat_template='none', or the tokenizer has no template); only a "
                                  "single user message can be given as plain text")
-            return str(prompt)
+            return turns[0]["content"]
         if self.system_prompt and turns[0]["role"] != "system":
             turns.insert(0, {"role": "system", "content": self.system_prompt})
         return tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
@@ -141,24 +143,45 @@ class PromptFormat:
 PLAIN = PromptFormat()
 
 
-def prompt_format_for(tokenizer, chat_template: str = "auto", system_prompt: str = "") -> PromptFormat:
+def prompt_format_for(tokenizer, chat_template: str = "auto", system_prompt: str = "",
+                      prompt_template: str = "{prompt}") -> PromptFormat:
     """The prompts through the tokenizer's chat template when ``chat_template`` is ``auto`` and it has
-    one (after ``system_prompt``), else plain text (``none``); ValueError for a system prompt without a
-    template."""
+    one (after ``system_prompt``), else plain text (``none``), each prompt's text written as
+    ``prompt_template`` says (its ``{prompt}`` replaced: e.g. ``"Question: {prompt}\nAnswer:"`` for
+    a base model); ValueError for a system prompt without a template."""
     chat = chat_template == "auto" and getattr(tokenizer, "chat_template", None) is not None
     if system_prompt and not chat:
         why = "task.chat_template='none'" if chat_template == "none" else "the tokenizer has no chat template"
         raise ValueError(f"task.system_prompt is set but the prompts are plain text ({why})")
-    return PromptFormat(chat=chat, system_prompt=system_prompt)
+    return PromptFormat(chat=chat, system_prompt=system_prompt, template=prompt_template)
 
 
-def stop_tokens(tokenizer, prompt_format: PromptFormat, checkpoints=()) -> tuple[tuple[int, ...], int]:
-    """The tokens that end a response (with a chat template its end of turn, then the tokenizer's EOS
-    and every ``eos_token_id`` of the ``checkpoints``' generation_config.json) and the one that ends a
-    demonstration (the end of turn, else EOS)."""
+def stop_tokens(tokenizer, prompt_format: PromptFormat, checkpoints=(), stop_texts=()) -> tuple[tuple[int, ...], int]:
+    """The tokens that end a response (with a chat template its end of turn, then the tokenizer's EOS,
+    every ``eos_token_id`` of the ``checkpoints``' generation_config.json, and every token whose text
+    holds one of ``stop_texts``: ``text_tokens``) and the one that ends a demonstration (the end of
+    turn, else EOS)."""
     turn_end = hf.end_of_turn_ids(tokenizer) if prompt_format.chat else ()
     eos = [tokenizer.eos_token_id, *(i for d in checkpoints if d for i in hf.eos_token_ids(d, tokenizer))]
-    return tuple(dict.fromkeys((*turn_end, *eos))), (turn_end or eos)[0]
+    return tuple(dict.fromkeys((*turn_end, *eos, *text_tokens(tokenizer, stop_texts)))), (turn_end or eos)[0]
+
+
+def text_tokens(tokenizer, texts) -> tuple[int, ...]:
+    """Every token id whose decoded text holds one of ``texts`` (e.g. ``"\n"``: each token with a line
+    break, so that a base model's answer ends with its line: a stop string at token granularity, the
+    matching token the response's last); ValueError for an empty text or one no token holds."""
+    if not texts:
+        return ()
+    pieces = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
+    found = []
+    for text in texts:
+        if not text:
+            raise ValueError("task.stop_text: an empty text would stop every response at its first token")
+        ids = [i for i, piece in enumerate(pieces) if text in piece]
+        if not ids:
+            raise ValueError(f"task.stop_text: no token of the tokenizer holds {text!r}")
+        found += ids
+    return tuple(dict.fromkeys(found))
 
 
 def encode_prompts(tokenizer, prompts: list[str], width: int, prompt_format: PromptFormat = PLAIN
