@@ -198,3 +198,9 @@ def test_stop_text_ends_a_response_at_every_token_that_holds_it():
         text_tokens(tokenizer, ("#",))
     with pytest.raises(ConfigError, match="task.stop_text='a,,b' is invalid: comma-separated texts, none empty"):
         TaskSection(stop_text="a,,b")
+
+
+def test_the_command_lines_escapes_are_read_in_the_prompt_template_and_stop_text(tmp_path):
+    sets = ["task.prompt_template=Q: {prompt}\\nA:", "task.stop_text=\\n"]
+    task = experiment_lib.override(tiny_experiment(tmp_path), sets).task
+    assert task.prompt_frame == "Q: {prompt}\nA:" and task.stop_texts == ("\n",)

@@ -106,7 +106,7 @@ def task_context(exp: Experiment, checkpoint: str | pathlib.Path = "", fit_to: i
                               "checkpoint directory with one")
         tokenizer = user_error("model.path", lambda: hf.load_tokenizer(checkpoint))
     prompt_format = user_error("task", lambda: prompt_format_for(tokenizer, t.chat_template, t.system_prompt,
-                                                                 t.prompt_template))
+                                                                 t.prompt_frame))
     eos_ids, end_id = user_error("model.path", lambda: stop_tokens(tokenizer, prompt_format,
                                                                    dict.fromkeys((str(checkpoint), exp.model.path)),
                                                                    t.stop_texts))

@@ -202,7 +202,8 @@ class TaskSection:
     ``system_prompt`` if set; responses then also stop at the template's end-of-turn token),
     ``none`` gives the model the prompt as plain text. ``prompt_template``: how each prompt is written
     for the model, its ``{prompt}`` replaced by the task's prompt (a base model without a chat
-    template: ``"Question: {prompt}\\nAnswer:"``; under a chat template, the user turn's text).
+    template: ``"Question: {prompt}\\nAnswer:"``, ``\\n`` a line break; under a chat template, the user
+    turn's text).
     ``stop_text``: comma-separated texts (``\\n`` a line break) any token holding one of which ends
     a response too, as EOS does (``"\\n"``: a base model's answer ends with its line, instead of
     going on to pose the next question). ``reward_timeout``: the seconds each call of the
@@ -250,16 +251,25 @@ class TaskSection:
 
     @property
     def stop_texts(self) -> tuple[str, ...]:
-        """``stop_text`` split at its commas, with ``\\n`` and ``\\t`` read as a line break and a tab."""
-        if not self.stop_text:
-            return ()
-        return tuple(part.replace("\\n", "\n").replace("\\t", "\t") for part in self.stop_text.split(","))
+        """``stop_text`` split at its commas, each with its escapes read (``with_escapes``)."""
+        return tuple(with_escapes(part) for part in self.stop_text.split(",")) if self.stop_text else ()
+
+    @property
+    def prompt_frame(self) -> str:
+        """``prompt_template`` with its escapes read (``with_escapes``: ``--set`` gives ``\\n`` as two
+        characters)."""
+        return with_escapes(self.prompt_template)
 
     def options(self) -> dict:
         """The fields a task factory may take, by name."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                 if f.name not in ("name", "reward", "format_weight", "chat_template", "system_prompt",
                                   "prompt_template", "stop_text", "reward_timeout")}
+
+
+def with_escapes(text: str) -> str:
+    """``text`` with ``\\n`` and ``\\t`` read as a line break and a tab (how a command line writes them)."""
+    return text.replace("\\n", "\n").replace("\\t", "\t")
 
 
 @dataclasses.dataclass(frozen=True)
