@@ -17,6 +17,7 @@ from flax import nnx
 
 from pgjax import core
 from pgjax.core import Batch, token_logprobs
+from pgjax.models import hf
 from pgjax.models.transformer import CausalLM, ModelConfig
 from pgjax.rewards import char_tokenizer, per_example
 from pgjax.sample import SamplingConfig, generate
@@ -220,6 +221,16 @@ GEMMA3_TINY = dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=4,
                    layer_types=["sliding_attention", "full_attention", "sliding_attention"],
                    rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 50000.0},
                                     "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}})
+
+
+def save_tiny_checkpoint(directory, chat_template=None) -> pathlib.Path:
+    """A tiny Qwen2 Hugging Face checkpoint (one layer, 64 ids, random weights of seed 0) with
+    ``save_tiny_tokenizer``'s tokenizer in ``directory``."""
+    config = ModelConfig(family="qwen2", vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=8)
+    hf.save(CausalLM(config, nnx.Rngs(0)), directory)
+    save_tiny_tokenizer(directory, chat_template)
+    return pathlib.Path(directory)
 
 
 def save_tiny_tokenizer(directory, chat_template=None):

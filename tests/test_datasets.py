@@ -8,12 +8,9 @@ import socket
 
 import numpy as np
 import pytest
-from flax import nnx
 
 import pgjax.rewards as R
-from helpers import save_tiny_tokenizer, tiny_experiment
-from pgjax.models import hf
-from pgjax.models.transformer import CausalLM, ModelConfig
+from helpers import save_tiny_checkpoint, tiny_experiment
 from pgjax.parallel.mesh import single_device_mesh
 from pgjax.rewards.tokenizer import char_tokenizer
 from pgjax.train import experiment as experiment_lib
@@ -428,12 +425,7 @@ def recording_reward(prompts, completions, **fields):
 @pytest.fixture(scope="module")
 def chat_checkpoint(tmp_path_factory):
     """A tiny Hugging Face checkpoint whose character tokenizer has ``TEMPLATE``."""
-    directory = tmp_path_factory.mktemp("chat_checkpoint")
-    config = ModelConfig(family="qwen2", vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=8)
-    hf.save(CausalLM(config, nnx.Rngs(0)), directory)
-    save_tiny_tokenizer(directory, TEMPLATE)
-    return directory
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("chat_checkpoint"), TEMPLATE)
 
 
 def _train(tmp_path, checkpoint, **task):

@@ -33,7 +33,7 @@ from flax import nnx
 from pgjax import eval as eval_cli
 from pgjax import run as cli
 from pgjax.models import hf
-from pgjax.models.transformer import CausalLM, ModelConfig
+from pgjax.models.transformer import CausalLM
 from pgjax.parallel.mesh import single_device_mesh
 from pgjax.rewards import RewardError, with_timeout
 from pgjax.sample import Decoding
@@ -49,7 +49,7 @@ from pgjax.train.interrupts import RunInterrupted
 from pgjax.train.run_dir import RunDirectory, RunLock, locate
 from pgjax.train.sinks import read_completions, read_records
 from pgjax.train.trainer import Callback, Trainer, train
-from helpers import (EMIT_X, TINY_MODEL, EmitX, comparable, read_events, sampled_rollout, save_tiny_tokenizer,
+from helpers import (EMIT_X, TINY_MODEL, EmitX, comparable, read_events, sampled_rollout, save_tiny_checkpoint,
                      tiny_experiment, tiny_learner)
 
 ROOT = pathlib.Path(__file__).parent.parent
@@ -419,13 +419,9 @@ def test_a_new_run_without_run_dir_passes_over_a_directory_in_use(tmp_path, monk
 @pytest.fixture(scope="module")
 def checkpoint_dir(tmp_path_factory):
     """A tiny Hugging Face checkpoint (config with a 32-token context, a character tokenizer)."""
-    directory = tmp_path_factory.mktemp("checkpoint")
-    config = ModelConfig(family="qwen2", vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=8)
-    hf.save(CausalLM(config, nnx.Rngs(0)), directory)
+    directory = save_tiny_checkpoint(tmp_path_factory.mktemp("checkpoint"))
     config_json = json.loads((directory / "config.json").read_text())
     (directory / "config.json").write_text(json.dumps({**config_json, "max_position_embeddings": 32}))
-    save_tiny_tokenizer(directory)
     return directory
 
 
@@ -1064,10 +1060,7 @@ class RaisingVerifier(EmitX):
 
 
 def test_evaluation_stops_in_one_line_naming_the_verifier(tmp_path, capsys):
-    config = ModelConfig(family="qwen2", vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=8)
-    hf.save(CausalLM(config, nnx.Rngs(0)), tmp_path)
-    save_tiny_tokenizer(tmp_path)
+    save_tiny_checkpoint(tmp_path)
     code = eval_cli.main([str(tmp_path), "--task", "test_faults:RaisingVerifier", "--samples", "0",
                           "--prompts", "4", "--max-new-tokens", "3"])
     assert code == 1

@@ -617,17 +617,28 @@ def test_smollm_conversion_matches_transformers_own_gguf_loading(smollm, convert
     np.testing.assert_array_equal(got.argmax(-1), want.argmax(-1))
 
 
+def assert_close_logits(got, want, where: str = "") -> None:
+    """pgjax's logits ``got`` equal transformers' ``want`` within 1e-5 of the largest |logit| (at least
+    5e-4), with the same argmax at every position."""
+    diff, scale = np.abs(got - want).max(), np.abs(want).max()
+    print(f"\nmax |logit difference| pgjax vs transformers{where}: {diff:.2e} (max |logit| {scale:.1f})")
+    assert diff <= max(1e-5 * scale, 5e-4)
+    np.testing.assert_array_equal(got.argmax(-1), want.argmax(-1))
+
+
+def assert_logits_match(directory, reference, tokens, mask) -> None:
+    """``assert_close_logits`` for the checkpoint ``directory`` and the transformers model ``reference``
+    on the left-padded ``tokens``, at every real position."""
+    want = torch_logits(reference, tokens, mask)[mask > 0]
+    assert_close_logits(np.asarray(hf.load(directory)(jnp.asarray(tokens), jnp.asarray(mask)))[mask > 0], want)
+
+
 @pytest.mark.slow
 def test_smollm_pgjax_logits_match_transformers(smollm, converted_model):
     out, _ = smollm
     tokenizer = hf.load_tokenizer(out)
     tokens, mask = left_padded([chat_ids(tokenizer, chat) for chat in CHATS], tokenizer.pad_token_id)
-    want = torch_logits(converted_model, tokens, mask)[mask > 0]
-    got = np.asarray(hf.load(out)(jnp.asarray(tokens), jnp.asarray(mask)))[mask > 0]
-    diff, scale = np.abs(got - want).max(), np.abs(want).max()
-    print(f"\nmax |logit difference| pgjax vs transformers: {diff:.2e} (max |logit| {scale:.1f})")
-    assert diff <= max(1e-5 * scale, 5e-4)
-    np.testing.assert_array_equal(got.argmax(-1), want.argmax(-1))
+    assert_logits_match(out, converted_model, tokens, mask)
 
 
 @pytest.mark.slow
@@ -675,11 +686,27 @@ def until_eos(row, eos_ids):
     return row
 
 
-@pytest.mark.slow
-def test_smollm_saved_by_pgjax_greedy_decodes_like_pgjax(smollm, tmp_path):
+def assert_same_greedy_tokens(policy, reference, tokenizer, prompts, mask, eos, new: int) -> None:
+    """pgjax's sampler and transformers' ``generate`` (the model ``reference``) decode the same greedy
+    tokens, up to the first of ``eos``, from the left-padded ``prompts`` in ``new`` new tokens."""
     import torch
 
     from pgjax.sample import SamplingConfig, generate
+    config = SamplingConfig(max_new_tokens=new, eos_ids=eos, pad_id=tokenizer.pad_token_id, greedy=True)
+    ours = np.asarray(generate(policy, prompts, mask, jax.random.key(0), config).response)
+    with torch.no_grad():
+        theirs = reference.generate(input_ids=torch.tensor(prompts), attention_mask=torch.tensor(mask),
+                                    max_new_tokens=new, do_sample=False, eos_token_id=list(eos),
+                                    pad_token_id=tokenizer.pad_token_id).numpy()[:, prompts.shape[1]:]
+    for prompt, real, a, b in zip(prompts, mask, ours, theirs):
+        a, b = until_eos(a, eos), until_eos(b, eos)
+        print(f"\n{tokenizer.decode(prompt[real > 0])[-40:]!r} -> {tokenizer.decode(a)!r}")
+        assert a == b
+
+
+@pytest.mark.slow
+def test_smollm_saved_by_pgjax_greedy_decodes_like_pgjax(smollm, tmp_path):
+
     out, _ = smollm
     tokenizer = hf.load_tokenizer(out)
     eos = hf.eos_token_ids(out, tokenizer)
@@ -688,19 +715,8 @@ def test_smollm_saved_by_pgjax_greedy_decodes_like_pgjax(smollm, tmp_path):
     assert (hf.load_tokenizer(tmp_path).apply_chat_template(CHATS[1], tokenize=False, add_generation_prompt=True)
             == tokenizer.apply_chat_template(CHATS[1], tokenize=False, add_generation_prompt=True))
     prompts, mask = left_padded([chat_ids(tokenizer, chat) for chat in CHATS], tokenizer.pad_token_id)
-    new = 20
-    config = SamplingConfig(max_new_tokens=new, eos_ids=eos, pad_id=tokenizer.pad_token_id, greedy=True)
-    ours = np.asarray(generate(policy, prompts, mask, jax.random.key(0), config).response)
     saved = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype="float32").eval()
-    with torch.no_grad():
-        theirs = saved.generate(input_ids=torch.tensor(prompts), attention_mask=torch.tensor(mask),
-                                max_new_tokens=new, do_sample=False, eos_token_id=list(eos),
-                                pad_token_id=tokenizer.pad_token_id).numpy()[:, prompts.shape[1]:]
-    for chat, a, b in zip(CHATS, ours, theirs):
-        a, b = until_eos(a, eos), until_eos(b, eos)
-        print(f"\n{chat[-1]['content']!r} -> {tokenizer.decode(a)!r}")
-        assert tokenizer.decode(a) == tokenizer.decode(b)
-        assert a == b
+    assert_same_greedy_tokens(policy, saved, tokenizer, prompts, mask, eos, 20)
 
 
 @pytest.mark.slow
@@ -809,12 +825,7 @@ def test_gemma_270m_pgjax_logits_match_transformers_own_gguf_loading(gemma_270m,
     out, _ = gemma_270m
     reference, tokenizer = gemma_reference
     tokens, mask = left_padded([tokenizer(text)["input_ids"] for text in GEMMA_TEXTS], tokenizer.pad_token_id)
-    want = torch_logits(reference, tokens, mask)[mask > 0]
-    got = np.asarray(hf.load(out)(jnp.asarray(tokens), jnp.asarray(mask)))[mask > 0]
-    diff, scale = np.abs(got - want).max(), np.abs(want).max()
-    print(f"\nmax |logit difference| pgjax vs transformers' GGUF loading: {diff:.2e} (max |logit| {scale:.1f})")
-    assert diff <= max(1e-5 * scale, 5e-4)
-    np.testing.assert_array_equal(got.argmax(-1), want.argmax(-1))
+    assert_logits_match(out, reference, tokens, mask)
 
 
 @pytest.mark.slow
@@ -830,30 +841,14 @@ def test_gemma_270m_beyond_the_sliding_window(gemma_270m, gemma_reference):
         want = reference(input_ids=torch.tensor(ids), logits_to_keep=16).logits.numpy()[0]
     model = hf.load(out)
     hidden = model(jnp.asarray(ids), return_hidden=True)[:, -16:]
-    got = np.asarray(model.logits(hidden))[0]
-    diff, scale = np.abs(got - want).max(), np.abs(want).max()
-    print(f"\nmax |logit difference| at positions 684-699: {diff:.2e} (max |logit| {scale:.1f})")
-    assert diff <= max(1e-5 * scale, 5e-4)
-    np.testing.assert_array_equal(got.argmax(-1), want.argmax(-1))
+    assert_close_logits(np.asarray(model.logits(hidden))[0], want, " at positions 684-699")
 
 
 @pytest.mark.slow
 def test_gemma_270m_greedy_continuation_matches_transformers(gemma_270m, gemma_reference):
-    import torch
 
-    from pgjax.sample import SamplingConfig, generate
     out, _ = gemma_270m
     reference, tokenizer = gemma_reference
     eos = hf.eos_token_ids(out, tokenizer)
     prompts, mask = left_padded([tokenizer(text)["input_ids"] for text in GEMMA_TEXTS[:2]], tokenizer.pad_token_id)
-    new = 24
-    config = SamplingConfig(max_new_tokens=new, eos_ids=eos, pad_id=tokenizer.pad_token_id, greedy=True)
-    ours = np.asarray(generate(hf.load(out), prompts, mask, jax.random.key(0), config).response)
-    with torch.no_grad():
-        theirs = reference.generate(input_ids=torch.tensor(prompts), attention_mask=torch.tensor(mask),
-                                    max_new_tokens=new, do_sample=False, eos_token_id=list(eos),
-                                    pad_token_id=tokenizer.pad_token_id).numpy()[:, prompts.shape[1]:]
-    for text, a, b in zip(GEMMA_TEXTS, ours, theirs):
-        a, b = until_eos(a, eos), until_eos(b, eos)
-        print(f"\n{text!r} -> {tokenizer.decode(a)!r}")
-        assert a == b
+    assert_same_greedy_tokens(hf.load(out), reference, tokenizer, prompts, mask, eos, 24)
