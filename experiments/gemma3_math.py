@@ -12,8 +12,10 @@ reassembles (SHA-256 checked) and converts it, the next trains:
 Each prompt is framed as ``Question: <word_math prompt>\\nAnswer:`` and the answer ends with its
 line (``task.stop_text``: a token holding a line break ends the response, as EOS does): a base model
 otherwise goes on to pose the next question until the budget runs out. The verifier reads the
-``\\boxed{}`` or, without one, the last number of the answer. 1-digit and 2-digit operands of + and -
-(the 270M base model gets few products right), half bare expressions, half word problems. The
+``\\boxed{}`` or, without one, the last number of the answer. 1-digit operands of + and -, half
+bare expressions, half word problems, 4 prompts x 8 samples a step: the base model's pass@1 is 0.08
+there (0.004 with 2-digit operands, docs/real_models.md), so a group of 8 holds a right answer about
+half the time, where 4 samples of the 2-digit mix rarely give a group anything to compare. The
 per-step records log the mean response length of correct and incorrect answers
 (``length_correct``, ``length_incorrect``), the length bias the paper describes: GRPO's 1/|o|
 normalisation favours short correct and long incorrect answers, Dr. GRPO removes it.
@@ -26,11 +28,11 @@ from pgjax.train.rollout import RolloutConfig
 
 def experiment() -> Experiment:
     return Experiment(
-        name="gemma3_math", algorithm="dr_grpo", steps=40, prompts_per_step=8, seed=0,
+        name="gemma3_math", algorithm="dr_grpo", steps=40, prompts_per_step=4, seed=0,
         model=ModelSection(path="models/gemma3-270m", param_dtype="float32", compute_dtype="float32"),
-        task=TaskSection(name="word_math", digits=2, ops="+-", chat_template="none",
+        task=TaskSection(name="word_math", digits=1, ops="+-", chat_template="none",
                          prompt_template="Question: {prompt}\nAnswer:", stop_text="\\n"),
-        rollout=RolloutConfig(samples_per_prompt=4, max_prompt_tokens=96, max_new_tokens=64, temperature=0.7),
+        rollout=RolloutConfig(samples_per_prompt=8, max_prompt_tokens=96, max_new_tokens=64, temperature=0.7),
         update=UpdateConfig(epochs=1, minibatches=1, micro_batches=2, chunk_size=256, temperature=0.7),
         optim=OptimConfig(lr=1e-5, warmup_steps=3, weight_decay=0.0, max_grad_norm=1.0),
         warm_start=WarmStartSection(steps=0), eval_every=10, eval_prompts=64, checkpoint_every=10)

@@ -87,6 +87,11 @@ def locate_model(path) -> tuple[pathlib.Path, Experiment | None]:
                             "directory (final/config.json)")
 
 
+# the task section's keys that say how a prompt reaches the model and where a response ends (a report
+# records them beside the task's own options)
+PROMPT_KEYS = ("chat_template", "system_prompt", "prompt_template", "stop_text")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m pgjax.eval", description=__doc__.split("\n\n")[0])
     parser.add_argument("model", metavar="MODEL_OR_RUN",
@@ -175,7 +180,7 @@ def setup(args: argparse.Namespace) -> dict:
             "eos_ids": context.eos_ids, "prompt_format": context.prompt_format, "by": by,
             "batch_rows": args.batch_rows, "key": jax.random.PRNGKey(exp.seed),
             "about": {"model": str(args.model), "task": exp.task.name, "task_options": exp.task.options(),
-                      "seed": exp.seed}}
+                      "prompt_format": {key: getattr(exp.task, key) for key in PROMPT_KEYS}, "seed": exp.seed}}
 
 
 def parse_compare_args(argv) -> argparse.Namespace:

@@ -13,9 +13,6 @@ import pytest
 ROOT = pathlib.Path(__file__).parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 
-# Measured before results files recorded their provenance (issue 30). Each leaves this set when it is
-# re-measured; a file here that has gained a provenance record fails the test, so the set only shrinks.
-MEASURED_BEFORE_PROVENANCE = {"train_step_options_smollm2"}
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +31,6 @@ def bench():
 def test_every_results_file_records_where_its_numbers_come_from(bench, path):
     provenance = bench[0]
     saved = json.loads(path.read_text())
-    if path.stem in MEASURED_BEFORE_PROVENANCE:
-        assert "provenance" not in saved, f"{path.name} has been re-measured: take it out of MEASURED_BEFORE_PROVENANCE"
-        return
     record = saved.get("provenance")
     assert isinstance(record, dict), f"{path.name} has no provenance: re-run it (its argv: {saved.get('argv')})"
     assert [field for field in provenance.REQUIRED if field not in record] == []
