@@ -190,9 +190,8 @@ class Workload:
         return [self.examples(self.prompts, step_seed(seed, k)) for k in range(steps)]
 
     def prompt_tokens(self, examples: list[dict]) -> list[int]:
-        """Each example's prompt tokens as the model sees them (rendered, no special tokens added)."""
-        texts = self.prompt_format.render(self.tokenizer, [e["prompt"] for e in examples])
-        return [len(self.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+        """Each example's prompt tokens as the model sees them (``PromptFormat.token_ids``)."""
+        return [len(ids) for ids in self.prompt_format.token_ids(self.tokenizer, [e["prompt"] for e in examples])]
 
 
 def random_workload(directory, args, build: bool = True) -> Workload:

@@ -122,8 +122,7 @@ def model_setup(args):
     prompts = {}
     for b in args.batches:
         texts = [e["prompt"] for e in context.task.examples(b, seed=args.seed)]
-        width = max(len(tokenizer(t, add_special_tokens=False)["input_ids"])
-                    for t in prompt_format.render(tokenizer, texts))
+        width = max(map(len, prompt_format.token_ids(tokenizer, texts)))
         prompts[b] = encode_prompts(tokenizer, texts, width, prompt_format)
     pad = pad_id(tokenizer)
     modes = {"ragged": (eos_ids, pad), "forced": ((model.config.vocab_size - 1,), pad)}

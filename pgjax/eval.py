@@ -48,7 +48,7 @@ from pgjax.sample import Decoding
 from pgjax.train.context import task_context
 from pgjax.train import paired
 from pgjax.train.evaluation import BATCH_ROWS, RESAMPLES, STRATA, check_ks, evaluate, strata_of, to_markdown
-from pgjax.train.experiment import ConfigError, Experiment, ModelSection, TaskSection, override
+from pgjax.train.experiment import PROMPT_KEYS, ConfigError, Experiment, ModelSection, TaskSection, override
 from pgjax.train.rollout import RolloutConfig
 
 
@@ -85,11 +85,6 @@ def locate_model(path) -> tuple[pathlib.Path, Experiment | None]:
         return path / "final", saved_experiment(saved) if saved.is_file() else None
     raise FileNotFoundError(f"{path}: neither a Hugging Face checkpoint directory (config.json) nor a pgjax run "
                             "directory (final/config.json)")
-
-
-# the task section's keys that say how a prompt reaches the model and where a response ends (a report
-# records them beside the task's own options)
-PROMPT_KEYS = ("chat_template", "system_prompt", "prompt_template", "stop_text")
 
 
 def parse_args(argv=None) -> argparse.Namespace:

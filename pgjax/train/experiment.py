@@ -177,6 +177,9 @@ class ModelSection:
 
 
 CHAT_TEMPLATE = ("auto", "none")
+# the task section's keys that say how a prompt reaches the model and where a response ends (not the
+# task factory's options; a pgjax.eval report records them beside those)
+PROMPT_KEYS = ("chat_template", "system_prompt", "prompt_template", "stop_text")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,8 +266,7 @@ class TaskSection:
     def options(self) -> dict:
         """The fields a task factory may take, by name."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name not in ("name", "reward", "format_weight", "chat_template", "system_prompt",
-                                  "prompt_template", "stop_text", "reward_timeout")}
+                if f.name not in ("name", "reward", "format_weight", "reward_timeout", *PROMPT_KEYS)}
 
 
 def with_escapes(text: str) -> str:
