@@ -22,13 +22,16 @@ that checkpoint and sample ``word_math`` prompts rendered by its chat template (
 both), in two modes: ``ragged`` (a row ends at the checkpoint's stop tokens, ``<|im_end|>``, so rows
 finish at different lengths) and ``forced`` (the stop token is the last vocabulary id, which these
 prompts practically never draw, so rows run to the budget). A third row, pgjax with
-``compaction=0``, measures the decode-batch compaction lever in the same run. ``--json PATH``
+``compaction=0``, measures the decode-batch compaction lever in the same run; ``--scan-layers``
+adds pgjax with the layers stored stacked (``scan_layers=True``, whose KV-cache decode runs layer i
+from row i of the stacked weights), the layout the training step is fastest with. ``--json PATH``
 saves the table with the machine and versions.
 
-    python benchmarks/sampler.py --model models/smollm2-135m-instruct --batches 16 64 \
-        --new-tokens 128 --repeats 2 --json benchmarks/results/sampler_smollm2.json
+    python benchmarks/sampler.py --model models/smollm2-135m-instruct --batches 64 --new-tokens 128 \
+        --repeats 3 --scan-layers --json benchmarks/results/sampler_smollm2.json
 """
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -58,7 +61,8 @@ def timed(fn, count, repeats):
 
 
 def build_models(args, directory):
-    """The same random weights as a transformers (PyTorch) model and a pgjax model."""
+    """The same random weights as a transformers (PyTorch) model and pgjax models: the default
+    layout, and with ``--scan-layers`` also the stacked one (``scan_layers=True``), else None."""
     torch.manual_seed(args.seed)
     config = transformers.Qwen2Config(
         vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
@@ -67,7 +71,12 @@ def build_models(args, directory):
     ref = transformers.AutoModelForCausalLM.from_config(config).eval()
     transformers.utils.logging.disable_progress_bar()
     ref.save_pretrained(directory)
-    return ref, hf.load(directory)
+    return ref, hf.load(directory), stacked_model(args, directory)
+
+
+def stacked_model(args, directory):
+    """The checkpoint with its layers stored stacked (``scan_layers=True``) when ``--scan-layers``."""
+    return hf.load(directory, scan_layers=True) if args.scan_layers else None
 
 
 def pgjax_rate(model, prompts, mask, new_tokens, eos_ids, pad, seed, repeats, compaction=3):
@@ -101,7 +110,7 @@ def response_tokens(response, eos_ids):
 def random_setup(args, rng):
     """The quick mode: a random tiny Qwen2; random ``--prompt-length``-token prompts per batch size."""
     with tempfile.TemporaryDirectory() as directory:
-        ref, model = build_models(args, directory)
+        ref, model, stacked = build_models(args, directory)
     eos = args.vocab - 1
     prompts = {b: rng.integers(1, eos, (b, args.prompt_length)) for b in args.batches}
     prompts = {b: (p, np.ones_like(p)) for b, p in prompts.items()}
@@ -109,7 +118,7 @@ def random_setup(args, rng):
     description = (f"Qwen2: vocab {args.vocab}, hidden {args.hidden}, intermediate {args.intermediate}, "
                    f"{args.layers} layers, {args.heads} heads ({args.kv_heads} kv); {args.prompt_length}-token "
                    f"prompts; EOS {eos}")
-    return ref, model, prompts, modes, description
+    return ref, (model, stacked), prompts, modes, description
 
 
 def model_setup(args):
@@ -118,7 +127,7 @@ def model_setup(args):
     context = task_context(Experiment(task=TaskSection(name="word_math"), model=ModelSection(path=args.model)))
     tokenizer, prompt_format, eos_ids = context.tokenizer, context.prompt_format, context.eos_ids
     ref = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
-    model = hf.load(args.model)
+    model, stacked = hf.load(args.model), stacked_model(args, args.model)
     prompts = {}
     for b in args.batches:
         texts = [e["prompt"] for e in context.task.examples(b, seed=args.seed)]
@@ -129,7 +138,7 @@ def model_setup(args):
     description = (f"{os.path.basename(os.path.normpath(args.model))}; word_math prompts through the chat "
                    f"template ({min(p[1].sum(1).min() for p in prompts.values())}-"
                    f"{max(p[1].sum(1).max() for p in prompts.values())} tokens); stop tokens {list(eos_ids)}")
-    return ref, model, prompts, modes, description
+    return ref, (model, stacked), prompts, modes, description
 
 
 def main(argv=None):
@@ -146,11 +155,13 @@ def main(argv=None):
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--kv-heads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--scan-layers", action="store_true",
+                        help="add a column: pgjax with the layers stored stacked (scan_layers=True)")
     parser.add_argument("--json", help="save the results here")
     args = parser.parse_args(argv)
     rng = np.random.default_rng(args.seed)
     load = os.getloadavg()[0]
-    ref, model, prompts, modes, description = model_setup(args) if args.model else random_setup(args, rng)
+    ref, (model, stacked), prompts, modes, description = model_setup(args) if args.model else random_setup(args, rng)
     gap = measure.logits_gap(ref, model, *(x[:2] for x in prompts[min(prompts)]))
     header = (f"jax {jax.__version__} on {jax.devices()}; torch {torch.__version__} with "
               f"{torch.get_num_threads()} threads; transformers {transformers.__version__}; "
@@ -158,21 +169,29 @@ def main(argv=None):
     setup = (f"{description}; float32; temperature 1, no top-k/top-p; median of {args.repeats} calls after a "
              f"warm-up (compiling) call; max |logit gap| {gap:.1e}")
     print(header + "\n" + setup + "\n", flush=True)
-    table = ["| batch | new tokens | mode | pgjax tok/s | pgjax, no compaction | transformers tok/s | ratio "
-             "| compaction gain | pgjax first call (s) |",
-             "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    stacked_columns = ("| pgjax, stacked layers | stacked / default ", "| ---: | ---: ") if stacked else ("", "")
+    table = ["| batch | new tokens | mode | pgjax tok/s | pgjax, no compaction " + stacked_columns[0]
+             + "| transformers tok/s | ratio | compaction gain | pgjax first call (s) |",
+             "| ---: | ---: | --- | ---: | ---: " + stacked_columns[1] + "| ---: | ---: | ---: | ---: |"]
     print("\n".join(table), flush=True)
     results = []
     for batch, (tokens, mask) in prompts.items():
         for new_tokens in args.new_tokens:
             for mode, (eos_ids, pad) in modes.items():
-                ours, first = pgjax_rate(model, tokens, mask, new_tokens, eos_ids, pad, args.seed, args.repeats)
-                plain, _ = pgjax_rate(model, tokens, mask, new_tokens, eos_ids, pad, args.seed, args.repeats, 0)
+                rate = functools.partial(pgjax_rate, prompts=tokens, mask=mask, new_tokens=new_tokens,
+                                         eos_ids=eos_ids, pad=pad, seed=args.seed, repeats=args.repeats)
+                ours, first = rate(model)
+                plain, _ = rate(model, compaction=0)
                 theirs, _ = transformers_rate(ref, tokens, mask, new_tokens, eos_ids, pad, args.repeats)
-                results.append({"batch": batch, "new_tokens": new_tokens, "mode": mode, "pgjax": ours,
-                                "pgjax_no_compaction": plain, "transformers": theirs, "pgjax_first_call_s": first})
-                table.append(f"| {batch} | {new_tokens} | {mode} | {ours:,.0f} | {plain:,.0f} | {theirs:,.0f} "
-                             f"| {ours / theirs:.2f} | {ours / plain:.2f} | {first:.1f} |")
+                row = {"batch": batch, "new_tokens": new_tokens, "mode": mode, "pgjax": ours,
+                       "pgjax_no_compaction": plain, "transformers": theirs, "pgjax_first_call_s": first}
+                stacked_cells = ""
+                if stacked:
+                    row["pgjax_stacked_layers"], row["pgjax_stacked_first_call_s"] = rate(stacked)
+                    stacked_cells = f"| {row['pgjax_stacked_layers']:,.0f} | {row['pgjax_stacked_layers'] / ours:.2f} "
+                results.append(row)
+                table.append(f"| {batch} | {new_tokens} | {mode} | {ours:,.0f} | {plain:,.0f} {stacked_cells}"
+                             f"| {theirs:,.0f} | {ours / theirs:.2f} | {ours / plain:.2f} | {first:.1f} |")
                 print(table[-1], flush=True)
     save_table(args.json, sys.argv[1:], table, header=header, setup=setup, results=results)
 
