@@ -86,6 +86,23 @@ def test_stacked_layers_decode_with_the_kv_cache_like_the_full_forward(checkpoin
     np.testing.assert_allclose(jnp.concatenate([logits, step_logits], 1), full, rtol=1e-5, atol=1e-5)
 
 
+def test_the_sampler_draws_the_same_tokens_from_stacked_layers(checkpoint):
+    """``generate`` unstacks the layers once before its decode loop (``CausalLM.unstack_layers``):
+    the same tokens and log-probs as the unrolled model, and the caller's model keeps its layout."""
+    from pgjax.sample import SamplingConfig, generate
+    stacked, plain = hf.load(checkpoint, scan_layers=True), hf.load(checkpoint)
+    tokens, mask = batch(4, 6)
+    config = SamplingConfig(max_new_tokens=5, eos_ids=(1,), pad_id=0, temperature=1.0, n=2)
+    key = jax.random.key(3)
+    got, want = generate(stacked, tokens, mask, key, config), generate(plain, tokens, mask, key, config)
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    np.testing.assert_allclose(got.logprobs, want.logprobs, rtol=1e-5, atol=1e-6)
+    assert stacked.config.scan_layers and stacked.layers.mlp.gate.get_value().ndim == 3
+    stacked.unstack_layers()
+    assert not stacked.config.scan_layers and len(stacked.layers) == CONFIG.num_hidden_layers
+    np.testing.assert_allclose(stacked(tokens, mask), plain(tokens, mask), rtol=1e-5, atol=1e-5)
+
+
 def test_stacked_layers_carry_a_replicated_layer_axis_and_shard_like_the_unrolled_ones():
     model = CausalLM(dataclasses.replace(CONFIG, scan_layers=True), nnx.Rngs(0))
     gate = model.layers.mlp.gate

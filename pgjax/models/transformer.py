@@ -465,6 +465,15 @@ class CausalLM(nnx.Module):
         return [nnx.merge(graphdef, jax.tree.map(lambda v, i=i: v[i], stacked))
                 for i in range(self.config.num_hidden_layers)]
 
+    def unstack_layers(self) -> None:
+        """Hold the layers as L separate ``Block``s (``blocks()``), the config saying so; nothing changes
+        without ``scan_layers``. The sampler calls it on its traced model before the decode loop: the
+        rows are then copied out of the stacked weights once per ``generate`` call (one more copy of the
+        layers' weights in memory), not read out of them at every token step (0.83x the decode speed)."""
+        if self.config.scan_layers:
+            self.layers = nnx.List(self.blocks())
+            self.config = dataclasses.replace(self.config, scan_layers=False)
+
 
 def stack_blocks(blocks: list[Block]) -> Block:
     """One ``Block`` whose every parameter holds the L blocks' stacked along a new leading axis,

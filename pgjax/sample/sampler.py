@@ -233,6 +233,7 @@ def _generate(graphdef, state, prompts, prompt_mask, key, config: SamplingConfig
     smaller batch (``_Live.keep_alive_first``). Each row draws its uniforms by its own index, so the
     samples do not depend on the stages."""
     model = nnx.merge(graphdef, state)
+    model.unstack_layers()
     batch, width = prompts.shape
     budget, rows = config.max_new_tokens, batch * config.n
     key_mask = jnp.concatenate([prompt_mask, jnp.ones((batch, budget), jnp.int32)], axis=1)
