@@ -1,7 +1,9 @@
 """Seconds per GRPO step: pgjax vs TRL's ``GRPOTrainer`` on the same model, prompts and step, CPU.
 
-What is compared. Both sides load the same checkpoint in float32 (``pgjax.models.hf.load`` and
-``AutoModelForCausalLM.from_pretrained``) and run the same GRPO step on the same prompts:
+What is compared. Both sides load the same checkpoint in float32 (``pgjax.models.hf.load`` with a
+run's default model options, ``ModelSection().runtime_options()``: stacked layers, each recomputed
+in the backward pass; and ``AutoModelForCausalLM.from_pretrained``) and run the same GRPO step on the
+same prompts:
 
 - default (quick): a random Qwen2 (built with transformers over the character tokenizer of the
   arithmetic task, saved once to a temporary directory that every child process loads); 8 prompts
@@ -256,7 +258,7 @@ class PgjaxStep:
     """Step k of the plan per call: {"step", part: seconds, "generated", "prompts", ...}."""
 
     def __init__(self, work: Workload, plan, args):
-        policy = hf.load(work.directory)
+        policy = hf.load(work.directory, **ModelSection().runtime_options())
         self.work, self.plan, self.seed = work, plan, args.seed
         optimizer = make_optimizer(OptimConfig(lr=LR, b2=0.999, max_grad_norm=1.0))
         self.learner = Learner(policy, GRPO, work.samples, UpdateConfig(), optimizer, None, use_reference=True)

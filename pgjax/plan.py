@@ -60,6 +60,7 @@ from pgjax.models import hf
 from pgjax.models.lora import LoRAConfig
 from pgjax.models.transformer import REMAT_POLICIES, CausalLM, ModelConfig
 from pgjax.parallel import mesh as mesh_lib
+from pgjax.train.experiment import ModelSection
 from pgjax.train.learner import Learner, Rollout, UpdateConfig, build_learner, keeps_reference, placeholder_rollout
 from pgjax.train.optim import OptimConfig
 
@@ -405,8 +406,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, required=True, help="rows: prompt groups x group size")
     p.add_argument("--prompt-len", type=int, required=True)
     p.add_argument("--response-len", type=int, required=True)
-    p.add_argument("--remat", choices=tuple(REMAT_POLICIES), default="off")
-    p.add_argument("--scan-layers", action=argparse.BooleanOptionalAction, default=False)
+    p.add_argument("--remat", choices=tuple(REMAT_POLICIES), default=ModelSection.remat,
+                   help="default: a run's (model.remat)")
+    p.add_argument("--scan-layers", action=argparse.BooleanOptionalAction, default=ModelSection.scan_layers,
+                   help="default: a run's (model.scan_layers)")
     p.add_argument("--param-dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--compute-dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--lora", type=int, default=0, metavar="RANK",

@@ -360,7 +360,7 @@ def test_a_changed_model_shape_is_one_line_naming_the_arrays(finished, tmp_path)
         train(wider, resume=True, accept_changes=True, progress=False)
     message = str(error.value)
     assert "does not fit this experiment's training state" in message and "\n" not in message
-    assert "mlp" in message and "float32[32, 64] in the checkpoint, float32[32, 48] here" in message
+    assert "mlp" in message and "float32[1, 32, 64] in the checkpoint, float32[1, 32, 48] here" in message   # [layers, D, F]
     assert "partial_restore" not in message
 
 

@@ -139,7 +139,10 @@ class ModelSection:
     backward pass recomputes instead of keeping (``off``, ``save_matmuls``, ``save_nothing``: see
     ``pgjax.models.transformer.REMAT_POLICIES``; same gradients, less activation memory); and
     ``scan_layers``: the layers stored stacked and run as one ``lax.scan`` (one traced layer, so
-    compile time does not grow with depth; a run resumes only with the layout it started with)."""
+    compile time does not grow with depth; a run resumes only with the layout it started with).
+    The defaults, stacked layers each recomputed in the backward pass, are the fastest and smallest
+    update measured on SmolLM2-135M (docs/benchmarks.md, "The model options"); ``scan_layers=false``
+    with ``remat=off`` resume a run begun when they were the default."""
     path: str = ""
     # ModelConfig's architecture fields (a test keeps the names in step), with a tiny model's defaults
     family: str = "qwen3"
@@ -154,8 +157,8 @@ class ModelSection:
     tie_word_embeddings: bool = True
     param_dtype: str = "float32"
     compute_dtype: str = "float32"
-    remat: str = "off"
-    scan_layers: bool = False
+    remat: str = "save_nothing"
+    scan_layers: bool = True
     lora: LoRASection = LoRASection()
 
     def __post_init__(self):
