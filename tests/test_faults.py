@@ -342,6 +342,19 @@ def test_a_key_newer_than_the_run_resumes_at_its_default_and_is_refused_otherwis
         RunDirectory(dataclasses.replace(exp, task=dataclasses.replace(exp.task, held_out="templates")), resume=True)
 
 
+def test_a_run_begun_with_unrolled_layers_is_told_how_to_resume(finished, tmp_path):
+    """Runs begun before stacked layers became the default saved ``model.scan_layers: false``."""
+    exp, run = copy_of(finished, tmp_path)
+    unrolled = dataclasses.replace(exp, model=dataclasses.replace(exp.model, scan_layers=False, remat="off"))
+    saved = json.loads((run / "experiment.json").read_text())
+    saved["model"].update(scan_layers=False, remat="off")
+    (run / "experiment.json").write_text(json.dumps(saved))
+    with pytest.raises(ConfigError, match=r"model\.scan_layers: False -> True.*resume with --set "
+                                          r"model\.scan_layers=false"):
+        RunDirectory(exp, resume=True)
+    assert set(RunDirectory(unrolled, resume=True).changes) == {"run_dir"}
+
+
 def test_operational_changes_resume_and_are_recorded(finished, tmp_path):
     exp, run = copy_of(finished, tmp_path)
     changed = dataclasses.replace(exp, steps=6, eval_every=3, update=UpdateConfig(micro_batches=2))

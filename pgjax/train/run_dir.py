@@ -320,9 +320,14 @@ class RunDirectory:
         refused = {k: v for k, v in changes.items() if not is_operational(k)}
         if refused and not accept:
             listed = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in refused.items())
+            saved_layout = refused.get("model.scan_layers", (None,))[0]
+            layout = "" if saved_layout is None else (
+                "; model.scan_layers is the layout of the checkpoint's arrays, which a resume cannot change: "
+                f"resume with --set model.scan_layers={str(saved_layout).lower()} (stacked layers became a "
+                "run's default after runs with unrolled layers began)")
             raise ConfigError(f"--resume: the experiment differs from the one {self.directory} was trained with "
                               f"({listed}); pass --resume-with-changes to continue with the change (it is recorded "
-                              "in changes.jsonl), or undo it")
+                              f"in changes.jsonl), or undo it{layout}")
         return changes
 
     def _input_changes(self, accept: bool) -> dict[str, str]:
