@@ -23,6 +23,9 @@ resumed. The jobs, in order:
 - ``passk:MODEL``: the same two at pass@k for k up to 64 (``PASSK_PROMPTS`` prompts, 64 samples,
   256 new tokens, where the base model finishes almost every answer).
 
+Seed 0 of Dr. GRPO was trained with unrolled layers, the default before stacked layers with remat
+became it; the later runs use the new default (the same maths up to float rounding; docs/design.md).
+
 ``--report`` writes ``OUT/smollm2_seeds.md`` (per split, each method's spread across seeds and the
 paired statistics of every pair: ``pgjax.eval compare``; the budget and pass@k tables) and
 ``OUT/smollm2_seeds.png`` (each method's greedy accuracy on its run's 64 evaluation prompts against
