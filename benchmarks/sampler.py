@@ -23,8 +23,9 @@ both), in two modes: ``ragged`` (a row ends at the checkpoint's stop tokens, ``<
 finish at different lengths) and ``forced`` (the stop token is the last vocabulary id, which these
 prompts practically never draw, so rows run to the budget). A third row, pgjax with
 ``compaction=0``, measures the decode-batch compaction lever in the same run; ``--scan-layers``
-adds pgjax with the layers stored stacked (``scan_layers=True``, whose KV-cache decode runs layer i
-from row i of the stacked weights), the layout the training step is fastest with. ``--json PATH``
+adds pgjax with the layers stored stacked (``scan_layers=True``, a run's default; ``generate``
+copies the layers out of the stacked weights once per call), whose ratio to transformers is the
+default column's times the "stacked / default" column. ``--json PATH``
 saves the table with the machine and versions.
 
     python benchmarks/sampler.py --model models/smollm2-135m-instruct --batches 64 --new-tokens 128 \
