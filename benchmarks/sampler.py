@@ -122,19 +122,26 @@ def random_setup(args, rng):
     return ref, (model, stacked), prompts, modes, description
 
 
+def word_math_prompts(model_dir, batches, seed):
+    """``word_math`` prompts through the chat template of the checkpoint in ``model_dir``, left-padded
+    to their longest: {batch: (tokens, mask, ...) of ``encode_prompts``}, the checkpoint's stop token
+    ids and its pad id."""
+    context = task_context(Experiment(task=TaskSection(name="word_math"), model=ModelSection(path=model_dir)))
+    tokenizer, prompt_format = context.tokenizer, context.prompt_format
+    prompts = {}
+    for b in batches:
+        texts = [e["prompt"] for e in context.task.examples(b, seed=seed)]
+        width = max(map(len, prompt_format.token_ids(tokenizer, texts)))
+        prompts[b] = encode_prompts(tokenizer, texts, width, prompt_format)
+    return prompts, context.eos_ids, pad_id(tokenizer)
+
+
 def model_setup(args):
     """A converted real model: chat-rendered ``word_math`` prompts, its own stop tokens (ragged) or the
     last vocabulary id (forced)."""
-    context = task_context(Experiment(task=TaskSection(name="word_math"), model=ModelSection(path=args.model)))
-    tokenizer, prompt_format, eos_ids = context.tokenizer, context.prompt_format, context.eos_ids
+    prompts, eos_ids, pad = word_math_prompts(args.model, args.batches, args.seed)
     ref = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     model, stacked = hf.load(args.model), stacked_model(args, args.model)
-    prompts = {}
-    for b in args.batches:
-        texts = [e["prompt"] for e in context.task.examples(b, seed=args.seed)]
-        width = max(map(len, prompt_format.token_ids(tokenizer, texts)))
-        prompts[b] = encode_prompts(tokenizer, texts, width, prompt_format)
-    pad = pad_id(tokenizer)
     modes = {"ragged": (eos_ids, pad), "forced": ((model.config.vocab_size - 1,), pad)}
     description = (f"{os.path.basename(os.path.normpath(args.model))}; word_math prompts through the chat "
                    f"template ({min(p[1].sum(1).min() for p in prompts.values())}-"

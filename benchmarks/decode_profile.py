@@ -1,0 +1,194 @@
+"""Where a decode step of pgjax's sampler spends its time, from XLA's own trace.
+
+One forced ``generate`` call (no row stops early, so every token step decodes all ``--batch`` rows;
+``word_math`` prompts through the model's chat template, as in ``sampler.py --model``) runs under
+``jax.profiler.trace``. Each operation XLA executed is an HLO instruction of the compiled program,
+whose metadata names the Python call stack that emitted it; the instruction's ``stack_frame_id`` is
+resolved through the program's ``StackFrames`` table (the optimised HLO, dumped at compile time), and
+the operation is booked to the innermost pgjax function of ``PARTS``. The table gives each part's
+milliseconds per token step (op time summed over XLA's threads), its share, and a rate: the matmuls'
+GFLOP/s, and for attention the GB/s of the KV cache it reads (every one of the cache's slots, filled
+or not, at every step).
+
+    python benchmarks/decode_profile.py --model models/smollm2-135m-instruct --batch 64 --new-tokens 128 \\
+        --json benchmarks/results/decode_profile_smollm2.json
+
+The model loads as a run loads it (``ModelSection``'s defaults: stacked layers, which ``generate``
+copies out once per call). Op time summed over threads exceeds the wall time where XLA runs two
+independent operations at once (the MLP's gate and up projections), and the wall time holds gaps in
+which no traced operation runs (the while loop's control, thread hand-offs).
+"""
+import argparse
+import collections
+import gzip
+import json
+import os
+import pathlib
+import re
+import sys
+import tempfile
+
+DUMP = tempfile.mkdtemp(prefix="pgjax-hlo-")
+os.environ["XLA_FLAGS"] = (f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={DUMP} --xla_dump_hlo_as_text "
+                           "--xla_dump_hlo_module_re=.*_generate.*").strip()
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+import measure  # noqa: E402
+from readme_tables import save_table  # noqa: E402
+from sampler import word_math_prompts  # noqa: E402
+
+from pgjax.models import hf  # noqa: E402
+from pgjax.sample import SamplingConfig, generate  # noqa: E402
+from pgjax.train.experiment import ModelSection  # noqa: E402
+
+# innermost function of an operation's call stack -> the part of the decode step it belongs to
+PARTS = {"grouped_query_attention": "attention over the KV cache", "MLP.__call__": "MLP matmuls",
+         "_project_heads": "q, k, v projections", "CausalLM.logits": "unembedding (logits)",
+         "RMSNorm.__call__": "RMSNorms", "apply_rope": "RoPE", "rope_tables": "RoPE",
+         "sampling_logprobs": "sampling", "inverse_cdf_sample": "sampling", "_generate.<locals>.pick": "sampling",
+         "CausalLM.blocks": "layers copied out of the stack (once per call)",
+         "_Live.keep_alive_first": "compaction", "_Live.write_into": "compaction",
+         "Attention.__call__": "attention output projection"}
+# where a function of PARTS holds matmuls and other operations: the others' part
+NOT_MATMUL = {"MLP.__call__": "MLP activation (SiLU, product)", "Attention.__call__": "attention's reshapes and casts"}
+CACHE_WRITE = "KV cache write"
+THREAD_MARKERS = ("ThunkExecutor", "SlinkyThreadPool", "ThreadpoolListener", "end: ")   # not operations
+
+
+def _table(text: str, name: str) -> list[str]:
+    """The lines of the HLO text's ``name`` section (``FileNames``, ``StackFrames``, ...)."""
+    match = re.search(rf"^{name}\n(.*?)\n\n", text, re.S | re.M)
+    return match.group(1).splitlines() if match else []
+
+
+def _numbered(lines: list[str]) -> dict:
+    """{id: {field: int}} of section lines ``id {field=value ...}``."""
+    return {int(line.split()[0]): {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", line)} for line in lines}
+
+
+def call_stacks(hlo: str) -> dict:
+    """{instruction name: (its Python call stack's function names, innermost first; the last part of
+    its JAX op name, the primitive)} from an optimised HLO module's text. A frame's
+    ``parent_frame_id`` counts from 1 (0: none)."""
+    functions = {int(line.split()[0]): line.split(None, 1)[1].strip('"') for line in _table(hlo, "FunctionNames")}
+    locations = _numbered(_table(hlo, "FileLocations"))
+    frames = _numbered(_table(hlo, "StackFrames"))
+
+    def stack(frame: int) -> list[str]:
+        names = []
+        while frame in frames:
+            names.append(functions[locations[frames[frame]["file_location_id"]]["function_name_id"]])
+            frame = frames[frame].get("parent_frame_id", 0) - 1
+        return names
+
+    stacks = {}
+    for line in hlo.splitlines():
+        name = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = ", line)
+        if name:
+            frame = re.search(r"stack_frame_id=(\d+)", line)
+            op_name = re.search(r'op_name="([^"]*)"', line)
+            stacks[name.group(1)] = (stack(int(frame.group(1))) if frame else [],
+                                     op_name.group(1).split("/")[-1] if op_name else "")
+    return stacks
+
+
+def part_of(stack: list[str], primitive: str) -> str:
+    """The ``PARTS`` entry of an operation's innermost listed function (``NOT_MATMUL``'s for what is
+    not a matmul there); the cache's update slices are the ``CACHE_WRITE``."""
+    if primitive == "dynamic_update_slice" and "Attention.__call__" in stack:
+        return CACHE_WRITE
+    for function in stack:
+        if function in PARTS:
+            return NOT_MATMUL[function] if function in NOT_MATMUL and primitive != "dot_general" else PARTS[function]
+    return "other (loop control, copies, no metadata)"
+
+
+def op_times(trace_file: pathlib.Path, stacks: dict) -> tuple[collections.Counter, float]:
+    """Microseconds of XLA operations per part, summed over XLA's threads, and the wall time in which
+    at least one operation ran, from a Perfetto trace."""
+    events = json.loads(gzip.open(trace_file).read())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    threads = {e["tid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "thread_name"}
+    ops = [e for e in events if e.get("ph") == "X" and threads.get(e["tid"], "").startswith("tf_XLA")
+           and not e["name"].startswith(THREAD_MARKERS)]
+    parts = collections.Counter()
+    for e in ops:
+        parts[part_of(*stacks.get(e["name"], ([], "")))] += e["dur"]
+    covered, end = 0.0, -np.inf
+    for start, stop in sorted((e["ts"], e["ts"] + e["dur"]) for e in ops):
+        covered += max(0.0, stop - max(start, end))
+        end = max(end, stop)
+    return parts, covered
+
+
+def work_per_step(config, rows: int, cache_slots: int) -> dict:
+    """FLOPs of each matmul part and bytes of KV cache attention reads, per token step of ``rows`` rows."""
+    c = config
+    d, layers, dh = c.hidden_size, c.num_hidden_layers, c.head_dim
+    return {"MLP matmuls": 2 * rows * 3 * d * c.intermediate_size * layers,
+            "q, k, v projections": 2 * rows * d * (c.num_attention_heads + 2 * c.num_key_value_heads) * dh * layers,
+            "attention output projection": 2 * rows * c.num_attention_heads * dh * d * layers,
+            "unembedding (logits)": 2 * rows * d * c.vocab_size,
+            "attention over the KV cache": 2 * layers * rows * c.num_key_value_heads * cache_slots * dh * 4}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="a converted Hugging Face model directory")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3, help="timed calls after the warm-up, untraced")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", help="save the results here")
+    args = parser.parse_args(argv)
+    prompts, _, pad = word_math_prompts(args.model, [args.batch], args.seed)
+    tokens, mask = prompts[args.batch][:2]
+    model = hf.load(args.model, **ModelSection().runtime_options())
+    config = SamplingConfig(max_new_tokens=args.new_tokens, eos_ids=(model.config.vocab_size - 1,), pad_id=pad)
+    key = jax.random.key(args.seed)
+
+    def call():
+        return jax.block_until_ready(generate(model, tokens, mask, key, config))
+
+    first, seconds = measure.call_times(call, args.repeats)
+    assert int(call().lengths.sum()) == args.batch * args.new_tokens, "a row stopped early: not a forced run"
+    with tempfile.TemporaryDirectory() as trace_dir:
+        with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+            call()
+        hlo = max(pathlib.Path(DUMP).glob("*_generate*after_optimizations.txt"), key=lambda p: p.stat().st_size)
+        parts, covered = op_times(next(pathlib.Path(trace_dir).rglob("perfetto_trace.json.gz")),
+                                  call_stacks(hlo.read_text()))
+    steps, wall = args.new_tokens, float(np.median(seconds))
+    work = work_per_step(model.config, args.batch, tokens.shape[1] + args.new_tokens)
+    total = sum(parts.values())
+    peak = measure.matmul_peak()["jnp.dot"]
+    header = (f"jax {jax.__version__}; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; "
+              f"{os.path.basename(os.path.normpath(args.model))}, float32, a run's model options "
+              f"({ModelSection().runtime_options()})")
+    setup = (f"forced decode: {args.batch} rows x {args.new_tokens} new tokens, {tokens.shape[1]}-token prompts; "
+             f"median of {args.repeats} untraced calls {wall:.2f} s ({wall / steps * 1e3:.0f} ms a token step, "
+             f"{args.batch * steps / wall:.0f} tokens/s), first call {first:.1f} s; the traced call: "
+             f"{total / 1e3 / steps:.0f} ms of XLA operations a step summed over threads, "
+             f"{covered / 1e3 / steps:.0f} ms of wall time with one running; jnp.dot peak (2048^3) "
+             f"{peak / 1e9:.0f} GFLOP/s")
+    print(header + "\n" + setup + "\n", flush=True)
+    table = ["| part of the decode step | ms / token step | share of op time | rate |", "| --- | ---: | ---: | ---: |"]
+    rows = []
+    for part, micros in parts.most_common():
+        ms = micros / 1e3 / steps
+        rate = ""
+        if part in work:
+            per_second = work[part] / (ms / 1e3) / 1e9
+            rate = f"{per_second:.1f} GB/s of cache read" if part.startswith("attention over") else \
+                f"{per_second:.0f} GFLOP/s"
+        rows.append({"part": part, "ms_per_step": ms, "share": micros / total, "work_per_step": work.get(part)})
+        table.append(f"| {part} | {ms:.1f} | {100 * micros / total:.1f}% | {rate} |")
+    save_table(args.json, sys.argv[1:], table, header=header, setup=setup, parts=rows, seconds=seconds,
+               first_call_s=first, op_ms_per_step=total / 1e3 / steps, covered_ms_per_step=covered / 1e3 / steps,
+               matmul_peak_flops=peak)
+
+
+if __name__ == "__main__":
+    main()
