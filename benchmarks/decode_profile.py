@@ -57,7 +57,7 @@ CACHE_WRITE = "KV cache write"
 THREAD_MARKERS = ("ThunkExecutor", "SlinkyThreadPool", "ThreadpoolListener", "end: ")   # not operations
 
 
-def _table(text: str, name: str) -> list[str]:
+def _section(text: str, name: str) -> list[str]:
     """The lines of the HLO text's ``name`` section (``FileNames``, ``StackFrames``, ...)."""
     match = re.search(rf"^{name}\n(.*?)\n\n", text, re.S | re.M)
     return match.group(1).splitlines() if match else []
@@ -70,11 +70,12 @@ def _numbered(lines: list[str]) -> dict:
 
 def call_stacks(hlo: str) -> dict:
     """{instruction name: (its Python call stack's function names, innermost first; the last part of
-    its JAX op name, the primitive)} from an optimised HLO module's text. A frame's
-    ``parent_frame_id`` counts from 1 (0: none)."""
-    functions = {int(line.split()[0]): line.split(None, 1)[1].strip('"') for line in _table(hlo, "FunctionNames")}
-    locations = _numbered(_table(hlo, "FileLocations"))
-    frames = _numbered(_table(hlo, "StackFrames"))
+    its JAX op name, the primitive)} from an optimised HLO module's text. A fusion that holds a matmul
+    is booked as its first matmul (its own metadata is its root's, e.g. a reduction after the
+    product). A frame's ``parent_frame_id`` counts from 1 (0: none)."""
+    functions = {int(line.split()[0]): line.split(None, 1)[1].strip('"') for line in _section(hlo, "FunctionNames")}
+    locations = _numbered(_section(hlo, "FileLocations"))
+    frames = _numbered(_section(hlo, "StackFrames"))
 
     def stack(frame: int) -> list[str]:
         names = []
@@ -83,14 +84,26 @@ def call_stacks(hlo: str) -> dict:
             frame = frames[frame].get("parent_frame_id", 0) - 1
         return names
 
-    stacks = {}
+    stacks, calls, members, computation = {}, {}, collections.defaultdict(list), None
     for line in hlo.splitlines():
-        name = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = ", line)
+        header = re.match(r"(?:ENTRY )?%?([\w.\-]+) \(.*\) -> .*\{$", line)
+        if header:
+            computation = header.group(1)
+            continue
+        name = re.match(r"\s+(?:ROOT )?%?([\w.\-]+) = ", line)
         if name:
             frame = re.search(r"stack_frame_id=(\d+)", line)
             op_name = re.search(r'op_name="([^"]*)"', line)
             stacks[name.group(1)] = (stack(int(frame.group(1))) if frame else [],
                                      op_name.group(1).split("/")[-1] if op_name else "")
+            members[computation].append(name.group(1))
+            called = re.search(r"calls=%?([\w.\-]+)", line)
+            if called:
+                calls[name.group(1)] = called.group(1)
+    for fusion, called in calls.items():
+        matmuls = [stacks[m] for m in members[called] if stacks[m][1] == "dot_general"]
+        if matmuls:
+            stacks[fusion] = matmuls[0]
     return stacks
 
 
@@ -143,6 +156,7 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="save the results here")
     args = parser.parse_args(argv)
+    jax.config.update("jax_enable_compilation_cache", False)    # compile here, so the program is dumped
     prompts, _, pad = word_math_prompts(args.model, [args.batch], args.seed)
     tokens, mask = prompts[args.batch][:2]
     model = hf.load(args.model, **ModelSection().runtime_options())
