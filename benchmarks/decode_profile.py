@@ -84,7 +84,7 @@ def call_stacks(hlo: str) -> dict:
             frame = frames[frame].get("parent_frame_id", 0) - 1
         return names
 
-    stacks, calls, members, computation = {}, {}, collections.defaultdict(list), None
+    stacks, calls, matmuls, computation = {}, {}, collections.defaultdict(list), None
     for line in hlo.splitlines():
         header = re.match(r"(?:ENTRY )?%?([\w.\-]+) \(.*\) -> .*\{$", line)
         if header:
@@ -96,14 +96,14 @@ def call_stacks(hlo: str) -> dict:
             op_name = re.search(r'op_name="([^"]*)"', line)
             stacks[name.group(1)] = (stack(int(frame.group(1))) if frame else [],
                                      op_name.group(1).split("/")[-1] if op_name else "")
-            members[computation].append(name.group(1))
+            if re.search(r" = \S+ dot\(", line):        # a matmul (a bitcast of its output shares its op name)
+                matmuls[computation].append(name.group(1))
             called = re.search(r"calls=%?([\w.\-]+)", line)
             if called:
                 calls[name.group(1)] = called.group(1)
     for fusion, called in calls.items():
-        matmuls = [stacks[m] for m in members[called] if stacks[m][1] == "dot_general"]
-        if matmuls:
-            stacks[fusion] = matmuls[0]
+        if matmuls[called]:
+            stacks[fusion] = stacks[matmuls[called][0]]
     return stacks
 
 

@@ -55,6 +55,7 @@ StackFrames
 
 %fused_computation.1 (param_0: f32[2,2]) -> f32[] {
   %param_0 = f32[2,2]{1,0} parameter(0)
+  %bitcast.1 = f32[4]{0} bitcast(%param_0), metadata={op_name="jit(toy)/dot_general" stack_frame_id=2}
   %dot.2 = f32[2,2]{1,0} dot(%param_0, %param_0), metadata={op_name="jit(toy)/dot_general" stack_frame_id=3}
   ROOT %reduce.1 = f32[] reduce(%dot.2), metadata={op_name="jit(toy)/reduce_sum" stack_frame_id=1}
 }
