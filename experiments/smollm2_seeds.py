@@ -12,7 +12,8 @@ that file exists, so the study resumes across sessions; a run with checkpoints b
 resumed. The jobs, in order:
 
 - ``train:METHOD:SEED``: ``experiments/smollm2_math.py`` (40 steps of 8 prompts x 4 samples, 64 new
-  tokens) with ``seed=SEED`` and the method's overrides (``METHODS``), into ``RUNS/METHOD_sSEED``;
+  tokens) from ``--base-model`` with ``seed=SEED`` and the method's overrides (``METHODS``), into
+  ``RUNS/METHOD_sSEED``;
 - ``eval:MODEL:SPLIT``: the base checkpoint or a trained run on ``EVAL_PROMPTS`` held-out prompts
   drawn with ``EVAL_SEED`` (the same prompts for every model: the paired comparison checks), greedy
   and ``EVAL_SAMPLES`` samples at T = 0.7, 64 new tokens (the training budget), on the training
@@ -93,7 +94,7 @@ def command(job: str, runs: pathlib.Path, out: pathlib.Path, experiment: str, ba
     if kind == "train":
         method, seed = rest[0], int(rest[1])
         directory = runs / run_name(method, seed)
-        sets = [f"run_dir={directory}", f"seed={seed}", *METHODS[method]]
+        sets = [f"run_dir={directory}", f"seed={seed}", f"model.path={base_model}", *METHODS[method]]
         resume = ["--resume"] if any((directory / "checkpoints").glob("*")) else []
         return [sys.executable, "-m", "pgjax.run", experiment, "--no-progress",
                 *[arg for s in sets for arg in ("--set", s)], *resume]

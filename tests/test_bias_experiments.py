@@ -203,6 +203,7 @@ def test_smollm2_seeds_runs_each_missing_job_once_and_reports_the_paired_tables(
     text = (out / "smollm2_seeds.md").read_text()
     train, base, trained = calls
     assert train[-1] == "--resume" and "seed=0" in train and f"run_dir={runs / 'dr_grpo_s0'}" in train
+    assert "model.path=models/smollm2-135m-instruct" in train          # --base-model, from any directory
     for evaluation in (base, trained):
         assert evaluation[evaluation.index("--seed") + 1] == "1000" and "task.held_out=none" in evaluation
         assert evaluation[evaluation.index("--prompts") + 1] == "256"
