@@ -33,6 +33,7 @@ os.environ["XLA_FLAGS"] = (f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={DU
                            "--xla_dump_hlo_module_re=.*_generate.*").strip()
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import measure  # noqa: E402
@@ -137,14 +138,15 @@ def op_times(trace_file: pathlib.Path, stacks: dict) -> tuple[collections.Counte
 
 
 def work_per_step(config, rows: int, cache_slots: int) -> dict:
-    """FLOPs of each matmul part and bytes of KV cache attention reads, per token step of ``rows`` rows."""
+    """FLOPs of each matmul part and bytes of KV cache attention reads (the cache holds the compute
+    dtype), per token step of ``rows`` rows."""
     c = config
-    d, layers, dh = c.hidden_size, c.num_hidden_layers, c.head_dim
+    d, layers, dh, itemsize = c.hidden_size, c.num_hidden_layers, c.head_dim, jnp.dtype(c.compute_dtype).itemsize
     return {"MLP matmuls": 2 * rows * 3 * d * c.intermediate_size * layers,
             "q, k, v projections": 2 * rows * d * (c.num_attention_heads + 2 * c.num_key_value_heads) * dh * layers,
             "attention output projection": 2 * rows * c.num_attention_heads * dh * d * layers,
             "unembedding (logits)": 2 * rows * d * c.vocab_size,
-            "attention over the KV cache": 2 * layers * rows * c.num_key_value_heads * cache_slots * dh * 4}
+            "attention over the KV cache": 2 * layers * rows * c.num_key_value_heads * cache_slots * dh * itemsize}
 
 
 def main(argv=None):
