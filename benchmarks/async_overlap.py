@@ -26,7 +26,6 @@ Perfetto trace come the trainer's phases on the Python thread (``pgjax/score`` e
 executing: the overlap staleness buys. ``--timeline PNG`` draws the profiled steps of each row.
 """
 import argparse
-import gzip
 import json
 import os
 import pathlib
@@ -36,6 +35,8 @@ import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import traces  # noqa: E402
+from traces import merged  # noqa: E402
 
 # (label, --set overrides, simulated devices)
 ROWS = [
@@ -52,17 +53,6 @@ SCORING_PHASES = ("pgjax/read_back", "pgjax/decode_and_score")      # inside pgj
 NOT_WORK = ("ThreadpoolListener", "end: ", "SlinkyThreadPool::Await")      # markers and idle waits of XLA's threads
 
 
-def merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The union of ``intervals`` as sorted, disjoint (start, end) pairs."""
-    out = []
-    for start, end in sorted(intervals):
-        if out and start <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], end))
-        else:
-            out.append((start, end))
-    return out
-
-
 def covered(interval: tuple[float, float], union: list[tuple[float, float]]) -> float:
     """Length of ``interval`` inside the disjoint ``union``."""
     return sum(max(0.0, min(interval[1], end) - max(interval[0], start)) for start, end in union)
@@ -72,14 +62,11 @@ def timeline(trace_file: pathlib.Path) -> dict:
     """From a Perfetto trace: the trainer's phases on the Python thread (name, start, end), the
     merged intervals in which any XLA thread executes, both in seconds from the first phase, and the
     share of the host's decoding and scoring time covered by device work."""
-    events = json.loads(gzip.open(trace_file).read())
-    events = events["traceEvents"] if isinstance(events, dict) else events
-    threads = {e["tid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "thread_name"}
+    events, threads = traces.load(trace_file)
     spans = [e for e in events if e.get("ph") == "X"]
     host = sorted(((e["name"], e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6) for e in spans
                    if e["name"] in HOST_PHASES + SCORING_PHASES), key=lambda phase: phase[1])
-    device = merged([(e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6) for e in spans
-                     if threads.get(e["tid"], "").startswith("tf_XLA") and not e["name"].startswith(NOT_WORK)])
+    device = merged([(e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6) for e in traces.xla_spans(events, threads, NOT_WORK)])
     origin = min(start for _, start, _ in host)
     scoring = [(start, end) for name, start, end in host if name == "pgjax/decode_and_score"]
     total = sum(end - start for start, end in scoring)

@@ -20,8 +20,6 @@ which no traced operation runs (the while loop's control, thread hand-offs).
 """
 import argparse
 import collections
-import gzip
-import json
 import os
 import pathlib
 import re
@@ -37,6 +35,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import measure  # noqa: E402
+import traces  # noqa: E402
 from readme_tables import save_table  # noqa: E402
 from sampler import word_math_prompts  # noqa: E402
 
@@ -122,18 +121,11 @@ def part_of(stack: list[str], primitive: str) -> str:
 def op_times(trace_file: pathlib.Path, stacks: dict) -> tuple[collections.Counter, float]:
     """Microseconds of XLA operations per part, summed over XLA's threads, and the wall time in which
     at least one operation ran, from a Perfetto trace."""
-    events = json.loads(gzip.open(trace_file).read())
-    events = events["traceEvents"] if isinstance(events, dict) else events
-    threads = {e["tid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "thread_name"}
-    ops = [e for e in events if e.get("ph") == "X" and threads.get(e["tid"], "").startswith("tf_XLA")
-           and not e["name"].startswith(THREAD_MARKERS)]
+    ops = traces.xla_spans(*traces.load(trace_file), THREAD_MARKERS)
     parts = collections.Counter()
     for e in ops:
         parts[part_of(*stacks.get(e["name"], ([], "")))] += e["dur"]
-    covered, end = 0.0, -np.inf
-    for start, stop in sorted((e["ts"], e["ts"] + e["dur"]) for e in ops):
-        covered += max(0.0, stop - max(start, end))
-        end = max(end, stop)
+    covered = sum(stop - start for start, stop in traces.merged([(e["ts"], e["ts"] + e["dur"]) for e in ops]))
     return parts, covered
 
 
