@@ -62,10 +62,13 @@ runs with glibc's default malloc, as users run them (``--keep-freed-memory``: pg
 ``PGJAX_KEEP_FREED_MEMORY=1``, ``pgjax.host_memory``). ``--shapes BxT ...`` measures
 several batch x length shapes (each its own warm-up and timing) and ``--plot PATH`` draws seconds
 per step against length (at the smallest batch) and against batch (at the shortest length);
-``--json PATH`` saves the rows with the machine and versions.
+``--json PATH`` saves the rows with the machine and versions. ``--rows NAME ...`` measures only
+those rows; the cost-growth grid of docs/benchmarks.md runs torch's two rows against pgjax at a
+run's defaults (stacked layers with remat):
 
-    python benchmarks/train_step.py --model models/smollm2-135m-instruct --no-compile --bf16 --steps 1 \
-        --repeats 1 --shapes 32x128 16x64 16x128 16x256 16x512 32x64 64x64 128x64 \
+    python benchmarks/train_step.py --model models/smollm2-135m-instruct --no-compile --options --steps 5 \
+        --repeats 1 --rows "torch eager" "torch eager, chunked" "pgjax, chunked, scan + remat" \
+        --shapes 16x64 64x64 128x64 16x128 16x256 16x512 \
         --json benchmarks/results/train_step_smollm2.json --plot benchmarks/results/train_step_smollm2.png
 """
 import argparse
@@ -249,10 +252,11 @@ def timed(runs, steps, repeats):
 
 def row_names(args, real_model) -> list[str]:
     """The rows measured: no logits row on a real model (a [B, T, V] tensor), no torch.compile with
-    ``--no-compile``."""
-    return (["torch eager", TORCH_CHUNKED_ROW] + ([] if real_model else ["pgjax, logits"]) + ["pgjax, chunked"]
-            + ([BF16_ROW] if args.bf16 else []) + (list(OPTION_ROWS) if args.options else [])
-            + ([] if args.no_compile else ["torch.compile"]))
+    ``--no-compile``; with ``--rows``, only those (in this order)."""
+    names = (["torch eager", TORCH_CHUNKED_ROW] + ([] if real_model else ["pgjax, logits"]) + ["pgjax, chunked"]
+             + ([BF16_ROW] if args.bf16 else []) + (list(OPTION_ROWS) if args.options else [])
+             + ([] if args.no_compile else ["torch.compile"]))
+    return [name for name in names if not args.rows or name in args.rows]
 
 
 def trainers(directory, arrays, args, real_model, only=None):
@@ -379,8 +383,16 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--reuse", help="a file of the JSON lines an earlier run printed to stderr (one per "
                                             "shape): those shapes are not measured again")
+    parser.add_argument("--rows", nargs="+", help="measure only these rows, e.g. 'torch eager' 'pgjax, chunked, "
+                                                  "scan + remat' (with --options); the loss check needs 'torch eager'")
     parser.add_argument("--row", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    unknown = set(args.rows or ()) - set(row_names(argparse.Namespace(**{**vars(args), "rows": None}), False))
+    if unknown:
+        parser.error(f"--rows: no such row {sorted(unknown)} with these options (see --help for the rows, "
+                     f"--options and --bf16 for theirs)")
+    if args.rows and "torch eager" not in args.rows:
+        parser.error("--rows: 'torch eager' is needed, every row's losses are checked against it")
     shapes = [tuple(map(int, shape.split("x"))) for shape in (args.shapes or [f"{args.batch}x{args.length}"])]
     transformers.utils.logging.disable_progress_bar()
     started, load = time.perf_counter(), os.getloadavg()[0]
