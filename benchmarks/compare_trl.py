@@ -62,8 +62,7 @@ glibc's default malloc: the children's environment has no ``PGJAX_KEEP_FREED_MEM
 ``GLIBC_TUNABLES`` or ``LD_PRELOAD``, whatever the parent's has. ``--tuned`` adds rows run the same
 way but labelled with their setting: pgjax with ``PGJAX_KEEP_FREED_MEMORY=1`` (``pgjax.host_memory``:
 keep freed host memory mapped; compared with TRL at glibc's defaults); TRL and pgjax each with
-transparent huge pages (``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``, what ``python -m pgjax.run``
-sets; compared with each other); and, when ``ldconfig -p`` finds libjemalloc or libtcmalloc, TRL
+transparent huge pages (``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``; compared with each other); and, when ``ldconfig -p`` finds libjemalloc or libtcmalloc, TRL
 and pgjax each with it in ``LD_PRELOAD`` (compared with each other; on the 2-core machine of the
 docs' tables neither library is installed).
 
@@ -433,7 +432,7 @@ def table_rows(args) -> list[Row]:
     rows = [Row(TRL_NAME, "trl", {}), Row("pgjax", "pgjax", {})]
     if args.tuned:
         rows.append(Row(f"pgjax, {host_memory.SWITCH}=1", "pgjax", {host_memory.SWITCH: "1"}))
-        huge_pages = {host_memory.TUNABLES: host_memory.HUGE_PAGES}      # what python -m pgjax.run sets
+        huge_pages = {host_memory.TUNABLES: host_memory.HUGE_PAGES}
         trl_row = Row(f"{TRL_NAME}, huge pages", "trl", huge_pages)
         rows += [trl_row, Row("pgjax, huge pages", "pgjax", huge_pages, trl_row.name)]
         library = preload_library()

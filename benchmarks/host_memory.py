@@ -12,8 +12,8 @@ memory after it (``/proc/self/statm``), and the process's peak RSS:
                    variant's own), up to pgjax's opt-in ``PGJAX_KEEP_FREED_MEMORY=1`` (one arena,
                    no mmap'd blocks, no trimming: ``pgjax/host_memory.py``);
   huge pages       glibc's ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` (malloc asks for transparent
-                   huge pages: far fewer faults, the same zero-filling), the default of
-                   ``python -m pgjax.run`` (``pgjax.host_memory.restart_with_huge_pages``);
+                   huge pages: far fewer faults, the same zero-filling), which pgjax leaves to
+                   the user (they pay with unrolled layers, not at a run's default layout);
   less memory      the model options ``scan_layers`` + ``remat="save_nothing"`` (smaller
                    temporaries) under glibc's defaults, and with huge pages.
 

@@ -6,9 +6,7 @@ the configuration (or a run directory in use, a changed experiment on resume, no
 is printed as one or two plain lines and exits with status 2, before anything is written to disk; a
 run stopped by a non-finite reward or repeated non-finite updates exits with status 1, its last
 checkpoint intact; SIGTERM or Ctrl-C finish the current step, write its checkpoint and exit with
-128 + the signal's number (``pgjax.train.interrupts``). As a command it first starts itself again
-with glibc's transparent huge pages for malloc (``pgjax.host_memory.restart_with_huge_pages``;
-``GLIBC_TUNABLES=glibc.malloc.hugetlb=0`` declines).
+128 + the signal's number (``pgjax.train.interrupts``).
 """
 from __future__ import annotations
 
@@ -17,17 +15,12 @@ import os
 import signal
 import sys
 
-from pgjax import host_memory
-
-if __name__ == "__main__":      # glibc reads its tunables at start only: again with huge pages, before JAX loads
-    host_memory.restart_with_huge_pages()
-
-from pgjax.parallel import multihost  # noqa: E402
-from pgjax.train import experiment as experiment_lib  # noqa: E402
-from pgjax.train.experiment import ConfigError, RunStopped  # noqa: E402
-from pgjax.train.interrupts import DEFAULT_GRACE_PERIOD, RunInterrupted  # noqa: E402
-from pgjax.train.sinks import read_records  # noqa: E402
-from pgjax.train.trainer import train  # noqa: E402
+from pgjax.parallel import multihost
+from pgjax.train import experiment as experiment_lib
+from pgjax.train.experiment import ConfigError, RunStopped
+from pgjax.train.interrupts import DEFAULT_GRACE_PERIOD, RunInterrupted
+from pgjax.train.sinks import read_records
+from pgjax.train.trainer import train
 
 
 def _epilog() -> str:
