@@ -59,10 +59,11 @@ class Recorder(Callback):
     """Adds a measurement before each update and keeps what it is shown."""
 
     def __init__(self):
-        self.seen, self.records = [], []
+        self.seen, self.records, self.padding = [], [], []
 
     def before_update(self, trainer, rollout, examples, stats):
         self.seen.append((trainer.step_count, len(examples), stats["reward"].shape, rollout.batch.advantages.shape))
+        self.padding.append(1.0 - np.asarray(rollout.attention_mask, np.float64).mean())
         return {"mean_advantage": float(np.asarray(rollout.batch.advantages).mean())}
 
     def after_step(self, trainer, record):
@@ -85,6 +86,8 @@ def test_metrics_reach_jsonl_tensorboard_and_wandb_with_the_same_values(tmp_path
     assert [r["step"] for r in recorder.records] == [1, 2] and recorder.records == records[1:]
     assert recorder.seen == [(0, 4, (16,), (16, 4)), (1, 4, (16,), (16, 4))]
     assert all("mean_advantage" in r for r in records[1:])
+    padding = [r["padding"] for r in records[1:]]        # the update's padded positions, as the callback counts them
+    assert padding == pytest.approx(recorder.padding, abs=1e-6) and all(0 < p < 1 for p in padding)
 
     events = read_events(directory)
     wandb_file = glob.glob(f"{directory}/wandb/offline-run-*/*.wandb")[0]

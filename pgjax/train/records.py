@@ -5,7 +5,9 @@ Rollout statistics (``STAT_KEYS``, one value per sampled row): the training rewa
 ``correct``, the response length, whether it was truncated, whether it was kept for the update, and
 whether a reward function gave a non-finite value. Timings (``TIMING_KEYS``, seconds): sampling
 (with decoding and scoring), ``Learner.prepare``, the update, the whole step, and generated tokens
-per second of sampling. Mismatch metrics (``MISMATCH_KEYS``): the learner's vs the sampler's
+per second of sampling. ``padding``: the share of the token positions the update computes on
+(the rollout's ``[B, P + N]`` after ``rollout.trim_padding``) that are padding, what packing
+sequences could save at most. Mismatch metrics (``MISMATCH_KEYS``): the learner's vs the sampler's
 log-probs of the sampled tokens (``core.off_policy``).
 """
 from __future__ import annotations
@@ -18,7 +20,7 @@ MISMATCH_KEYS = ("mismatch_abs", "mismatch_abs_max", "mismatch_kl", "mismatch_ou
 RECORD_KEYS = ("step", "reward", "accuracy", "length", "length_correct", "length_incorrect", "truncated", "kept",
                "nonfinite_rewards", "skipped_updates", "policy_loss", "clip_fraction", "grad_norm", "entropy",
                "kl_ref", "kl_old", "value_loss", "policy_lag", *MISMATCH_KEYS, "is_weight", "is_limited",
-               "eval_accuracy", *TIMING_KEYS)
+               "eval_accuracy", "padding", *TIMING_KEYS)
 
 
 def step_record(stats: dict, metrics: dict, times: dict) -> dict:

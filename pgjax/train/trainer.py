@@ -25,6 +25,7 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from pgjax.models import hf
@@ -230,7 +231,9 @@ class Trainer:
         self.skipped_in_a_row = self.skipped_in_a_row + 1 if all_skipped else 0
         times = {"time_sample": t1 - t0 + scoring, "time_prepare": t2 - t1, "time_update": t3 - t2 - scoring,
                  "time_step": t3 - t0}
-        return {"step": self.step_count, "policy_lag": lag, **step_record(batch.stats, metrics, times), **observed}
+        padding = 1.0 - float(jnp.mean(rollout.attention_mask))        # of the positions the update computes on
+        return {"step": self.step_count, "policy_lag": lag, **step_record(batch.stats, metrics, times),
+                "padding": padding, **observed}
 
     def evaluate(self) -> float:
         """Greedy accuracy on ``eval_prompts`` evaluation examples, the same at every call (drawn from
