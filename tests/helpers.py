@@ -6,9 +6,11 @@ scalars and texts, an offline W&B run's history).
 Import them with ``from helpers import ...`` (pytest puts tests/ on sys.path; a subprocess started by
 a test puts it there itself). Nothing here compiles at import time."""
 import dataclasses
+import importlib.util
 import json
 import pathlib
 import struct
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +33,20 @@ from pgjax.train.rollout import RolloutConfig, encode_prompts
 
 # What XLA's CPU runtime prints when it gives up on a collective whose participants never all arrived.
 XLA_COLLECTIVE_HANG = "Termination timeout for"
+
+
+def load_benchmark(name: str):
+    """``benchmarks/<name>.py`` imported as a module, its folder on ``sys.path`` while it loads (for
+    the sibling modules it imports)."""
+    folder = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(folder))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(folder))
+    return module
 
 
 def simulated_devices(count: int) -> str:

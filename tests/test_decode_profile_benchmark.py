@@ -1,17 +1,14 @@
 """benchmarks/decode_profile.py: reading call stacks out of optimised HLO text, booking operations to
 parts of the decode step, and the trace arithmetic, on hand-made inputs and on a program compiled here."""
 import gzip
-import importlib.util
 import json
 import os
-import pathlib
-import sys
 
 import jax
 import jax.numpy as jnp
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from helpers import load_benchmark
 
 
 @pytest.fixture(scope="module")
@@ -19,18 +16,13 @@ def decode_profile():
     """The benchmark as a module; importing it points XLA_FLAGS at a dump folder for its own run,
     which this process must not pass on."""
     saved = os.environ.get("XLA_FLAGS")
-    spec = importlib.util.spec_from_file_location("decode_profile", ROOT / "benchmarks" / "decode_profile.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
-        spec.loader.exec_module(module)
+        return load_benchmark("decode_profile")
     finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
         if saved is None:
             os.environ.pop("XLA_FLAGS", None)
         else:
             os.environ["XLA_FLAGS"] = saved
-    return module
 
 
 HLO = """HloModule jit_toy

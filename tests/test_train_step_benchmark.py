@@ -1,28 +1,18 @@
 """benchmarks/train_step.py's row selection: ``--rows`` keeps only the named rows, in the table's order,
 and refuses a row that does not exist or a selection without the row every loss is checked against."""
 import argparse
-import importlib.util
-import pathlib
-import sys
 
 import pytest
+
+from helpers import load_benchmark
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-
 
 @pytest.fixture(scope="module")
 def train_step():
-    spec = importlib.util.spec_from_file_location("train_step", ROOT / "benchmarks" / "train_step.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return module
+    return load_benchmark("train_step")
 
 
 def options(**overrides):
