@@ -63,6 +63,7 @@ from pgjax.parallel import mesh as mesh_lib
 from pgjax.train.experiment import ModelSection
 from pgjax.train.learner import Learner, Rollout, UpdateConfig, build_learner, keeps_reference, placeholder_rollout
 from pgjax.train.optim import OptimConfig
+from pgjax.train.packing import Packing, most_packed_rows
 
 GIB = 2 ** 30
 MAX_COMPILES = 8        # compiled batch sizes per largest-batch search, the two first probes included
@@ -281,15 +282,26 @@ class Planner:
                            mesh_lib.batch_sharding(self.mesh))
         order = jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=same)      # the minibatch's rows: all of them
         prepare = _compiled(learner.prepare, state, rollout, self.hparams, inputs=_shard_bytes(rollout))
+        packing = self._worst_packing(prepared) if learner.update_config.pack_width else None
         # the last argument: the step's LoRA-dropout key, None without dropout
-        step = _compiled(learner._optimizer_step, state, prepared, order, self.hparams, None,
-                         inputs=_shard_bytes((prepared, order)))
+        step = _compiled(learner._optimizer_step, state, prepared, order, packing, self.hparams, None,
+                         inputs=_shard_bytes((prepared, order, packing)))
         options = {name: getattr(self.model, name) for name in ("param_dtype", "compute_dtype", "remat", "scan_layers")}
         options["lora_rank"] = self.model.lora.rank if self.model.lora else 0
         return Plan(model=self.name, options=options,
                     parameters_total=sum(x.size for x in jax.tree.leaves(state.params)), mesh=dict(self.mesh.shape), rows=rows, group_size=self.group_size, prompt_len=self.prompt_len,
                     response_len=self.response_len, micro_batches=self.update.micro_batches, **self.state_bytes(),
                     prepare=prepare, step=step)
+
+    def _worst_packing(self, prepared) -> Packing:
+        """The abstract ``Packing`` of ``update.pack_width`` that needs the most memory
+        (``packing.most_packed_rows`` per micro-batch)."""
+        micro, factor, same = self.update.micro_batches, self.update.pack_width, mesh_lib.replicated(self.mesh)
+        rows, width = prepared.tokens.shape
+        packed_rows = most_packed_rows(rows // micro, factor, mesh_lib.batch_shards(self.mesh))
+        packed = jax.ShapeDtypeStruct((micro, packed_rows, width * factor), jnp.int32, sharding=same)
+        return Packing(tokens=packed, segment_ids=packed, predictors=jax.ShapeDtypeStruct(
+            (micro, rows // micro, prepared.mask.shape[1]), jnp.int32, sharding=same))
 
     def largest_batch(self, limit: int, start: int) -> Fit:
         """The largest batch (a multiple of ``unit`` rows) whose total fits ``limit`` bytes, searched from

@@ -276,16 +276,20 @@ def _add_adapters(module: nnx.Module, config: ModelConfig, rngs: nnx.Rngs, shape
                                                       jnp.dtype(config.param_dtype), rngs))
 
 
-def attention_bias(key_mask, index, length: int, window: int | None = None) -> jax.Array:
+def attention_bias(key_mask, index, length: int, window: int | None = None, segments=None) -> jax.Array:
     """0 where query slot i = index + t may see key slot s (s <= i and ``key_mask`` [B, S] set, and
     with a ``window`` i - s < window), the float32 minimum elsewhere: [B, 1, 1, length, S], built once
-    per forward. Left padding comes before a row's tokens, so slot distances are position distances."""
+    per forward. Left padding comes before a row's tokens, so slot distances are position distances.
+    ``segments`` [B, S] (packed rows, no cache): s and i must also lie in the same sequence; each
+    sequence is contiguous, so slot distances are still position distances."""
     query_slots = index + jnp.arange(length)
     key_slots = jnp.arange(key_mask.shape[1])
     allowed = key_slots[None, :] <= query_slots[:, None]
     if window is not None:
         allowed = allowed & (query_slots[:, None] - key_slots[None, :] < window)
     allowed = allowed[None] & (key_mask[:, None, :] > 0)
+    if segments is not None:
+        allowed = allowed & (segments[:, :, None] == segments[:, None, :])
     return jnp.where(allowed, 0.0, jnp.finfo(jnp.float32).min)[:, None, None]
 
 
@@ -371,10 +375,22 @@ class CausalLM(nnx.Module):
         """The [D, V] matrix mapping final hidden states to logits (for ``chunked_logprobs_and_entropy``)."""
         return self.embed[...].T if self.config.tie_word_embeddings else self.lm_head[...]
 
-    def __call__(self, tokens, attention_mask=None, *, return_hidden: bool = False, dropout_key=None, mesh=None):
+    def __call__(self, tokens, attention_mask=None, *, segment_ids=None, return_hidden: bool = False,
+                 dropout_key=None, mesh=None):
         """Logits [B, T, V] (or final hidden states [B, T, D]) of a whole (left-padded) batch;
         ``dropout_key``: draw the LoRA adapters' dropout (training; none without it); ``mesh``:
-        keep every layer's activations split over its batch axes (under ``jit`` on that mesh)."""
+        keep every layer's activations split over its batch axes (under ``jit`` on that mesh).
+
+        ``segment_ids`` [B, T] instead of ``attention_mask``: packed rows holding several sequences
+        each (``pgjax.train.packing``), 0 on padding and k > 0 on the contiguous tokens of a row's
+        k-th sequence; a token attends only to earlier tokens of its own sequence and positions
+        restart at each sequence's first token, so every sequence's hidden states are those of the
+        sequence alone (up to float rounding)."""
+        if segment_ids is not None:
+            if attention_mask is not None:
+                raise ValueError("pass attention_mask or segment_ids, not both")
+            hidden, _ = self._hidden(tokens, segment_ids > 0, None, 0, dropout_key, mesh, segment_ids)
+            return hidden if return_hidden else self.logits(hidden)
         if attention_mask is None:
             attention_mask = jnp.ones(tokens.shape, jnp.int32)
         hidden, _ = self._hidden(tokens, attention_mask, None, 0, dropout_key, mesh)
@@ -402,15 +418,19 @@ class CausalLM(nnx.Module):
         hidden, cache = self._hidden(tokens, key_mask, cache, index)
         return self.logits(hidden[:, -1:] if last_only else hidden), cache
 
-    def _hidden(self, tokens, key_mask, cache, index, dropout_key=None, mesh=None):
-        positions = jax.lax.dynamic_slice_in_dim(positions_from_mask(key_mask), index, tokens.shape[1], axis=1)
+    def _hidden(self, tokens, key_mask, cache, index, dropout_key=None, mesh=None, segments=None):
+        if segments is None:
+            positions = jax.lax.dynamic_slice_in_dim(positions_from_mask(key_mask), index, tokens.shape[1], axis=1)
+        else:
+            positions = positions_in_segments(segments)
         c = self.config
         dt = jnp.dtype(c.compute_dtype)
         x = self.embed[...].astype(dt)[tokens]
         if c.gemma:     # the scale rounded to the weights' dtype first, as transformers does (25.25 in bf16)
             x = x * jnp.asarray(math.sqrt(c.hidden_size), self.embed[...].dtype).astype(dt)
         contexts = tuple((rope_tables(positions, rope_frequencies(c, sliding=bool(kind))),
-                          attention_bias(key_mask, index, tokens.shape[1], c.sliding_window if kind else None))
+                          attention_bias(key_mask, index, tokens.shape[1], c.sliding_window if kind else None,
+                                         segments))
                          for kind in range(max(c.layer_kinds) + 1))
         if cache is None:
             return self.final_norm(self._trunk(x, contexts, dropout_key, mesh)), ()
@@ -492,3 +512,12 @@ def stack_blocks(blocks: list[Block]) -> Block:
 def positions_from_mask(attention_mask) -> jax.Array:
     """Position of each token counted from its row's first real token (0 on left padding)."""
     return jnp.maximum(jnp.cumsum(attention_mask, axis=-1) - 1, 0)
+
+
+def positions_in_segments(segment_ids) -> jax.Array:
+    """Position of each token counted from the first token of its sequence (``segment_ids`` [B, T]:
+    contiguous runs of k > 0 per sequence, 0 on padding, where the position is 0)."""
+    slots = jnp.arange(segment_ids.shape[-1])
+    previous = jnp.pad(segment_ids[..., :-1], ((0, 0), (1, 0)), constant_values=-1)
+    first = jax.lax.cummax(jnp.where(segment_ids != previous, slots, 0), axis=segment_ids.ndim - 1)
+    return jnp.where(segment_ids > 0, slots - first, 0)

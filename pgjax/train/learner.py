@@ -50,9 +50,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pgjax import core
 from pgjax.models import lora
-from pgjax.models.scoring import response_logprobs
+from pgjax.models.scoring import packed_response_logprobs, response_logprobs
 from pgjax.models.transformer import CausalLM
 from pgjax.parallel import mesh as mesh_lib
+from pgjax.parallel import multihost
+from pgjax.train import packing as packing_lib
 from pgjax.train.critic import ValueModel
 from pgjax.train.optim import OptimConfig, make_optimizer
 
@@ -66,7 +68,11 @@ class UpdateConfig:
     that stop a run; ``recompute_old_logprobs``: compute the old log-probs even when the update
     is on-policy (one epoch of one minibatch, no KL in the reward), where they are skipped
     (``Learner.needs_old_logp``; the same loss and gradient, one forward pass more). What the loss
-    does with the sampler's log-probs is the algorithm's (``core.Spec.correction``)."""
+    does with the sampler's log-probs is the algorithm's (``core.Spec.correction``). ``pack_width``:
+    0, or the policy's forward pass in the update packs each micro-batch's sequences into rows
+    ``pack_width`` times as wide as the rollout's (``pgjax.train.packing``; the same loss and
+    gradient up to float rounding, without computing the rows' padding; the critic's and
+    ``prepare``'s passes stay unpacked)."""
     epochs: int = 1
     minibatches: int = 1
     micro_batches: int = 1
@@ -75,11 +81,14 @@ class UpdateConfig:
     chunk_size: int = 1024
     max_skipped_steps: int = 3
     recompute_old_logprobs: bool = False
+    pack_width: int = 0
 
     def __post_init__(self):
         for name in ("epochs", "minibatches", "micro_batches", "chunk_size", "max_skipped_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.pack_width < 0:
+            raise ValueError(f"pack_width must be 0 (no packing) or >= 1 rollout widths, got {self.pack_width!r}")
         for name, ok, valid in (("temperature", self.temperature > 0, "> 0"),
                                 ("value_clip", self.value_clip >= 0, ">= 0 (0: no clipping)")):
             if not (ok and math.isfinite(getattr(self, name))):
@@ -202,7 +211,7 @@ class Learner:
                                        out_shardings=self.trainable(self.state_sharding.params)[0])
         self.token_weights = jax.jit(self._token_weights, in_shardings=(self.state_sharding, batch, same),
                                      out_shardings=batch)
-        self._optimizer_step = jax.jit(self._step, in_shardings=(self.state_sharding, batch, same, same, same),
+        self._optimizer_step = jax.jit(self._step, in_shardings=(self.state_sharding, batch, same, same, same, same),
                                        out_shardings=(self.state_sharding, same), donate_argnums=0)
 
     def init_state(self, policy: CausalLM, key) -> TrainState:
@@ -246,8 +255,13 @@ class Learner:
         policy with its adapters zeroed, no second copy of the weights)."""
         return lora.without_adapters(state.params) if self.lora else state.ref_params
 
-    def _logprobs(self, params, part: Rollout, dropout_key=None):
-        """log pi and entropy of the response tokens [B, N] under ``params`` (teacher-forced)."""
+    def _logprobs(self, params, part: Rollout, dropout_key=None, packing: packing_lib.Packing | None = None):
+        """log pi and entropy of the response tokens [B, N] under ``params`` (teacher-forced); from the
+        packed rows of ``packing`` (one micro-batch's) when given."""
+        if packing is not None:
+            return packed_response_logprobs(self.policy(params), packing, part.tokens[:, _prompt_length(part):],
+                                            self.update_config.temperature, self.update_config.chunk_size,
+                                            dropout_key, self.mesh)
         return response_logprobs(self.policy(params), part.tokens, part.attention_mask, _prompt_length(part),
                                  self.update_config.temperature, self.update_config.chunk_size, dropout_key,
                                  self.mesh)
@@ -285,12 +299,16 @@ class Learner:
         cfg.check(prompts, self.group_size, self.mesh)
         key, shuffle_key, dropout_key = jax.random.split(state.key, 3)
         metrics = None
+        host = multihost.gather((rollout.tokens, rollout.attention_mask)) if cfg.pack_width else None
         for epoch in range(cfg.epochs):
             order = jax.random.permutation(jax.random.fold_in(shuffle_key, epoch), prompts)
             for i, groups in enumerate(jnp.split(order, cfg.minibatches)):
                 rows = (groups[:, None] * self.group_size + jnp.arange(self.group_size)).reshape(-1)
                 step_key = jax.random.fold_in(dropout_key, epoch * cfg.minibatches + i) if self._drops() else None
-                state, step_metrics = self._optimizer_step(state, rollout, rows, hp, step_key)
+                packing = None if host is None else packing_lib.pack(
+                    *host, _prompt_length(rollout), multihost.gather(rows), cfg.micro_batches, cfg.pack_width,
+                    mesh_lib.batch_shards(self.mesh))
+                state, step_metrics = self._optimizer_step(state, rollout, rows, packing, hp, step_key)
                 metrics = step_metrics if metrics is None else core.combine_metrics(metrics, step_metrics)
         return state.replace(step=state.step + 1, key=key), metrics
 
@@ -298,9 +316,11 @@ class Learner:
         """Whether the policy's forward pass in the update draws LoRA dropout."""
         return self.lora is not None and self.lora.dropout > 0
 
-    def _step(self, state: TrainState, rollout: Rollout, rows, hp: core.HParams, dropout_key=None):
+    def _step(self, state: TrainState, rollout: Rollout, rows, packing: packing_lib.Packing | None, hp: core.HParams,
+              dropout_key=None):
         """(``_optimizer_step``, jitted, state donated) One optimizer step of the policy (and the
-        critic) on the minibatch ``rows`` of the rollout (whole groups); not applied (the state
+        critic) on the minibatch ``rows`` of the rollout (whole groups), its policy forward pass on
+        the packed rows of ``packing`` when given (``packing_lib.pack`` of those rows); not applied (the state
         returned unchanged, ``skipped_updates`` = 1) when any loss, the gradient norm or the new
         state is not finite. With LoRA only the adapters are differentiated and updated.
 
@@ -309,7 +329,7 @@ class Learner:
         materialised new state and the old one (``jnp.where`` per leaf) computes the same, but
         made XLA's CPU compiler take 6 min instead of 30 s for SmolLM2-135M's 30 layers."""
         minibatch = jax.tree.map(lambda x: x[rows], rollout)
-        grads, metrics = self._gradient(state.params, minibatch, hp, dropout_key)
+        grads, metrics = self._gradient(state.params, minibatch, hp, dropout_key, packing)
         metrics["grad_norm_max"] = optax.tree.norm(grads)
         critic_grads = None
         if self.uses_critic:
@@ -336,22 +356,26 @@ class Learner:
         metrics["skipped_updates"] = 1.0 - metrics["optimizer_steps"]
         return jax.lax.cond(finite, updated, lambda state: state, state), metrics
 
-    def _gradient(self, params, minibatch: Rollout, hp: core.HParams, dropout_key=None):
+    def _gradient(self, params, minibatch: Rollout, hp: core.HParams, dropout_key=None,
+                  packing: packing_lib.Packing | None = None):
         """(``policy_gradient``, jitted) Gradient of the algorithm's loss over the whole minibatch
         (its own ``loss_normalizer``) with respect to the trainable parameters (``trainable``),
         accumulated over micro-batches (micro-batch i's dropout drawn from ``dropout_key`` folded
-        with i); and the loss metrics."""
+        with i; its log-probs from its packed rows of ``packing`` when given); and the loss metrics."""
         norm = core.loss_normalizer(minibatch.mask, self.group_size, minibatch.budget)
         trainable, frozen = self.trainable(params)
         micro = self._micro_batches(minibatch)
         keys = lora.dropout_keys(dropout_key, self.update_config.micro_batches)
+        if packing is not None:
+            sharding = NamedSharding(self.mesh, PartitionSpec(None, mesh_lib.BATCH_AXES))
+            packing = jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, sharding), packing)
 
         def policy_loss(trainable, part):
-            part, key = part
-            logp, entropy = self._logprobs(self.join(trainable, frozen), part, key)
+            part, key, packed = part
+            logp, entropy = self._logprobs(self.join(trainable, frozen), part, key, packed)
             return core.loss(self.spec, self._batch(part, logp, entropy), hp, norm)
 
-        return _accumulate(jax.grad(policy_loss, has_aux=True), trainable, (micro, keys))
+        return _accumulate(jax.grad(policy_loss, has_aux=True), trainable, (micro, keys, packing))
 
     def _token_weights(self, state: TrainState, rollout: Rollout, hp: core.HParams):
         """(``token_weights``, jitted) c_bt = -d loss / d log pi_bt of a prepared rollout at its old
