@@ -71,6 +71,13 @@ def check_meshes():
             np.testing.assert_array_equal(np.asarray(sharded.tokens), np.asarray(single.tokens))
         print("mesh", sizes, "ok", flush=True)
 
+    mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig(2, 2, 2))      # packed rows split over 4 batch devices
+    packed = Learner(policy, algo, 4, UpdateConfig(minibatches=2, micro_batches=2, pack_width=2), optax.sgd(1.0),
+                     optax.sgd(1.0), use_reference=False, mesh=mesh)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5),
+                 one_step(packed, rollout)[1], want)
+    print("packed update on the mesh", "ok", flush=True)
+
     check_model_options(policy, algo, rollout)
 
     from pgjax.train.experiment import ConfigError, Experiment
@@ -135,7 +142,7 @@ def test_sharded_update_and_sampling_equal_the_single_device_run():
         if done.returncode == 0 or XLA_COLLECTIVE_HANG not in done.stderr:
             break
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count(" ok") == len(MESHES) + len(OPTIONS)
+    assert done.stdout.count(" ok") == len(MESHES) + 1 + len(OPTIONS)
 
 
 def test_mesh_sizes_resolve_minus_one_and_reject_misfits():
