@@ -91,6 +91,11 @@ class TimeUpdates(Callback):
         return {}
 
 
+def relative_gap(value: float, reference: float) -> float:
+    """|value / reference - 1|; |value| when the reference is 0 (a step whose every advantage is 0)."""
+    return abs(value - reference) / abs(reference) if reference else abs(value)
+
+
 def timed(steps, key):
     return [s[key]["seconds"] for s in steps if not s[key]["compiled"]]
 
@@ -130,7 +135,7 @@ def main(argv=None):
         positions = (np.mean([s[key]["packed_positions"] / (s["rows"] * s["width"]) for s in steps])
                      if width else 1.0)
         ratios[key] = median_ratio(unpacked, times) if width else None
-        gap = max(abs(s[key]["grad_norm"] / s["unpacked"]["grad_norm"] - 1) for s in steps)
+        gap = max(relative_gap(s[key]["grad_norm"], s["unpacked"]["grad_norm"]) for s in steps)
         compiles = sum(s[key]["compiled"] for s in steps), sum(s[key]["compile_seconds"] for s in steps)
         table.append(f"| {key} | {positions:.2f} | {m['median']:.1f} [{m['low']:.1f}, {m['high']:.1f}] | "
                      f"{describe(ratios[key]) if width else '1'} | {len(times)} | {compiles[0]} ({compiles[1]:.0f}) | "
