@@ -200,7 +200,7 @@ def _aside(directory: pathlib.Path) -> pathlib.Path:
 
 OPERATIONAL_KEYS = ("name", "steps", "eval_every", "checkpoint_every", "run_dir", "logging.", "mesh.",
                     "distributed.", "update.micro_batches", "update.chunk_size", "update.max_skipped_steps",
-                    "update.recompute_old_logprobs", "rollout.trim_padding", "model.remat",
+                    "update.recompute_old_logprobs", "update.pack_width", "rollout.trim_padding", "model.remat",
                     "task.reward_timeout", "model.path", "task.path")   # paths: their files' content is compared
 
 
