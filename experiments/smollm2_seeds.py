@@ -148,10 +148,13 @@ def split_report(split: str, runs: pathlib.Path, out: pathlib.Path) -> str | Non
 
 
 def curves(runs: pathlib.Path) -> dict:
-    """``{method: {seed: [(step, greedy eval accuracy)]}}`` of the runs that have records."""
+    """``{method: {seed: [(step, greedy eval accuracy)]}}`` of the finished runs (a run still training
+    would pull the mean of its later steps towards the other seeds')."""
     out = {}
     for method in METHODS:
         for seed in SEEDS:
+            if not (runs / run_name(method, seed) / "final").is_dir():
+                continue
             records = read_records(runs / run_name(method, seed))
             points = [(r["step"], r["eval_accuracy"]) for r in records if r.get("eval_accuracy") is not None]
             if points:
@@ -168,7 +171,7 @@ def plot(found: dict, path: pathlib.Path) -> None:
     for method, by_seed in found.items():
         steps = sorted({step for points in by_seed.values() for step, _ in points})
         values = np.array([[dict(points).get(step, np.nan) for step in steps] for points in by_seed.values()])
-        line, = ax.plot(steps, np.nanmean(values, axis=0), marker="o", label=f"{method} ({len(by_seed)} seeds)")
+        line, = ax.plot(steps, np.nanmean(values, axis=0), marker="o", label=f"{method} ({len(by_seed)} seed{'s' * (len(by_seed) > 1)})")
         ax.fill_between(steps, np.nanmin(values, axis=0), np.nanmax(values, axis=0), color=line.get_color(),
                         alpha=0.15)
     ax.set_xlabel("RL step")

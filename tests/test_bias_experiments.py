@@ -216,3 +216,6 @@ def test_smollm2_seeds_runs_each_missing_job_once_and_reports_the_paired_tables(
     assert calls == []                                  # every output exists: nothing runs again
     lines = {line.split()[0]: line.split(None, 1)[1] for line in study.plan(study.jobs(), runs, out).splitlines()}
     assert lines["eval:base:none"] == "done" and lines["eval:grpo_s1:templates"] == "missing (~6 min)"
+    (runs / "grpo_s0").mkdir()                          # still training: not in the curves yet
+    (runs / "grpo_s0" / "metrics.jsonl").write_text('{"step": 0, "eval_accuracy": 0.3}\n')
+    assert study.curves(runs) == {"dr_grpo": {0: [(0, 0.3), (40, 0.5)]}}
