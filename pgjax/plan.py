@@ -213,10 +213,11 @@ class Planner:
 
     def __init__(self, model: ModelConfig, mesh: mesh_lib.MeshConfig, prompt_len: int, response_len: int, *,
                  devices: int | None = None, algorithm: str = "grpo", group_size: int = 8,
-                 micro_batches: int = 1, reference: bool | None = None, name: str = ""):
+                 micro_batches: int = 1, pack_width: int = 0, reference: bool | None = None, name: str = ""):
         """``devices``: the mesh's device count (default ``default_devices(mesh)``), at most this process's;
         ``reference``: keep a frozen reference policy (default: as the Trainer decides, when the preset's
-        KL term is on; False turns the KL off)."""
+        KL term is on; False turns the KL off); ``pack_width``: the update's ``update.pack_width``,
+        planned at its most packed rows (``packing.most_packed_rows``)."""
         if min(prompt_len, response_len) < 1:
             raise ValueError(f"prompt and response lengths must be >= 1, got {prompt_len} and {response_len}")
         devices = default_devices(mesh) if devices is None else devices
@@ -230,7 +231,7 @@ class Planner:
             self.algorithm.hparams, kl_coef=0.0)
         self.model, self.name = model, name or f"{model.family} {model.num_hidden_layers} layers"
         self.prompt_len, self.response_len, self.group_size = prompt_len, response_len, group_size
-        self.update = UpdateConfig(micro_batches=micro_batches)
+        self.update = UpdateConfig(micro_batches=micro_batches, pack_width=pack_width)
         self.unit = batch_unit(self.mesh, group_size, micro_batches)
         self.learner, self.state = self._abstract_learner()
         self._plans = {}
@@ -429,6 +430,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--algorithm", default="grpo", help="a preset of pgjax.core.PRESETS")
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--micro-batches", type=int, default=1)
+    p.add_argument("--pack-width", type=int, default=0,
+                   help="the update packs its sequences into rows this many rollout widths wide (0: no packing)")
     p.add_argument("--reference", action=argparse.BooleanOptionalAction, default=None,
                    help="keep a frozen reference policy (default: when the preset's KL term is on)")
     p.add_argument("--device-memory-gib", type=float, default=80.0)
@@ -456,7 +459,7 @@ def main(argv=None) -> int:
         name = path.name if path.is_dir() else path.parent.name if path.name == "config.json" else path.stem
         planner = Planner(model, mesh, args.prompt_len, args.response_len, devices=devices,
                           algorithm=args.algorithm, group_size=args.group_size, micro_batches=args.micro_batches,
-                          reference=args.reference, name=name)
+                          pack_width=args.pack_width, reference=args.reference, name=name)
     except (ValueError, FileNotFoundError, OSError) as error:
         parser().error(str(error))
     limit = int(args.device_memory_gib * GIB)

@@ -58,6 +58,18 @@ def test_remat_lowers_the_compiled_temp(planners):
     assert remat.step.temp < off.step.temp / 3, (remat.step.temp, off.step.temp)
 
 
+def test_a_packed_update_is_planned_at_its_most_packed_rows(planners):
+    packed = plan_lib.Planner(ModelConfig(**TINY, remat="save_nothing"), MeshConfig(data=1), **SHAPE, group_size=8,
+                              pack_width=2).plan(16)
+    unpacked = planners["save_nothing"].plan(16)
+    # 16 rows packed into rows twice as wide: at most 8 of them (tokens and segment ids, int32), and each
+    # row's response predictors
+    width = SHAPE["prompt_len"] + SHAPE["response_len"]
+    assert packed.step.inputs - unpacked.step.inputs == 4 * (2 * 8 * 2 * width + 16 * SHAPE["response_len"])
+    # XLA's own count agrees, less the rollout's attention mask, which a packed update never reads
+    assert abs(packed.step.argument - packed.state - (packed.step.inputs - 4 * 16 * width)) < 1024
+
+
 def test_largest_batch_is_compiled_and_fits_and_the_next_multiple_does_not(planners):
     """One real search (a short one: its longer paths are the next test's, without compiles)."""
     planner = planners["off"]
