@@ -2,7 +2,7 @@
 forward pass, so the rows' padding is not computed.
 
 A rollout's rows are a left-padded prompt and a right-padded response, as wide as the longest of
-each (``rollout.trim_padding``); on SmolLM2's math task 23-38 % of those positions are padding.
+each (``rollout.trim_padding``); on SmolLM2's math task 26-53 % of those positions are padding.
 Most sequences there are longer than half a row, so two rarely share a row of the same width:
 packing moves each micro-batch's sequences into as few rows of ``width_factor`` times the rollout's
 width as first-fit decreasing finds (each row's attention is then that much wider), with segment
@@ -12,7 +12,7 @@ every log-prob, advantage and loss term, are those of the unpacked row up to flo
 loss still sees the ``[B, N]`` response layout: the hidden states that predict the response tokens
 are gathered back into it (``scoring.packed_response_logprobs``).
 
-Packing is planned on the host from the attention mask (a few microseconds a row); the number of
+Packing is planned on the host from the attention mask (0.15 ms for 32 rows); the number of
 packed rows is rounded up to a multiple of ``packed_rows_quantum`` so that at most about 8 shapes
 per rollout width are compiled.
 """
@@ -66,8 +66,13 @@ def most_packed_rows(rows: int, width_factor: int = 1, devices: int = 1) -> int:
     """The most packed rows ``pack`` gives a micro-batch of ``rows`` rows: any ``width_factor``
     sequences fit a packed row, so first-fit decreasing opens a row only when every open one holds
     that many (ceil(rows / width_factor) rows), rounded up to ``packed_rows_quantum``, at most ``rows``."""
+    return _rounded_rows(-(-rows // width_factor), rows, width_factor, devices)
+
+
+def _rounded_rows(needed: int, rows: int, width_factor: int, devices: int) -> int:
+    """``needed`` packed rows rounded up to ``packed_rows_quantum``, at most ``rows``."""
     quantum = packed_rows_quantum(rows, width_factor, devices)
-    return min(-(-(-(-rows // width_factor)) // quantum) * quantum, rows)
+    return min(-(-needed // quantum) * quantum, rows)
 
 
 def pack(tokens, attention_mask, prompt_width: int, rows, micro_batches: int, width_factor: int = 1,
@@ -86,8 +91,7 @@ def pack(tokens, attention_mask, prompt_width: int, rows, micro_batches: int, wi
         raise ValueError("every packed row needs at least one prompt token (the first response token's predictor)")
     parts = rows.reshape(micro_batches, -1)
     bins = [first_fit_decreasing(prompt_lengths[part] + response_lengths[part], width) for part in parts]
-    quantum = packed_rows_quantum(parts.shape[1], width_factor, devices)
-    packed_rows = min(-(-max(map(len, bins)) // quantum) * quantum, parts.shape[1])
+    packed_rows = _rounded_rows(max(map(len, bins)), parts.shape[1], width_factor, devices)
     assert packed_rows <= most_packed_rows(parts.shape[1], width_factor, devices)
     out_tokens = np.zeros((micro_batches, packed_rows, width), tokens.dtype)
     segment_ids = np.zeros((micro_batches, packed_rows, width), np.int32)
