@@ -7,9 +7,11 @@ SmolLM2-135M-Instruct results (Dr. GRPO, GRPO and Dr. GRPO + LoRA from the same 
     python experiments/smollm2_seeds.py --jobs train:dr_grpo:0 eval:base:none      # only these
     python experiments/smollm2_seeds.py --report     # the tables and the plot from what exists
 
-Every job writes one file (a run's ``final/`` or one ``pgjax.eval --json`` report) and is skipped when
-that file exists, so the study resumes across sessions; a run with checkpoints but no ``final/`` is
-resumed. The jobs, in order:
+Every job writes one file and is skipped when that file exists, so the study resumes across sessions:
+a training job its run's ``final/`` and a copy of the run's ``metrics.jsonl`` in ``OUT/records/RUN/``, every
+other job one ``pgjax.eval --json`` report in ``OUT``. ``OUT`` is committed and ``RUNS`` is not: a run
+whose record is kept counts as trained unless a job still to run needs its policy, and a run with
+checkpoints but no ``final/`` is resumed. The jobs, in order:
 
 - ``train:METHOD:SEED``: ``experiments/smollm2_math.py`` (40 steps of 8 prompts x 4 samples, 64 new
   tokens) from ``--base-model`` with ``seed=SEED`` and the method's overrides (``METHODS``), into
@@ -21,8 +23,9 @@ resumed. The jobs, in order:
 - ``budgets:MODEL``: the base model and Dr. GRPO seed 0 at 64, 256 and 512 new tokens
   (``BUDGET_PROMPTS`` prompts, 8 samples): finish rate, accuracy of finished answers and overall,
   per difficulty, operation and kind;
-- ``passk:MODEL``: the same two at pass@k for k up to 64 (``PASSK_PROMPTS`` prompts, 64 samples,
-  256 new tokens, where the base model finishes almost every answer).
+- ``passk:MODEL``: the base model and two trained runs (``PASSK_MODELS``) at pass@k for k up to 64
+  (``PASSK_PROMPTS`` prompts, 64 samples, 256 new tokens, where the base model finishes almost every
+  answer).
 
 Seed 0 of Dr. GRPO was trained with unrolled layers, the default before stacked layers with remat
 became it; the later runs use the new default (the same maths up to float rounding; docs/design.md).
@@ -30,7 +33,7 @@ became it; the later runs use the new default (the same maths up to float roundi
 ``--report`` writes ``OUT/smollm2_seeds.md`` (per split, each method's spread across seeds and the
 paired statistics of every pair: ``pgjax.eval compare``; the budget and pass@k tables) and
 ``OUT/smollm2_seeds.png`` (each method's greedy accuracy on its run's 64 evaluation prompts against
-step, the mean over seeds and the min-max band).
+step, the mean over seeds and the min-max band, from the kept records).
 """
 import argparse
 import json
@@ -52,7 +55,10 @@ SPLITS = ("none", "templates", "numbers")
 EVAL_SEED, EVAL_PROMPTS, EVAL_SAMPLES = 1000, 256, 4
 BUDGETS, BUDGET_PROMPTS = (64, 256, 512), 128
 PASSK_PROMPTS, PASSK_SAMPLES, PASSK_BUDGET = 64, 64, 256
-FOCUS = ("base", "dr_grpo_s0")               # the models of the budget and pass@k tables
+BUDGET_MODELS = ("base", "dr_grpo_s0")
+# pass@k needs a trained policy on disk, and RUNS does not outlive a session: the trained runs measured
+# are ones trained in the session that measured them (any seed serves the question; these are two methods)
+PASSK_MODELS = ("base", "grpo_s1", "dr_grpo_lora_s0")
 BASE_TASK = ("--task", "word_math", "--set", "task.digits=2", "--set", "task.ops=+-*")
 # minutes each job takes on the 2-core Xeon of docs/benchmarks.md, from the runs so far (for --plan)
 MINUTES = {"train": 30, "eval": 6, "budgets": 45, "passk": 50}
@@ -71,15 +77,46 @@ def jobs() -> list[str]:
     """Every job of the study, in the order it runs."""
     return ([f"train:{m}:{s}" for m in METHODS for s in SEEDS]
             + [f"eval:{model}:{split}" for model in models() for split in SPLITS]
-            + [f"budgets:{model}" for model in FOCUS] + [f"passk:{model}" for model in FOCUS])
+            + [f"budgets:{model}" for model in BUDGET_MODELS] + [f"passk:{model}" for model in PASSK_MODELS])
 
 
 def output(job: str, runs: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
-    """The file whose existence means ``job`` is done."""
+    """The file whose existence means ``job`` is done (for a training job, its policy)."""
     kind, *rest = job.split(":")
     if kind == "train":
         return runs / run_name(rest[0], int(rest[1])) / "final"
     return out / kind / ("_".join(rest) + ".json")
+
+
+def kept_record(model: str, out: pathlib.Path) -> pathlib.Path:
+    """The committed copy of trained run ``model``'s metrics.jsonl."""
+    return out / "records" / model / "metrics.jsonl"
+
+
+def policy_users(model: str) -> list[str]:
+    """The jobs that read trained run ``model``'s final policy."""
+    return [job for job in jobs() if job.split(":")[0] != "train" and job.split(":")[1] == model]
+
+
+def done(job: str, runs: pathlib.Path, out: pathlib.Path) -> bool:
+    """Whether ``job`` has nothing left to do: its output exists, or, for a training job whose policy is
+    gone with an earlier session's ``RUNS``, its record is kept and every job reading the policy is done."""
+    if output(job, runs, out).exists():
+        return True
+    kind, *rest = job.split(":")
+    if kind != "train":
+        return False
+    model = run_name(rest[0], int(rest[1]))
+    return kept_record(model, out).exists() and all(output(j, runs, out).exists() for j in policy_users(model))
+
+
+def keep_record(model: str, runs: pathlib.Path, out: pathlib.Path) -> None:
+    """Copy finished run ``model``'s metrics.jsonl to ``kept_record`` (a run still training is left out:
+    its partial curve would pull the mean of its later steps towards the other seeds')."""
+    source = runs / model / "metrics.jsonl"
+    if (runs / model / "final").is_dir() and source.exists():
+        kept_record(model, out).parent.mkdir(parents=True, exist_ok=True)
+        kept_record(model, out).write_bytes(source.read_bytes())
 
 
 def model_arguments(model: str, runs: pathlib.Path, base_model: str) -> list[str]:
@@ -110,27 +147,30 @@ def command(job: str, runs: pathlib.Path, out: pathlib.Path, experiment: str, ba
 
 
 def run_job(job: str, runs: pathlib.Path, out: pathlib.Path, experiment: str, base_model: str) -> None:
-    """Run ``job`` unless its output exists; a trained run's evaluation waits for its training."""
-    target = output(job, runs, out)
-    if target.exists():
+    """Run ``job`` unless it is ``done``; a trained run's evaluation waits for its training, and a
+    finished training keeps its record."""
+    if done(job, runs, out):
         return
     kind, model = job.split(":")[:2]
     if kind != "train" and model != "base" and not (runs / model / "final").exists():
-        raise SystemExit(f"{job}: {runs / model} has no final policy yet: run train:{model.rsplit('_s', 1)[0]}:"
+        raise SystemExit(f"{job}: {runs / model} has no final policy: run train:{model.rsplit('_s', 1)[0]}:"
                          f"{model.rsplit('_s', 1)[1]} first")
+    target = output(job, runs, out)
     target.parent.mkdir(parents=True, exist_ok=True)
     print(f"{job}: {' '.join(command(job, runs, out, experiment, base_model))}", flush=True)
     subprocess.run(command(job, runs, out, experiment, base_model), check=True)
+    if kind == "train":
+        keep_record(run_name(model, int(job.split(":")[2])), runs, out)
 
 
 def plan(selected: list[str], runs: pathlib.Path, out: pathlib.Path) -> str:
     """One line per job (done, or missing with its estimated minutes) and the total left."""
     lines, left = [], 0
     for job in selected:
-        done = output(job, runs, out).exists()
+        finished = done(job, runs, out)
         minutes = MINUTES[job.split(":")[0]]
-        left += 0 if done else minutes
-        lines.append(f"{job:32s} {'done' if done else f'missing (~{minutes} min)'}")
+        left += 0 if finished else minutes
+        lines.append(f"{job:32s} {'done' if finished else f'missing (~{minutes} min)'}")
     return "\n".join(lines + [f"left: ~{left / 60:.1f} h on the 2-core Xeon"])
 
 
@@ -147,19 +187,19 @@ def split_report(split: str, runs: pathlib.Path, out: pathlib.Path) -> str | Non
     return paired.to_markdown(paired.compare(groups))
 
 
-def curves(runs: pathlib.Path) -> dict:
-    """``{method: {seed: [(step, greedy eval accuracy)]}}`` of the finished runs (a run still training
-    would pull the mean of its later steps towards the other seeds')."""
-    out = {}
+def curves(out: pathlib.Path) -> dict:
+    """``{method: {seed: [(step, greedy eval accuracy)]}}`` of the runs whose records are kept."""
+    found = {}
     for method in METHODS:
         for seed in SEEDS:
-            if not (runs / run_name(method, seed) / "final").is_dir():
+            path = kept_record(run_name(method, seed), out)
+            if not path.exists():
                 continue
-            records = read_records(runs / run_name(method, seed))
+            records = read_records(path.parent)
             points = [(r["step"], r["eval_accuracy"]) for r in records if r.get("eval_accuracy") is not None]
             if points:
-                out.setdefault(method, {})[seed] = points
-    return out
+                found.setdefault(method, {})[seed] = points
+    return found
 
 
 def plot(found: dict, path: pathlib.Path) -> None:
@@ -192,13 +232,17 @@ def report(runs: pathlib.Path, out: pathlib.Path) -> str:
             title = {"none": "training phrasings", "templates": "held-out templates",
                      "numbers": "held-out numbers (3-digit operands)"}[split]
             sections.append(f"### {title} (`task.held_out={split}`)\n\n{table}")
-    for kind, title in (("budgets", "response budgets"), ("passk", f"pass@k ({PASSK_BUDGET} new tokens)")):
-        for model in FOCUS:
+    for kind, title, focus in (("budgets", "response budgets", BUDGET_MODELS),
+                               ("passk", f"pass@k ({PASSK_BUDGET} new tokens)", PASSK_MODELS)):
+        for model in focus:
             path = output(f"{kind}:{model}", runs, out)
             if path.exists():
                 sections.append(f"### {title}: {model}\n\n"
                                 f"{evaluation_table(budgets_of(json.loads(path.read_text())))}")
-    found = curves(runs)
+    for model in models()[1:]:
+        if not kept_record(model, out).exists():
+            keep_record(model, runs, out)
+    found = curves(out)
     if found:
         plot(found, out / "smollm2_seeds.png")
     if not sections:

@@ -6,6 +6,9 @@ and evaluates only what is missing and tables what the runs recorded."""
 import importlib.util
 import json
 import pathlib
+import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -96,7 +99,11 @@ def _fake_smollm2_step(step: int) -> dict:
 
 def _fake_smollm2_subprocess(calls):
     """Stands in for ``pgjax.run`` (a two-step run: final/ and metrics.jsonl) and ``pgjax.eval`` (a JSON)."""
-    def run(command, check):
+    real_run = subprocess.run
+
+    def run(command, check, **options):
+        if command[:2] != [sys.executable, "-m"]:          # not the study's (matplotlib's fc-list, say)
+            return real_run(command, check=check, **options)
         calls.append(command[2:])
         if command[2] == "pgjax.run":
             directory = pathlib.Path(next(a for a in command if a.startswith("run_dir=")).split("=", 1)[1])
@@ -176,12 +183,21 @@ def _fake_report(greedy, sampled_correct, samples: int, budget: int) -> dict:
                            "sampled_correct": list(sampled_correct), "sampled_finished": [samples] * 4}}
 
 
+def lines_of(plan: str) -> dict:
+    """``{job: status}`` of ``smollm2_seeds.plan``'s lines."""
+    return {line.split()[0]: line.split(None, 1)[1] for line in plan.splitlines() if not line.startswith("left")}
+
+
 def test_smollm2_seeds_runs_each_missing_job_once_and_reports_the_paired_tables(tmp_path, monkeypatch):
     study = _load("smollm2_seeds")
     runs, out, calls = tmp_path / "runs", tmp_path / "out", []
     arguments = ["--runs", str(runs), "--out", str(out)]
 
-    def run(command, check):
+    real_run = subprocess.run
+
+    def run(command, check, **options):
+        if command[:2] != [sys.executable, "-m"]:          # not the study's (matplotlib's fc-list, say)
+            return real_run(command, check=check, **options)
         calls.append(command[2:])
         if command[2] == "pgjax.run":
             directory = pathlib.Path(next(a for a in command if a.startswith("run_dir=")).split("=", 1)[1])
@@ -195,8 +211,8 @@ def test_smollm2_seeds_runs_each_missing_job_once_and_reports_the_paired_tables(
             pathlib.Path(command[-1]).write_text(json.dumps(report))
 
     monkeypatch.setattr(study.subprocess, "run", run)
-    assert len(study.jobs()) == 9 + 10 * 3 + 2 + 2 and "missing" in study.plan(study.jobs(), runs, out)
-    with pytest.raises(SystemExit, match="no final policy yet: run train:dr_grpo:0 first"):
+    assert len(study.jobs()) == 9 + 10 * 3 + 2 + 3 and "missing" in study.plan(study.jobs(), runs, out)
+    with pytest.raises(SystemExit, match="no final policy: run train:dr_grpo:0 first"):
         study.main(["--jobs", "eval:dr_grpo_s0:none", *arguments])
     (runs / "dr_grpo_s0" / "checkpoints" / "10").mkdir(parents=True)            # interrupted: resumed
     study.main(["--jobs", "train:dr_grpo:0", "eval:base:none", "eval:dr_grpo_s0:none", *arguments])
@@ -214,8 +230,21 @@ def test_smollm2_seeds_runs_each_missing_job_once_and_reports_the_paired_tables(
     calls.clear()
     study.main(["--jobs", "train:dr_grpo:0", "eval:base:none", "eval:dr_grpo_s0:none", *arguments])
     assert calls == []                                  # every output exists: nothing runs again
-    lines = {line.split()[0]: line.split(None, 1)[1] for line in study.plan(study.jobs(), runs, out).splitlines()}
+    lines = lines_of(study.plan(study.jobs(), runs, out))
     assert lines["eval:base:none"] == "done" and lines["eval:grpo_s1:templates"] == "missing (~6 min)"
     (runs / "grpo_s0").mkdir()                          # still training: not in the curves yet
     (runs / "grpo_s0" / "metrics.jsonl").write_text('{"step": 0, "eval_accuracy": 0.3}\n')
-    assert study.curves(runs) == {"dr_grpo": {0: [(0, 0.3), (40, 0.5)]}}
+    study.main(["--report", *arguments])
+    assert study.curves(out) == {"dr_grpo": {0: [(0, 0.3), (40, 0.5)]}}
+    # RUNS is gone (a new machine) and OUT is kept: the run counts as trained while nothing needs its
+    # policy, its curve still plots, and a job that needs the policy says to train it again
+    shutil.rmtree(runs)
+    assert lines_of(study.plan(study.jobs(), runs, out))["train:dr_grpo:0"] == "missing (~30 min)"   # 2 evals left
+    for job in ("eval:dr_grpo_s0:templates", "eval:dr_grpo_s0:numbers", "budgets:dr_grpo_s0"):
+        study.output(job, runs, out).parent.mkdir(exist_ok=True)
+        shutil.copy(out / "eval" / "dr_grpo_s0_none.json", study.output(job, runs, out))
+    assert lines_of(study.plan(study.jobs(), runs, out))["train:dr_grpo:0"] == "done"
+    study.run_job("train:dr_grpo:0", runs, out, "experiments/smollm2_math.py", "models/smollm2-135m-instruct")
+    assert calls == [] and study.curves(out) == {"dr_grpo": {0: [(0, 0.3), (40, 0.5)]}}
+    with pytest.raises(SystemExit, match="no final policy: run train:grpo:1 first"):
+        study.main(["--jobs", "passk:grpo_s1", *arguments])
