@@ -8,9 +8,9 @@ operator whose result is a positive integer no larger than ``max_target``
 target has a solution with positive integer intermediate results; that
 solution is the demonstration ``answer``.
 
-The verifier never calls ``eval``: a small recursive-descent parser accepts
-non-negative integer literals, binary ``+ - * /`` and parentheses (no unary
-minus), and evaluates with exact fractions, so ``(4-2/3)*3 = 10`` is a
+The verifier never calls ``eval``: the recursive-descent parser of
+``pgjax.rewards.expressions`` accepts non-negative integer literals, binary
+``+ - * /`` and parentheses (no unary minus), and evaluates with exact fractions, so ``(4-2/3)*3 = 10`` is a
 correct way to reach 10 from 2, 3, 3, 4 even though it passes through 10/3.
 """
 from __future__ import annotations
@@ -22,87 +22,24 @@ from typing import Any
 
 import numpy as np
 
+from pgjax.rewards import expressions
 from pgjax.rewards.base import per_example
 from pgjax.rewards.tokenizer import char_tokenizer
 
 ALPHABET = "0123456789+-*/() >:"
 EXPRESSION = r"[0-9+\-*/() ]+"
-_MAX_CHARS = 256
-_MAX_DEPTH = 32
-_MAX_DIGITS = 12
 _PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
 
 
-class _Parser:
-    """expr := term (('+'|'-') term)* ; term := factor (('*'|'/') factor)* ; factor := INT | '(' expr ')'."""
-
-    def __init__(self, text: str):
-        self.text, self.pos, self.depth, self.numbers = text, 0, 0, []
-
-    def peek(self) -> str:
-        while self.pos < len(self.text) and self.text[self.pos].isspace():
-            self.pos += 1
-        return self.text[self.pos] if self.pos < len(self.text) else ""
-
-    def expr(self) -> Fraction:
-        value = self.term()
-        while self.peek() in ("+", "-"):
-            op = self.text[self.pos]
-            self.pos += 1
-            rhs = self.term()
-            value = value + rhs if op == "+" else value - rhs
-        return value
-
-    def term(self) -> Fraction:
-        value = self.factor()
-        while self.peek() in ("*", "/"):
-            op = self.text[self.pos]
-            self.pos += 1
-            rhs = self.factor()
-            if op == "/" and rhs == 0:
-                raise ZeroDivisionError("division by zero")
-            value = value * rhs if op == "*" else value / rhs
-        return value
-
-    def factor(self) -> Fraction:
-        c = self.peek()
-        if c == "(":
-            self.depth += 1
-            if self.depth > _MAX_DEPTH:
-                raise ValueError("parentheses nested too deeply")
-            self.pos += 1
-            value = self.expr()
-            if self.peek() != ")":
-                raise ValueError(f"expected ')' at position {self.pos}")
-            self.pos += 1
-            self.depth -= 1
-            return value
-        start = self.pos
-        while self.pos < len(self.text) and self.text[self.pos] in "0123456789":
-            self.pos += 1
-        if self.pos == start:
-            raise ValueError(f"expected a number or '(' at position {start}")
-        if self.pos - start > _MAX_DIGITS:
-            raise ValueError("number too long")
-        number = int(self.text[start:self.pos])
-        self.numbers.append(number)
-        return Fraction(number)
-
-
-def evaluate_expression(text: str) -> tuple[Fraction, list[int]]:
+def evaluate_expression(text: str) -> tuple[Fraction, list[Fraction]]:
     """Parse and evaluate a Countdown expression exactly; returns (value, numbers used in order).
 
-    Raises ValueError for anything but integers, ``+ - * /``, parentheses and
-    spaces (or an over-long / over-nested text) and ZeroDivisionError for a
-    division by zero.
+    Countdown's grammar is ``pgjax.rewards.expressions.COUNTDOWN``: non-negative integers of at most
+    12 digits, ``+ - * /`` and parentheses, no signs, decimals or powers. Raises ValueError
+    (``ExpressionError``) for anything else or an over-long / over-nested text, and ZeroDivisionError
+    for a division by zero.
     """
-    if len(text) > _MAX_CHARS:
-        raise ValueError(f"expression longer than {_MAX_CHARS} characters")
-    parser = _Parser(text)
-    value = parser.expr()
-    if parser.peek():
-        raise ValueError(f"unexpected {parser.peek()!r} at position {parser.pos}")
-    return value, parser.numbers
+    return expressions.evaluate(text, expressions.COUNTDOWN)
 
 
 def is_countdown_solution(expression: str, numbers, target) -> bool:

@@ -1,0 +1,228 @@
+"""A Python tool for agents: the model's program runs in a confined child process.
+
+``PythonSandbox()(code)`` writes ``code`` to ``main.py`` in a fresh temporary directory and runs it
+with the interpreter pgjax runs on, isolated (``-I -S``: no site-packages, no ``PYTHON*`` variables),
+in a new session, with an empty environment but ``PATH``, ``HOME``, ``TMPDIR`` and ``LANG``, and
+nothing on standard input. ``pgjax.agents.confine`` confines the child before any of the program runs
+(the layers, what each guarantees and what none does: docs/agents.md "The Python sandbox"):
+
+- ``limits``: CPU seconds, address space, file size, open files (rlimits);
+- ``network``: a new network namespace, with no route anywhere;
+- ``disk``: the directory is a tmpfs of ``disk_bytes`` in a mount namespace of the child's own;
+- ``filesystem``: Landlock: read only the interpreter's installation and the system's libraries,
+  write only the temporary directory;
+- ``tcp`` and ``signals``: Landlock refuses TCP bind / connect (ABI 4) and signals to processes outside
+  the sandbox (ABI 6);
+- ``processes``: a seccomp filter refuses every new process (threads are allowed);
+- an audit hook in the child that refuses the same with readable errors (not a guarantee: a program
+  that rewrites the standard library can get past it; the layers above are what hold).
+
+The parent stops the program at ``wall_seconds`` (the whole process group, SIGKILL), and after more
+than ``MAX_OUTPUT_BYTES`` of output; the policy sees at most ``output_bytes`` of standard output and
+of the error's last lines. The directory is removed after every call, so calls share nothing.
+
+By default every layer is required: on a machine without one (not Linux, an old kernel, seccomp or
+user namespaces turned off) a call is a ``SandboxUnavailable`` error naming it, before any code runs,
+unless the sandbox is built with ``allow_weaker=True``, which runs with the layers the machine has.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+
+from pgjax.agents import confine
+from pgjax.agents.tools import ToolResult
+
+LAYERS = ("limits", "network", "disk", "no_new_privs", "filesystem", "tcp", "signals", "processes")
+MAX_OUTPUT_BYTES = 1 << 20        # more output than this and the program is stopped
+ENVIRONMENT_KEYS = ("PATH", "HOME", "TMPDIR", "LANG")
+
+
+class SandboxUnavailable(RuntimeError):
+    """The machine cannot set up an isolation layer the sandbox requires."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxRun:
+    """What one program did: its output (bytes, as much as was kept), its exit status (negative: the
+    signal that ended it), whether the parent stopped it at ``wall_seconds`` (``timed_out``) or for its
+    output (``output_exceeded``), and the layers that took hold."""
+
+    stdout: bytes
+    stderr: bytes
+    returncode: int
+    timed_out: bool
+    output_exceeded: bool
+    layers: dict
+    seconds: float
+
+
+def read_roots() -> list[str]:
+    """What a sandboxed interpreter may read: its installation (``sys.base_prefix``, the standard
+    library's real locations, the directory of its executable) and the system's shared libraries."""
+    paths = {sys.base_prefix, sys.base_exec_prefix, sysconfig.get_paths()["stdlib"],
+             sysconfig.get_paths()["platstdlib"], os.path.dirname(os.path.realpath(sys.executable)),
+             "/usr/lib", "/usr/lib64", "/lib", "/lib64"}
+    return sorted(os.path.realpath(p) for p in paths if os.path.exists(p))
+
+
+def confine_source() -> str:
+    """The child's script (``pgjax.agents.confine``), passed as ``-c``: the confined child reads no
+    file of pgjax's."""
+    return pathlib.Path(confine.__file__).read_text(encoding="utf-8")
+
+
+@dataclasses.dataclass(frozen=True)
+class PythonSandbox:
+    """The Python tool (module docstring). Limits: ``cpu_seconds`` of CPU (SIGXCPU, then SIGKILL a
+    second later), ``wall_seconds`` of wall time, ``memory_bytes`` of address space, ``file_bytes`` per
+    file written, ``disk_bytes`` in all (the tmpfs, which is memory), ``open_files`` descriptors;
+    ``output_bytes``: what the policy sees of each stream."""
+
+    cpu_seconds: int = 5
+    wall_seconds: float = 10.0
+    memory_bytes: int = 512 << 20
+    file_bytes: int = 8 << 20
+    disk_bytes: int = 16 << 20
+    open_files: int = 64
+    output_bytes: int = 2048
+    allow_weaker: bool = False
+    audit_hook: bool = True         # False only to test the OS layers alone
+    name: str = "python"
+    description: str = "runs a Python 3 program (standard library only, no files outside its directory, " \
+                       "no network) and returns what it prints"
+
+    def __post_init__(self):
+        for field in ("cpu_seconds", "wall_seconds", "memory_bytes", "file_bytes", "disk_bytes", "open_files",
+                      "output_bytes"):
+            if not getattr(self, field) > 0:
+                raise ValueError(f"PythonSandbox.{field} must be positive, got {getattr(self, field)!r}")
+        if self.memory_bytes < 64 << 20:
+            raise ValueError(f"PythonSandbox.memory_bytes must be at least 64 MiB (the interpreter's own "
+                             f"address space), got {self.memory_bytes}")
+
+    def run(self, code: str) -> SandboxRun:
+        """Run ``code`` confined; raises ``SandboxUnavailable`` if a required layer cannot be set up."""
+        directory = tempfile.mkdtemp(prefix="pgjax-sandbox-")
+        try:
+            pathlib.Path(directory, "main.py").write_text(code, encoding="utf-8")
+            return self._run_in(directory)
+        finally:
+            _remove(directory)
+
+    def __call__(self, arguments: str) -> ToolResult:
+        """The tool call: ``run`` the program and show the policy what it printed, or why it stopped."""
+        return observation(self.run(arguments), self)
+
+    def _run_in(self, directory: str) -> SandboxRun:
+        report_read, report_write = os.pipe()
+        source = confine_source()
+        config = {"dir": directory, "cpu_seconds": self.cpu_seconds, "memory_bytes": self.memory_bytes,
+                  "file_bytes": self.file_bytes, "disk_bytes": self.disk_bytes, "open_files": self.open_files,
+                  "report_fd": report_write,
+                  "read_roots": read_roots(), "read_files": ["/etc/ld.so.cache", "/dev/urandom"],
+                  "write_files": ["/dev/null"], "audit": self.audit_hook, "source": source,
+                  "require": [] if self.allow_weaker else [layer for layer in LAYERS if layer != "signals"]}
+        environment = {"PATH": "/usr/bin:/bin", "HOME": directory, "TMPDIR": directory, "LANG": "C.UTF-8"}
+        interpreter = os.path.realpath(sys.executable)
+        start = time.monotonic()
+        try:
+            child = subprocess.Popen([interpreter, "-I", "-S", "-c", source, json.dumps(config)], cwd=directory,
+                                     env=environment, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, pass_fds=(report_write,), start_new_session=True)
+        finally:
+            os.close(report_write)
+        with os.fdopen(report_read, "rb") as report:
+            layers = json.loads(report.read() or b"{}")
+        stdout, stderr, timed_out, exceeded = _collect(child, start + self.wall_seconds, self.output_bytes)
+        if child.returncode == confine.REFUSED and not timed_out:
+            missing = [layer for layer in config["require"] if not layers.get(layer)]
+            raise SandboxUnavailable(f"this machine cannot set up the sandbox's {', '.join(missing)} "
+                                     f"(layers: {layers}); PythonSandbox(allow_weaker=True) runs without them")
+        return SandboxRun(stdout, stderr, child.returncode, timed_out, exceeded, layers, time.monotonic() - start)
+
+
+def _collect(child: subprocess.Popen, deadline: float, keep: int) -> tuple[bytes, bytes, bool, bool]:
+    """Read the child's two pipes until both close: keep the first ``keep`` bytes of standard output
+    and the last ``keep`` of standard error; kill its process group at ``deadline`` or after
+    ``MAX_OUTPUT_BYTES`` in all."""
+    kept, received = {child.stdout: b"", child.stderr: b""}, 0
+    timed_out = exceeded = False
+    with selectors.DefaultSelector() as selector:
+        for stream in kept:
+            selector.register(stream, selectors.EVENT_READ)
+        while selector.get_map():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 and not (timed_out or exceeded):
+                timed_out = True
+                _kill_group(child)
+            for key, _ in selector.select(timeout=max(remaining, 0.05)):
+                data = os.read(key.fileobj.fileno(), 65536)
+                if not data:
+                    selector.unregister(key.fileobj)
+                    continue
+                received += len(data)
+                buffer = kept[key.fileobj] + data
+                kept[key.fileobj] = buffer[:keep + 1] if key.fileobj is child.stdout else buffer[-(keep + 1):]
+                if received > MAX_OUTPUT_BYTES and not (timed_out or exceeded):
+                    exceeded = True
+                    _kill_group(child)
+    child.wait()
+    _kill_group(child)                       # anything the program left in its group (it can start none)
+    child.stdout.close()
+    child.stderr.close()
+    return kept[child.stdout], kept[child.stderr], timed_out, exceeded
+
+
+def _kill_group(child: subprocess.Popen) -> None:
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _remove(directory: str) -> None:
+    """Remove the sandbox's directory, whatever permissions the program left on it."""
+    for root, dirs, _ in os.walk(directory):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), 0o700)
+    os.chmod(directory, 0o700)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def observation(run: SandboxRun, sandbox: PythonSandbox) -> ToolResult:
+    """What the policy sees of ``run``: its standard output (cut at ``output_bytes``, the cut marked),
+    then, if it failed, the last ``output_bytes`` of its error output (the traceback's end) or why it was
+    stopped. ``ok``: it exited with status 0 within its limits."""
+    keep = sandbox.output_bytes
+    out = run.stdout[:keep].decode("utf-8", errors="replace")
+    truncated = len(run.stdout) > keep or run.output_exceeded
+    if truncated:
+        out += f"\n[output cut at {keep} bytes]"
+    error = run.stderr[-keep:].decode("utf-8", errors="replace").strip()
+    signalled = -run.returncode if run.returncode < 0 else None
+    if run.timed_out:
+        reason = f"error: stopped after {sandbox.wall_seconds:g} s (the time limit)"
+    elif run.output_exceeded:
+        reason = f"error: stopped after printing more than {MAX_OUTPUT_BYTES} bytes"
+    elif signalled == signal.SIGXCPU or (signalled == signal.SIGKILL and run.seconds >= sandbox.cpu_seconds):
+        reason = f"error: stopped after {sandbox.cpu_seconds} s of CPU time (the limit)"
+    elif signalled is not None:
+        reason = f"error: killed by {signal.Signals(signalled).name}" + (f"\n{error}" if error else "")
+    elif run.returncode != 0:
+        reason = f"error (exit status {run.returncode}):\n{error}" if error else f"error: exit status {run.returncode}"
+    else:
+        reason = ""
+    ok = not reason
+    text = "\n".join(part for part in (out.rstrip("\n"), reason) if part) or "(no output)"
+    return ToolResult(text, ok=ok, truncated=truncated)
