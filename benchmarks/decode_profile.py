@@ -47,9 +47,9 @@ from pgjax.train.experiment import ModelSection  # noqa: E402
 PARTS = {"grouped_query_attention": "attention over the KV cache", "MLP.__call__": "MLP matmuls",
          "_project_heads": "q, k, v projections", "CausalLM.logits": "unembedding (logits)",
          "RMSNorm.__call__": "RMSNorms", "apply_rope": "RoPE", "rope_tables": "RoPE",
-         "sampling_logprobs": "sampling", "inverse_cdf_sample": "sampling", "_generate.<locals>.pick": "sampling",
+         "sampling_logprobs": "sampling", "inverse_cdf_sample": "sampling", "_decode.<locals>.pick": "sampling",
          "CausalLM.blocks": "layers copied out of the stack (once per call)",
-         "_Live.keep_alive_first": "compaction", "_Live.write_into": "compaction",
+         "_Live.keep_alive_first": "compaction", "_Live.write_into": "compaction", "_Live.write_timeline": "compaction",
          "Attention.__call__": "attention output projection"}
 # where a function of PARTS holds matmuls and other operations: the others' part
 NOT_MATMUL = {"MLP.__call__": "MLP activation (SiLU, product)", "Attention.__call__": "attention's reshapes and casts"}

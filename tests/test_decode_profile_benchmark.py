@@ -77,7 +77,7 @@ def test_each_operation_is_booked_to_its_innermost_listed_function(decode_profil
                    "dot_general") == "q, k, v projections"
     assert part_of(["Attention.__call__", "Block.__call__"], "dynamic_update_slice") == "KV cache write"
     assert part_of(["grouped_query_attention", "Attention.__call__"], "reduce_max") == "attention over the KV cache"
-    assert part_of(["inverse_cdf_sample", "_generate.<locals>.pick"], "exp") == "sampling"
+    assert part_of(["inverse_cdf_sample", "_decode.<locals>.pick"], "exp") == "sampling"
     assert part_of([], "") == "other (loop control, copies, no metadata)"
 
 

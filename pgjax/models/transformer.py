@@ -276,18 +276,21 @@ def _add_adapters(module: nnx.Module, config: ModelConfig, rngs: nnx.Rngs, shape
                                                       jnp.dtype(config.param_dtype), rngs))
 
 
-def attention_bias(key_mask, index, length: int, window: int | None = None, segments=None) -> jax.Array:
+def attention_bias(key_mask, positions, index, length: int, window: int | None = None, segments=None) -> jax.Array:
     """0 where query slot i = index + t may see key slot s (s <= i and ``key_mask`` [B, S] set, and
-    with a ``window`` i - s < window), the float32 minimum elsewhere: [B, 1, 1, length, S], built once
-    per forward. Left padding comes before a row's tokens, so slot distances are position distances.
-    ``segments`` [B, S] (packed rows, no cache): s and i must also lie in the same sequence; each
-    sequence is contiguous, so slot distances are still position distances."""
+    with a ``window`` position(i) - position(s) < window), the float32 minimum elsewhere:
+    [B, 1, 1, length, S], built once per forward. ``positions`` [B, S]: each key slot's position
+    (``positions_from_mask``, or ``positions_in_segments`` for packed rows), so a window counts
+    tokens, not slots: a cache whose rows have masked gaps between their tokens (a multi-turn
+    rollout's timeline, ``pgjax.sample.sampler.Timeline``) windows as the gap-free sequence does.
+    ``segments`` [B, S] (packed rows, no cache): s and i must also lie in the same sequence."""
     query_slots = index + jnp.arange(length)
     key_slots = jnp.arange(key_mask.shape[1])
-    allowed = key_slots[None, :] <= query_slots[:, None]
+    allowed = (key_slots[None, :] <= query_slots[:, None])[None]
     if window is not None:
-        allowed = allowed & (query_slots[:, None] - key_slots[None, :] < window)
-    allowed = allowed[None] & (key_mask[:, None, :] > 0)
+        query_positions = jax.lax.dynamic_slice_in_dim(positions, index, length, axis=1)
+        allowed = allowed & (query_positions[:, :, None] - positions[:, None, :] < window)
+    allowed = allowed & (key_mask[:, None, :] > 0)
     if segments is not None:
         allowed = allowed & (segments[:, :, None] == segments[:, None, :])
     return jnp.where(allowed, 0.0, jnp.finfo(jnp.float32).min)[:, None, None]
@@ -419,18 +422,16 @@ class CausalLM(nnx.Module):
         return self.logits(hidden[:, -1:] if last_only else hidden), cache
 
     def _hidden(self, tokens, key_mask, cache, index, dropout_key=None, mesh=None, segments=None):
-        if segments is None:
-            positions = jax.lax.dynamic_slice_in_dim(positions_from_mask(key_mask), index, tokens.shape[1], axis=1)
-        else:
-            positions = positions_in_segments(segments)
+        key_positions = positions_from_mask(key_mask) if segments is None else positions_in_segments(segments)
+        positions = jax.lax.dynamic_slice_in_dim(key_positions, index, tokens.shape[1], axis=1)
         c = self.config
         dt = jnp.dtype(c.compute_dtype)
         x = self.embed[...].astype(dt)[tokens]
         if c.gemma:     # the scale rounded to the weights' dtype first, as transformers does (25.25 in bf16)
             x = x * jnp.asarray(math.sqrt(c.hidden_size), self.embed[...].dtype).astype(dt)
         contexts = tuple((rope_tables(positions, rope_frequencies(c, sliding=bool(kind))),
-                          attention_bias(key_mask, index, tokens.shape[1], c.sliding_window if kind else None,
-                                         segments))
+                          attention_bias(key_mask, key_positions, index, tokens.shape[1],
+                                         c.sliding_window if kind else None, segments))
                          for kind in range(max(c.layer_kinds) + 1))
         if cache is None:
             return self.final_norm(self._trunk(x, contexts, dropout_key, mesh)), ()

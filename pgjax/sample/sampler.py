@@ -189,6 +189,8 @@ def _check_prompts(prompts, prompt_mask, vocab_size, config):
 def _split_batch(tree, mesh):
     """Every array of ``tree`` split along its batch axis (KV caches also along their KV heads)."""
     def one(x):
+        if x.ndim == 0:
+            return x                                    # a timeline's cursor
         axes = ("batch", "kv_heads", None, "head_dim") if x.ndim == 4 else ("batch",) + (None,) * (x.ndim - 1)
         return constrain(x, axes, mesh)
     return jax.tree.map(one, tree)
@@ -206,14 +208,49 @@ def stage_sizes(rows: int, halvings: int, mesh: Mesh | None = None, smallest: in
 
 
 @flax.struct.dataclass
+class Timeline:
+    """A batch's KV cache between the turns of a multi-turn rollout (``start``, ``decode_turn``,
+    ``append``): per layer (k, v) [R, KV, S, D] over S slots shared by every row; ``key_mask`` [R, S]
+    1 on the slots holding a row's real tokens (its prompt, what it sampled, what was appended to it)
+    and 0 on left padding and on the gaps a row leaves where its turn ended before the others' or its
+    appended block is shorter than the longest; ``last`` [R, V]: the logits of each row's next token;
+    ``cursor``: the first free slot (int32, the same for every row). Positions are counted over the
+    real tokens (``positions_from_mask``), and windows too (``attention_bias``), so a row's gaps change
+    nothing it computes: its tokens see what the gap-free sequence would."""
+    cache: tuple
+    key_mask: jax.Array
+    last: jax.Array
+    cursor: jax.Array
+
+    @property
+    def capacity(self) -> int:
+        return self.key_mask.shape[1]
+
+
+@flax.struct.dataclass
+class Turn:
+    """One turn's samples, as ``Samples``' response fields: response, response_mask, logprobs,
+    policy_logprobs [R, N]; lengths [R]; ``ended`` [R]: the row emitted an EOS token this turn."""
+    response: jax.Array
+    response_mask: jax.Array
+    logprobs: jax.Array
+    policy_logprobs: jax.Array
+    lengths: jax.Array
+    ended: jax.Array
+
+
+@flax.struct.dataclass
 class _Live:
-    """The decode batch: slot i holds output row ``rows[i]``: its KV cache, key mask, last logits,
-    ``done`` (EOS emitted) and its ``out`` columns so far (response, mask, logq, logp [S, N])."""
+    """The decode batch: slot i holds output row ``rows[i]``: its KV cache, key mask, last logits, token
+    ``limit`` this turn, ``done`` (an EOS emitted or the limit reached), ``ended`` (an EOS emitted)
+    and its ``out`` columns so far (response, mask, logq, logp [S, N])."""
     rows: jax.Array
     cache: tuple
     key_mask: jax.Array
     last: jax.Array
+    limit: jax.Array
     done: jax.Array
+    ended: jax.Array
     out: tuple
 
     def keep_alive_first(self, size: int, mesh) -> _Live:
@@ -221,29 +258,40 @@ class _Live:
         keep = jnp.argsort(self.done, stable=True)[:size]
         return _split_batch(jax.tree.map(lambda x: x[keep], self), mesh)
 
-    def write_into(self, out: tuple, done) -> tuple:
-        """``out`` [R, N] and ``done`` [R] with this batch's rows written in."""
-        return tuple(o.at[self.rows].set(x) for o, x in zip(out, self.out)), done.at[self.rows].set(self.done)
+    def write_into(self, out: tuple, ended) -> tuple:
+        """``out`` [R, N] and ``ended`` [R] with this batch's rows written in."""
+        return tuple(o.at[self.rows].set(x) for o, x in zip(out, self.out)), ended.at[self.rows].set(self.ended)
+
+    def write_timeline(self, timeline: Timeline, mesh) -> Timeline:
+        """``timeline`` with this batch's rows (cache, key mask, last logits) written in."""
+        cache = jax.tree.map(lambda full, part: full.at[self.rows].set(part), timeline.cache, self.cache)
+        return _split_batch(timeline.replace(cache=cache, key_mask=timeline.key_mask.at[self.rows].set(self.key_mask),
+                                             last=timeline.last.at[self.rows].set(self.last)), mesh)
 
 
-@partial(jax.jit, static_argnames=("graphdef", "config", "mesh"))
-def _generate(graphdef, state, prompts, prompt_mask, key, config: SamplingConfig, mesh) -> Samples:
-    """Prefill once per prompt, copy the cache to its n rows, then decode in stages (``stage_sizes``):
-    a stage runs until at most the next stage's size of rows are unfinished, which then move to the
-    smaller batch (``_Live.keep_alive_first``). Each row draws its uniforms by its own index, so the
-    samples do not depend on the stages."""
-    model = nnx.merge(graphdef, state)
-    model.unstack_layers()
+def _prefill(model: CausalLM, prompts, prompt_mask, n: int, capacity: int, mesh) -> Timeline:
+    """The timeline after the left-padded prompts [B, P]: one prefill per prompt, its cache copied to
+    its ``n`` rows (row p * n + k), ``capacity`` slots, the cursor after the prompts."""
     batch, width = prompts.shape
-    budget, rows = config.max_new_tokens, batch * config.n
-    key_mask = jnp.concatenate([prompt_mask, jnp.ones((batch, budget), jnp.int32)], axis=1)
-    cache = _split_batch(model.init_cache(batch, width + budget), mesh)
+    key_mask = jnp.concatenate([prompt_mask, jnp.zeros((batch, capacity - width), jnp.int32)], axis=1)
+    cache = _split_batch(model.init_cache(batch, capacity), mesh)
     logits, cache = model.decode(prompts, key_mask, cache, 0, last_only=True)
-    copies = partial(jnp.repeat, repeats=config.n, axis=0)
+    copies = partial(jnp.repeat, repeats=n, axis=0)
     cache, key_mask, last = _split_batch(jax.tree.map(copies, (cache, key_mask, logits[:, -1])), mesh)
-    eos = jnp.asarray(config.eos_ids, jnp.int32)
+    return Timeline(cache=cache, key_mask=key_mask, last=last, cursor=jnp.asarray(width, jnp.int32))
 
+
+def _decode(model: CausalLM, timeline: Timeline, key, limits, config: SamplingConfig, mesh,
+            keep_timeline: bool) -> tuple[Timeline, Turn]:
+    """Decode from the cursor until every row has emitted an EOS or its token limit (``limits`` [R],
+    at most ``config.max_new_tokens``; 0: the row sits this turn out), in stages (``stage_sizes``): a
+    stage runs until at most the next stage's size of rows are unfinished, which then move to the
+    smaller batch (``_Live.keep_alive_first``). Each row draws its uniforms by its own index, so the
+    samples do not depend on the stages. ``keep_timeline``: write every row's cache back (a turn
+    that is not the last); the cursor moves past the steps run."""
+    rows, budget, eos = timeline.key_mask.shape[0], config.max_new_tokens, jnp.asarray(config.eos_ids, jnp.int32)
     truncates = config.top_k > 0 or config.top_p < 1
+    cursor = timeline.cursor
 
     def pick(step, last, slot_rows):
         """The next token, log q(token) and log softmax(logits / T)(token) of each slot."""
@@ -264,9 +312,12 @@ def _generate(graphdef, state, prompts, prompt_mask, key, config: SamplingConfig
         token = jnp.where(alive, token, config.pad_id)
         columns = (token, alive.astype(jnp.float32), jnp.where(alive, logq, 0.0), jnp.where(alive, logp, 0.0))
         out = tuple(o.at[:, step].set(c) for o, c in zip(live.out, columns))
-        logits, cache = model.decode(token[:, None], live.key_mask, live.cache, width + step)
-        return step + 1, live.replace(cache=_split_batch(cache, mesh), last=logits[:, -1], out=out,
-                                      done=live.done | jnp.isin(token, eos))
+        key_mask = jax.lax.dynamic_update_slice_in_dim(live.key_mask, alive[:, None].astype(jnp.int32),
+                                                       cursor + step, axis=1)
+        logits, cache = model.decode(token[:, None], key_mask, live.cache, cursor + step)
+        ended = live.ended | (alive & jnp.isin(token, eos))
+        return step + 1, live.replace(cache=_split_batch(cache, mesh), key_mask=key_mask, last=logits[:, -1], out=out,
+                                      ended=ended, done=ended | (step + 1 >= live.limit))
 
     def running_while_more_than(size):
         def cond(carry):
@@ -278,18 +329,109 @@ def _generate(graphdef, state, prompts, prompt_mask, key, config: SamplingConfig
         return _split_batch((jnp.full((n, budget), config.pad_id, jnp.int32),
                              *(jnp.zeros((n, budget), jnp.float32),) * 3), mesh)
 
-    out, done = empty_out(rows), jnp.zeros(rows, bool)
-    live = _Live(rows=jnp.arange(rows), cache=cache, key_mask=key_mask, last=last, done=done, out=out)
+    out, ended = empty_out(rows), jnp.zeros(rows, bool)
+    limits = jnp.minimum(jnp.asarray(limits, jnp.int32), budget)
+    live = _Live(rows=jnp.arange(rows), cache=timeline.cache, key_mask=timeline.key_mask, last=timeline.last,
+                 limit=limits, done=limits <= 0, ended=ended, out=out)
     step = 0
     sizes = stage_sizes(rows, config.compaction, mesh)
     for size, next_size in zip(sizes, (*sizes[1:], 0)):
         step, live = jax.lax.while_loop(running_while_more_than(next_size), body, (step, live))
-        out, done = live.write_into(out, done)
+        out, ended = live.write_into(out, ended)
+        if keep_timeline:
+            timeline = live.write_timeline(timeline, mesh)
         if next_size:
             live = live.keep_alive_first(next_size, mesh)
     response, response_mask, logq, logp = out
+    turn = _split_batch(Turn(response=response, response_mask=response_mask, logprobs=logq, policy_logprobs=logp,
+                             lengths=response_mask.sum(-1).astype(jnp.int32), ended=ended), mesh)
+    return timeline.replace(cursor=cursor + step), turn
+
+
+@partial(jax.jit, static_argnames=("graphdef", "config", "mesh"))
+def _generate(graphdef, state, prompts, prompt_mask, key, config: SamplingConfig, mesh) -> Samples:
+    """One compiled program: ``_prefill``, then one ``_decode`` to the budget."""
+    model = nnx.merge(graphdef, state)
+    model.unstack_layers()
+    width, budget, rows = prompts.shape[1], config.max_new_tokens, prompts.shape[0] * config.n
+    timeline = _prefill(model, prompts, prompt_mask, config.n, width + budget, mesh)
+    _, turn = _decode(model, timeline, key, jnp.full(rows, budget, jnp.int32), config, mesh, keep_timeline=False)
+    copies = partial(jnp.repeat, repeats=config.n, axis=0)
     prompts, prompt_mask = copies(prompts), copies(prompt_mask)
-    return _split_batch(Samples(tokens=jnp.concatenate([prompts, response], axis=1),
-                   attention_mask=jnp.concatenate([prompt_mask, response_mask.astype(jnp.int32)], axis=1),
-                   response=response, response_mask=response_mask, logprobs=logq, policy_logprobs=logp,
-                   lengths=response_mask.sum(-1).astype(jnp.int32), truncated=~done), mesh)
+    return _split_batch(Samples(tokens=jnp.concatenate([prompts, turn.response], axis=1),
+                   attention_mask=jnp.concatenate([prompt_mask, turn.response_mask.astype(jnp.int32)], axis=1),
+                   response=turn.response, response_mask=turn.response_mask, logprobs=turn.logprobs,
+                   policy_logprobs=turn.policy_logprobs, lengths=turn.lengths, truncated=~turn.ended), mesh)
+
+
+def start(model: CausalLM, prompts, prompt_mask, n: int, capacity: int, mesh: Mesh | None = None) -> Timeline:
+    """A multi-turn rollout's first timeline: the left-padded ``prompts`` [B, P] prefilled once each,
+    copied to their ``n`` rows, in a cache of ``capacity`` slots (the prompt, then every turn's
+    tokens and appended blocks, gaps included). Checks the prompts as ``generate`` does."""
+    prompts, prompt_mask = np.asarray(prompts), np.asarray(prompt_mask)
+    _check_prompts(prompts, prompt_mask, model.config.vocab_size, SamplingConfig(eos_ids=()))
+    if capacity <= prompts.shape[1]:
+        raise ValueError(f"capacity ({capacity}) must exceed the prompt width ({prompts.shape[1]})")
+    prompts, prompt_mask = prompts.astype(np.int32), prompt_mask.astype(np.int32)
+    if mesh is not None:
+        prompts, prompt_mask = to_global((prompts, prompt_mask), mesh)
+        check_divisible_rows(prompts.shape[0], mesh, "prompts")
+    graphdef, state = nnx.split(model)
+    return _start(graphdef, state, prompts, prompt_mask, n, capacity, mesh)
+
+
+@partial(jax.jit, static_argnames=("graphdef", "n", "capacity", "mesh"))
+def _start(graphdef, state, prompts, prompt_mask, n, capacity, mesh) -> Timeline:
+    model = nnx.merge(graphdef, state)
+    model.unstack_layers()
+    return _prefill(model, prompts, prompt_mask, n, capacity, mesh)
+
+
+def decode_turn(model: CausalLM, timeline: Timeline, key, limits, config: SamplingConfig,
+                mesh: Mesh | None = None) -> tuple[Timeline, Turn]:
+    """One turn of every row from the timeline's cursor: at most ``limits`` [R] tokens each (0: the
+    row sits the turn out; none over ``config.max_new_tokens``), each row stopping at an EOS of
+    ``config.eos_ids`` (its end of turn). Returns the timeline past the turn (every row's cache kept)
+    and the turn's samples. ``config.n`` is not used: the rows are the timeline's."""
+    if int(timeline.cursor) + config.max_new_tokens > timeline.capacity:
+        raise ValueError(f"the timeline has {timeline.capacity - int(timeline.cursor)} free slots, fewer than "
+                         f"max_new_tokens = {config.max_new_tokens}: start it with a larger capacity")
+    graphdef, state = nnx.split(model)
+    return _decode_turn(graphdef, state, timeline, key, jnp.asarray(limits, jnp.int32), config, mesh)
+
+
+@partial(jax.jit, static_argnames=("graphdef", "config", "mesh"))
+def _decode_turn(graphdef, state, timeline, key, limits, config, mesh) -> tuple[Timeline, Turn]:
+    model = nnx.merge(graphdef, state)
+    model.unstack_layers()
+    return _decode(model, timeline, key, limits, config, mesh, keep_timeline=True)
+
+
+def append(model: CausalLM, timeline: Timeline, tokens, mask, mesh: Mesh | None = None) -> Timeline:
+    """``tokens`` [R, O] written at the cursor, each row's block left-padded (``mask`` [R, O] 0...0
+    1...1; a row of zeros appends nothing: its O slots are a gap) and run through the model in one
+    pass: the cache holds them and, for each row that got any, ``last`` predicts the token after its
+    block. The cursor moves O slots. This is what carries a multi-turn rollout across turns: the
+    environment's tokens go in once, never the whole history again."""
+    tokens, mask = np.asarray(tokens), np.asarray(mask)
+    if tokens.shape != mask.shape or tokens.shape[0] != timeline.key_mask.shape[0]:
+        raise ValueError(f"tokens and mask must both be [R={timeline.key_mask.shape[0]}, O]; got {tokens.shape} "
+                         f"and {mask.shape}")
+    if (np.diff(mask, axis=1) < 0).any() or not np.isin(mask, (0, 1)).all():
+        raise ValueError("each row's appended block must be left-padded: its mask is 0...0 1...1")
+    if int(timeline.cursor) + tokens.shape[1] > timeline.capacity:
+        raise ValueError(f"the timeline has {timeline.capacity - int(timeline.cursor)} free slots, fewer than the "
+                         f"{tokens.shape[1]} appended: start it with a larger capacity")
+    graphdef, state = nnx.split(model)
+    return _append(graphdef, state, timeline, tokens.astype(np.int32), mask.astype(np.int32), mesh)
+
+
+@partial(jax.jit, static_argnames=("graphdef", "mesh"))
+def _append(graphdef, state, timeline, tokens, mask, mesh) -> Timeline:
+    model = nnx.merge(graphdef, state)
+    model.unstack_layers()
+    key_mask = jax.lax.dynamic_update_slice_in_dim(timeline.key_mask, mask, timeline.cursor, axis=1)
+    logits, cache = model.decode(tokens, key_mask, timeline.cache, timeline.cursor, last_only=True)
+    last = jnp.where(mask[:, -1:] > 0, logits[:, -1], timeline.last)
+    return _split_batch(Timeline(cache=cache, key_mask=key_mask, last=last, cursor=timeline.cursor + tokens.shape[1]),
+                        mesh)
