@@ -3,9 +3,17 @@
 - ``tools``: the tool interface (``Tool``, ``ToolResult``) and ``Calculator`` (exact arithmetic through
   ``pgjax.rewards.expressions``, never ``eval``);
 - ``sandbox``: ``PythonSandbox``, the Python tool: the model's program in a confined child process
-  (``confine`` is the child's side). What it guarantees: docs/agents.md.
+  (``confine`` is the child's side). What it guarantees: docs/agents.md;
+- ``environment``: the environment interface (``reset`` / ``step`` -> ``Step``), the two tool-call
+  conventions (``TaggedCalls``, ``JsonCalls``) and ``ToolEnvironment``.
+
+Multi-turn rollouts of a policy in these environments: ``pgjax.train.episodes``.
 """
+from pgjax.agents.environment import (CallFormat, Environment, JsonCalls, Step, TaggedCalls, ToolCall, ToolEnvironment,
+                                      call_format_for)
 from pgjax.agents.sandbox import PythonSandbox, SandboxRun, SandboxUnavailable
 from pgjax.agents.tools import Calculator, Tool, ToolResult, format_number
 
-__all__ = ["Calculator", "PythonSandbox", "SandboxRun", "SandboxUnavailable", "Tool", "ToolResult", "format_number"]
+__all__ = ["Calculator", "CallFormat", "Environment", "JsonCalls", "PythonSandbox", "SandboxRun", "SandboxUnavailable",
+           "Step", "TaggedCalls", "Tool", "ToolCall", "ToolEnvironment", "ToolResult", "call_format_for",
+           "format_number"]

@@ -101,6 +101,7 @@ class PythonSandbox:
     name: str = "python"
     description: str = "runs a Python 3 program (standard library only, no files outside its directory, " \
                        "no network) and returns what it prints"
+    parameter: str = "code"
 
     def __post_init__(self):
         for field in ("cpu_seconds", "wall_seconds", "memory_bytes", "file_bytes", "disk_bytes", "open_files",

@@ -1,7 +1,8 @@
 """Tools an agent calls: the interface, and the calculator.
 
-A tool is any object with a ``name``, a one-line ``description`` (what a tool prompt shows the model)
-and ``__call__(arguments: str) -> ToolResult``. A tool never raises for what the model wrote: a
+A tool is any object with a ``name``, a one-line ``description`` (what a tool prompt shows the model),
+the name of its one ``parameter`` (for the chat templates that take tools as JSON schemas) and
+``__call__(arguments: str) -> ToolResult``. A tool never raises for what the model wrote: a
 malformed or failing call is a ``ToolResult`` with ``ok=False`` whose text says what went wrong, an
 observation the policy sees and can learn from. ``pgjax.agents.sandbox.PythonSandbox`` is the other
 tool pgjax ships.
@@ -32,6 +33,7 @@ class ToolResult:
 class Tool(Protocol):
     name: str
     description: str
+    parameter: str
 
     def __call__(self, arguments: str) -> ToolResult: ...
 
@@ -78,6 +80,7 @@ class Calculator:
 
     name: str = "calculator"
     description: str = "evaluates an arithmetic expression exactly: + - * / ^ and parentheses, e.g. 12*(3+4)/5"
+    parameter: str = "expression"
 
     def __call__(self, arguments: str) -> ToolResult:
         text = arguments.strip().replace("×", "*").replace("÷", "/")

@@ -11,6 +11,7 @@ tokens), so a run compiles its scoring and update for at most 4 x 4 widths.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import jax
@@ -107,6 +108,7 @@ class PromptFormat:
     chat: bool = False
     system_prompt: str = ""
     template: str = "{prompt}"      # how the prompt's text is written (a conversation: its last user turn's)
+    tools: str = ""                 # JSON list of tool schemas the chat template describes (agents.JsonCalls)
 
     def render(self, tokenizer, prompts: list[str]) -> list[str]:
         """The model's input text for each prompt; ValueError for a conversation of more than one
@@ -126,7 +128,11 @@ class PromptFormat:
         tokenizer's special tokens where ``special_tokens`` says."""
         return tokenizer(self.render(tokenizer, prompts), add_special_tokens=self.special_tokens)["input_ids"]
 
-    def _text(self, tokenizer, prompt: str) -> str:
+    def turns(self, prompt: str) -> list[dict]:
+        """The messages ``prompt`` renders as: ``system_prompt`` first (with a chat template, unless the
+        conversation opens with a system message of its own), the conversation's turns, the last user
+        turn's text written as ``template`` says; ValueError for a conversation of more than one
+        message without a chat template."""
         turns = list(prompt.messages) if isinstance(prompt, Conversation) else [{"role": "user", "content": prompt}]
         turns[-1] = {"role": "user", "content": self.template.replace("{prompt}", str(turns[-1]["content"]))}
         if not self.chat:
@@ -134,10 +140,44 @@ class PromptFormat:
                 raise ValueError(f"a conversation of {len(turns)} messages needs a chat template, but the prompts are "
                                  "plain text (task.chat_template='none', or the tokenizer has no template); only a "
                                  "single user message can be given as plain text")
-            return turns[0]["content"]
+            return turns
         if self.system_prompt and turns[0]["role"] != "system":
             turns.insert(0, {"role": "system", "content": self.system_prompt})
-        return tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
+        return turns
+
+    def render_turns(self, tokenizer, turns: list[dict]) -> str:
+        """The text the model continues after ``turns``: through the chat template, with the opening of
+        the assistant's turn; as plain text, the contents one after another."""
+        if not self.chat:
+            return "".join(str(turn["content"]) for turn in turns)
+        return tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False, **self._tools())
+
+    def _tools(self) -> dict:
+        return {"tools": json.loads(self.tools)} if self.tools else {}
+
+    def continuation(self, tokenizer, turns: list[dict], reply: str, reply_end: str, observations: list[dict]) -> str:
+        """What follows a multi-turn episode's reply in the model's input, up to where its next reply
+        starts: ``turns`` are the episode's messages before the reply (``render_turns`` of them is in
+        the model's input already), ``reply`` the reply's text and ``reply_end`` the text of the token
+        that ended it if that token is not part of ``reply`` (an end-of-turn token, ``""`` otherwise),
+        ``observations`` the environment's messages. Through the chat template: the template's
+        rendering of the conversation with the reply and the observations, after the reply (its end
+        of turn, the observations in their roles, the opening of the next assistant turn). As plain
+        text: the observations' contents. ValueError if the template does not render the reply as
+        written (it rewrites or strips it), since the model's input would then not be a prefix of it."""
+        if not self.chat:
+            return "".join(str(message["content"]) for message in observations)
+        before = self.render_turns(tokenizer, turns) + reply
+        after = tokenizer.apply_chat_template([*turns, {"role": "assistant", "content": reply}, *observations],
+                                              add_generation_prompt=True, tokenize=False, **self._tools())
+        if not after.startswith(before):
+            raise ValueError("the chat template does not render an assistant reply as written after its generation "
+                             f"prompt, so the episode cannot continue from it (reply {reply[:60]!r})")
+        rest = after[len(before):]
+        return rest[len(reply_end):] if reply_end and rest.startswith(reply_end) else rest
+
+    def _text(self, tokenizer, prompt: str) -> str:
+        return self.render_turns(tokenizer, self.turns(prompt))
 
 
 PLAIN = PromptFormat()
@@ -188,7 +228,12 @@ def encode_prompts(tokenizer, prompts: list[str], width: int, prompt_format: Pro
                    ) -> tuple[np.ndarray, np.ndarray]:
     """Token ids and mask [P, width] of the prompts as ``prompt_format`` reads them
     (``PromptFormat.token_ids``), left-padded with the tokenizer's pad id; too long raises."""
-    ids = prompt_format.token_ids(tokenizer, prompts)
+    return left_pad(tokenizer, prompt_format.token_ids(tokenizer, prompts), width)
+
+
+def left_pad(tokenizer, ids: list[list[int]], width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Token sequences as ids and mask [P, width], left-padded with the tokenizer's pad id; a sequence
+    longer than ``width`` or empty raises."""
     longest = max(map(len, ids))
     if longest > width or min(map(len, ids)) == 0:
         raise ValueError(f"prompts must have 1..{width} tokens (max_prompt_tokens); got up to {longest}")

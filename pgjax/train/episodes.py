@@ -1,0 +1,258 @@
+"""Multi-turn rollouts: a policy and its environments (``pgjax.agents.environment``), the KV cache
+carried across turns (``pgjax.sample.sampler``: ``start``, ``decode_turn``, ``append``).
+
+``run_episodes`` plays one episode per row: K rows per example (row p * K + k, the group layout),
+each with an environment of its own. The examples' opening messages (``Environment.reset``) are
+rendered by the prompt format and prefilled once per example. Then, turn by turn, every live row
+samples a reply up to its end-of-turn token, the host hands the reply's text to the row's
+environment, and the environment's observation, rendered as the chat template renders it
+(``PromptFormat.continuation``), is appended to the row's cache in one pass: no turn prefills the
+history again. An episode ends when its environment says done, at ``EpisodeLimits.max_turns``, when
+its tokens after the prompt would pass ``max_tokens``, or when a reply is cut by the turn's token
+limit before its end of turn (``truncated``). A longer observation than ``max_observation_tokens``
+has its content cut to fit, the cut marked and counted.
+
+``Episodes`` lays each episode out for the learner: the prompt left-padded, then the episode's
+tokens in order, gap-free. Only the policy's tokens count (``mask``; they alone have sampler
+log-probs): the environment's tokens are context. Each turn's reward sits on the turn's last
+policy token, a token-level reward (``core.Batch.rewards`` [B, T]) that returns, GAE and the group
+baselines treat as the paper's process rewards; the masked tokens between turns are not steps
+(``core.returns``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from pgjax.agents.environment import Environment, Step
+from pgjax.models.transformer import CausalLM
+from pgjax.parallel.multihost import to_host
+from pgjax.rewards import Conversation
+from pgjax.sample.sampler import SamplingConfig, append, decode_turn, start
+from pgjax.train.rollout import PromptFormat, left_pad, pad_id
+
+CUT_MARK = " [cut]"
+BLOCK_UNIT = 8                  # appended blocks are padded to a multiple of this (fewer compiled shapes)
+ENDINGS = ("done", "turns", "tokens", "truncated")
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeLimits:
+    """At most ``max_turns`` replies; at most ``max_tokens`` tokens after the prompt (replies and
+    observations); an observation's content cut to fit ``max_observation_tokens`` tokens."""
+
+    max_turns: int = 4
+    max_tokens: int = 512
+    max_observation_tokens: int = 128
+
+    def __post_init__(self):
+        for field in ("max_turns", "max_tokens", "max_observation_tokens"):
+            if not (isinstance(getattr(self, field), int) and getattr(self, field) >= 1):
+                raise ValueError(f"EpisodeLimits.{field} must be an integer >= 1, got {getattr(self, field)!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Episodes:
+    """R = P * K episodes as arrays (host NumPy), row p * K + k:
+
+    tokens, attention_mask [R, W + N]: the prompt left-padded to W, then the episode's tokens (replies
+    and observations in order), right-padded; mask [R, N] float: 1 on the policy's tokens;
+    logprobs, policy_logprobs [R, N]: the sampler's log-probs of the policy's tokens (``Samples``'
+    two kinds), 0 elsewhere; rewards [R, N]: each turn's reward on its last policy token;
+    ``returns`` [R]: their sum; per episode: ``turns``, ``calls`` and ``valid_calls`` (summed from the
+    steps' ``info``), ``observation_tokens``, ``cuts`` (observations cut to fit), ``ended`` (one of
+    ``ENDINGS``), ``truncated`` (the last reply cut before its end of turn); ``replies``: the texts;
+    ``prefill_tokens``: the prompt and observation tokens the model read in (what re-prefilling each
+    turn's whole history would have multiplied)."""
+
+    tokens: np.ndarray
+    attention_mask: np.ndarray
+    mask: np.ndarray
+    logprobs: np.ndarray
+    policy_logprobs: np.ndarray
+    rewards: np.ndarray
+    returns: np.ndarray
+    turns: np.ndarray
+    calls: np.ndarray
+    valid_calls: np.ndarray
+    observation_tokens: np.ndarray
+    cuts: np.ndarray
+    ended: list[str]
+    truncated: np.ndarray
+    replies: list[list[str]]
+    prefill_tokens: int
+
+
+@dataclasses.dataclass
+class _Row:
+    """One episode in progress: its messages so far, its token segments (policy: ids, logq, logp;
+    environment: ids), each turn's reward at its segment, and its counts."""
+
+    turns: list[dict]
+    segments: list[tuple] = dataclasses.field(default_factory=list)
+    rewards: list[tuple[int, float]] = dataclasses.field(default_factory=list)
+    replies: list[str] = dataclasses.field(default_factory=list)
+    used: int = 0
+    calls: int = 0
+    valid_calls: int = 0
+    cuts: int = 0
+    ended: str | None = None
+    truncated: bool = False
+
+
+def opening_turns(prompt_format: PromptFormat, messages: list[dict]) -> list[dict]:
+    """An environment's opening messages as the prompt format renders them: through a chat template
+    a ``Conversation`` (system prompt and the last user turn's template applied); as plain text one
+    user turn of their contents, a blank line between."""
+    if prompt_format.chat:
+        return prompt_format.turns(Conversation(messages, name="reset()"))
+    return prompt_format.turns("\n\n".join(str(m["content"]) for m in messages))
+
+
+def run_episodes(policy: CausalLM, tokenizer, environment: Callable[[], Environment], examples: Sequence[dict],
+                 key, sampling: SamplingConfig, limits: EpisodeLimits, prompt_format: PromptFormat,
+                 prompt_width: int, mesh: Mesh | None = None) -> Episodes:
+    """Play ``sampling.n`` episodes of each of ``examples`` (module docstring), each row with its own
+    ``environment()``; ``sampling.max_new_tokens`` bounds each reply and ``sampling.eos_ids`` end a
+    turn. Turn t draws with ``key`` folded with t (turn 0 with ``key`` itself, so a one-turn episode
+    samples what ``generate`` does)."""
+    n, rows = sampling.n, len(examples) * sampling.n
+    environments = [environment() for _ in range(rows)]
+    episodes = [_Row(opening_turns(prompt_format, env.reset(examples[r // n]))) for r, env in enumerate(environments)]
+    texts = [prompt_format.render_turns(tokenizer, row.turns) for row in episodes]
+    for r in range(rows):
+        if texts[r] != texts[r - r % n]:
+            raise ValueError(f"the environments of example {r // n} opened with different messages; reset(example) "
+                             "must depend on the example alone")
+    prompts, prompt_mask = left_pad(tokenizer, tokenizer(texts[::n], add_special_tokens=prompt_format.special_tokens
+                                                         )["input_ids"], prompt_width)
+    capacity = (prompt_width + limits.max_turns * sampling.max_new_tokens
+                + (limits.max_turns - 1) * limits.max_observation_tokens)
+    timeline = start(policy, prompts, prompt_mask, n, capacity, mesh)
+    prefilled = int(prompt_mask.sum())
+    for turn in range(limits.max_turns):
+        budgets = np.array([0 if row.ended else min(sampling.max_new_tokens, limits.max_tokens - row.used)
+                            for row in episodes])
+        for row, budget in zip(episodes, budgets):
+            if not row.ended and budget <= 0:
+                row.ended = "tokens"
+        if not any(row.ended is None for row in episodes):
+            break
+        timeline, out = decode_turn(policy, timeline, key if turn == 0 else jax.random.fold_in(key, turn),
+                                    np.where([row.ended is None for row in episodes], budgets, 0), sampling, mesh)
+        fields = (out.response, out.lengths, out.ended, out.logprobs, out.policy_logprobs)
+        host = jax.tree.map(np.asarray, fields) if mesh is None else to_host(fields, mesh)
+        response, lengths, ended, logq, logp = host
+        blocks = {}
+        for r, row in enumerate(episodes):
+            if row.ended is None:
+                observation = _take_turn(row, environments[r], tokenizer, prompt_format, sampling, limits,
+                                         response[r, :lengths[r]], logq[r, :lengths[r]], logp[r, :lengths[r]],
+                                         bool(ended[r]), last_turn=turn == limits.max_turns - 1)
+                if observation is not None:
+                    blocks[r] = observation
+        if blocks:
+            width = min(-(-max(map(len, blocks.values())) // BLOCK_UNIT) * BLOCK_UNIT, limits.max_observation_tokens)
+            tokens, mask = np.full((rows, width), pad_id(tokenizer), np.int32), np.zeros((rows, width), np.int32)
+            for r, ids in blocks.items():
+                tokens[r, width - len(ids):], mask[r, width - len(ids):] = ids, 1
+            timeline = append(policy, timeline, tokens, mask, mesh)
+            prefilled += int(mask.sum())
+    for row in episodes:
+        row.ended = row.ended or "turns"
+    return _assemble(episodes, prompts.repeat(n, axis=0), prompt_mask.repeat(n, axis=0), prefilled)
+
+
+def _take_turn(row: _Row, environment: Environment, tokenizer, prompt_format: PromptFormat, sampling: SamplingConfig,
+               limits: EpisodeLimits, ids, logq, logp, ended: bool, last_turn: bool) -> np.ndarray | None:
+    """Record the row's reply, step its environment, and return the observation's token ids to
+    append (None: the episode ended)."""
+    row.segments.append(("policy", ids, logq, logp))
+    row.used += len(ids)
+    closing = ended and len(ids) and int(ids[-1]) in sampling.eos_ids
+    reply = tokenizer.decode(ids[:-1] if closing else ids)
+    reply_end = tokenizer.decode(ids[-1:]) if closing else ""
+    row.replies.append(reply)
+    step = environment.step(reply)
+    if not isinstance(step, Step):
+        raise TypeError(f"{type(environment).__name__}.step must return a pgjax.agents.Step, got {type(step).__name__}")
+    if step.reward is not None:
+        row.rewards.append((len(row.segments) - 1, float(step.reward)))
+    row.calls += int(step.info.get("calls", 0))
+    row.valid_calls += int(step.info.get("valid_calls", 0))
+    row.ended = ("done" if step.done else "truncated" if not ended else "turns" if last_turn else None)
+    row.truncated = not ended and not step.done
+    if row.ended:
+        return None
+    observation = list(step.observation or [])
+    continuation = _fitted(tokenizer, prompt_format, row.turns, reply, reply_end, observation, limits, row)
+    row.turns = [*row.turns, {"role": "assistant", "content": reply}, *observation]
+    if row.used + len(continuation) > limits.max_tokens:
+        row.ended = "tokens"
+        return None
+    row.segments.append(("environment", continuation))
+    row.used += len(continuation)
+    return continuation
+
+
+def _fitted(tokenizer, prompt_format: PromptFormat, turns, reply: str, reply_end: str, observation: list[dict],
+            limits: EpisodeLimits, row: _Row) -> np.ndarray:
+    """The observation's token ids (``PromptFormat.continuation``), its messages' contents cut from
+    the end, ``CUT_MARK`` added, until they fit ``limits.max_observation_tokens`` (the messages in
+    ``observation`` are replaced by the cut ones)."""
+    for _ in range(4):
+        text = prompt_format.continuation(tokenizer, turns, reply, reply_end, observation)
+        ids = np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], np.int32)
+        excess = len(ids) - limits.max_observation_tokens
+        if excess <= 0:
+            return ids
+        longest = max(range(len(observation)), key=lambda i: len(str(observation[i]["content"])), default=None)
+        content = tokenizer(str(observation[longest]["content"]), add_special_tokens=False)["input_ids"] \
+            if longest is not None else []
+        mark = len(tokenizer(CUT_MARK, add_special_tokens=False)["input_ids"])
+        keep = len(content) - excess - mark - 1
+        if keep < 0:
+            raise ValueError(f"an observation's framing alone takes more than max_observation_tokens = "
+                             f"{limits.max_observation_tokens} tokens: raise it")
+        observation[longest] = {**observation[longest], "content": tokenizer.decode(content[:keep]) + CUT_MARK}
+        row.cuts += 1
+    raise ValueError("an observation could not be cut to max_observation_tokens (its tokenization keeps growing)")
+
+
+def _assemble(episodes: list[_Row], prompts: np.ndarray, prompt_mask: np.ndarray, prefilled: int) -> Episodes:
+    """``Episodes`` from the finished rows: each row's segments laid out after its prompt, gap-free."""
+    rows, width = prompts.shape
+    length = max(1, max(sum(len(s[1]) for s in row.segments) for row in episodes))
+    length = -(-length // BLOCK_UNIT) * BLOCK_UNIT
+    tokens = np.concatenate([prompts, np.zeros((rows, length), prompts.dtype)], axis=1)
+    attention = np.concatenate([prompt_mask, np.zeros((rows, length), np.int32)], axis=1)
+    mask, logq, logp, rewards = (np.zeros((rows, length), np.float32) for _ in range(4))
+    observation_tokens = np.zeros(rows, np.int32)
+    for r, row in enumerate(episodes):
+        at, ends = 0, []
+        for segment in row.segments:
+            ids = segment[1]
+            tokens[r, width + at:width + at + len(ids)] = ids
+            attention[r, width + at:width + at + len(ids)] = 1
+            if segment[0] == "policy":
+                mask[r, at:at + len(ids)] = 1.0
+                logq[r, at:at + len(ids)], logp[r, at:at + len(ids)] = segment[2], segment[3]
+            else:
+                observation_tokens[r] += len(ids)
+            at += len(ids)
+            ends.append(at - 1)
+        for index, reward in row.rewards:
+            if len(row.segments[index][1]):
+                rewards[r, ends[index]] += reward
+    return Episodes(tokens=tokens, attention_mask=attention, mask=mask, logprobs=logq, policy_logprobs=logp,
+                    rewards=rewards, returns=np.array([sum(v for _, v in row.rewards) for row in episodes], np.float32),
+                    turns=np.array([sum(s[0] == "policy" for s in row.segments) for row in episodes], np.int32),
+                    calls=np.array([row.calls for row in episodes], np.int32),
+                    valid_calls=np.array([row.valid_calls for row in episodes], np.int32),
+                    observation_tokens=observation_tokens, cuts=np.array([row.cuts for row in episodes], np.int32),
+                    ended=[row.ended for row in episodes], truncated=np.array([row.truncated for row in episodes]),
+                    replies=[row.replies for row in episodes], prefill_tokens=prefilled)

@@ -1,0 +1,233 @@
+"""Multi-turn rollouts (pgjax.train.episodes) on a tiny model with a ChatML character tokenizer: each
+episode's tokens are the chat template's rendering of its conversation, the policy's log-probs are
+the cache-free forward's on those tokens, observation tokens carry mask 0 and get exactly zero
+gradient under every algorithm, per-turn rewards sit on each turn's last policy token and flow
+through the returns, a one-turn environment samples what the single-turn sampler does, and the
+episode limits (turns, tokens, observation length, a cut reply) end or cut what they should."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pgjax import core
+from pgjax.agents import Calculator
+from pgjax.agents.environment import Step, ToolEnvironment
+from pgjax.sample import SamplingConfig, generate
+from pgjax.train.episodes import CUT_MARK, EpisodeLimits, run_episodes
+from pgjax.train.rollout import PromptFormat, decode_responses, encode_prompts
+from test_chat_prompts import chatml_tokenizer
+from test_sampler import forward, sharp_model
+
+EXAMPLES = [{"prompt": "1+2=?"}, {"prompt": "what is 7"}]
+CHAT = PromptFormat(chat=True)
+WIDTH = 32
+
+
+class Scripted:
+    """Answers turn t's reply with ``observations[t]`` (a user message) and reward ``rewards[t]``; done
+    after ``len(observations)`` turns with the last reward."""
+
+    def __init__(self, observations=("ok", "more"), rewards=(0.5, None, 1.0)):
+        self.observations, self.rewards, self.turn = observations, rewards, 0
+
+    def reset(self, example):
+        self.turn = 0
+        return [{"role": "user", "content": example["prompt"]}]
+
+    def step(self, reply):
+        turn, self.turn = self.turn, self.turn + 1
+        if turn >= len(self.observations):
+            return Step(reward=self.rewards[turn], done=True)
+        return Step(observation=[{"role": "user", "content": self.observations[turn]}], reward=self.rewards[turn])
+
+
+def ending_model(end: int):
+    """The tiny Qwen 3 with the end-of-turn token's output row pointed along its mean final hidden state,
+    so that about a quarter of its tokens end the turn: episodes of several turns."""
+    model = sharp_model("qwen3")
+    tokens = jnp.asarray(np.random.default_rng(0).integers(2, end, size=(8, 20)))
+    direction = np.asarray(model(tokens, return_hidden=True)).reshape(-1, model.config.hidden_size).mean(0)
+    model.lm_head.set_value(model.lm_head[...].at[:, end].set(2.5 * direction / np.linalg.norm(direction)))
+    return model
+
+
+class Graded(Scripted):
+    """Scripted, its rewards depending on the replies' lengths, so a group's episodes differ."""
+
+    def step(self, reply):
+        step = super().step(reply)
+        return Step(step.observation, float(len(reply) % 3) if step.reward is not None else None, step.done)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    tokenizer = chatml_tokenizer()
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    return ending_model(end), tokenizer, end
+
+
+def play(setup, environment, limits=EpisodeLimits(max_turns=4, max_tokens=200, max_observation_tokens=32),
+         max_new_tokens=6, n=3, temperature=1.0, key=0, width=WIDTH):
+    model, tokenizer, end = setup
+    sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, eos_ids=(end,), n=n)
+    return run_episodes(model, tokenizer, environment, EXAMPLES, jax.random.key(key), sampling, limits, CHAT, width)
+
+
+def test_episode_tokens_are_the_templates_rendering_of_the_conversation(setup):
+    model, tokenizer, end = setup
+    episodes = play(setup, Scripted, max_new_tokens=12, key=1)
+    assert (episodes.turns >= 1).all() and "done" in episodes.ended
+    for r, replies in enumerate(episodes.replies):
+        turns = [{"role": "user", "content": EXAMPLES[r // 3]["prompt"]}]
+        for t, reply in enumerate(replies):
+            turns.append({"role": "assistant", "content": reply})
+            if t < len(Scripted().observations) and t < len(replies) - 1:
+                turns.append({"role": "user", "content": Scripted().observations[t]})
+        text = tokenizer.decode(episodes.tokens[r][episodes.attention_mask[r] > 0])
+        rendered = tokenizer.apply_chat_template(turns, tokenize=False)
+        assert rendered.startswith(text) and rendered[len(text):] in ("\n", "<|im_end|>\n")   # a cut last reply
+
+
+def test_policy_logprobs_are_the_forwards_on_the_assembled_episode(setup):
+    model, _, _ = setup
+    episodes = play(setup, Scripted, key=2)
+    logits = np.asarray(forward(model, jnp.asarray(episodes.tokens), jnp.asarray(episodes.attention_mask)))
+    width = episodes.tokens.shape[1] - episodes.mask.shape[1]
+    expected = np.asarray(core.token_logprobs(jnp.asarray(logits[:, width - 1:-1]),
+                                              jnp.asarray(episodes.tokens[:, width:]), 1.0))
+    on = episodes.mask > 0
+    np.testing.assert_allclose(episodes.policy_logprobs[on], expected[on], atol=2e-5)
+    assert (episodes.policy_logprobs[~on] == 0).all() and (episodes.logprobs[~on] == 0).all()
+    assert episodes.observation_tokens.sum() > 0 and ((episodes.attention_mask[:, width:] > 0) & ~on).sum() > 0
+
+
+def test_the_cache_carries_across_turns(setup):
+    """The model read each prompt once and each observation once: the prefilled tokens are the prompts'
+    and the observations', where re-prefilling each turn's history would read them again every turn."""
+    episodes = play(setup, Scripted, key=3)
+    width = episodes.tokens.shape[1] - episodes.mask.shape[1]
+    prompts = episodes.attention_mask[::3, :width].sum()
+    assert episodes.prefill_tokens == prompts + episodes.observation_tokens.sum()
+
+
+@pytest.mark.parametrize("name", ["reinforce", "rloo", "grpo", "dr_grpo", "dapo", "reinforce_pp", "gspo"])
+def test_observation_positions_get_exactly_zero_gradient(setup, name):
+    """d loss / d logits at every position predicting an environment token (or padding) is exactly 0,
+    with a KL term on: the mask keeps the environment's tokens out of every part of the loss."""
+    model, _, _ = setup
+    episodes = play(setup, Graded, key=4)
+    width = episodes.tokens.shape[1] - episodes.mask.shape[1]
+    algorithm = core.preset(name)
+    hparams = algorithm.hparams.replace(kl_coef=0.1)
+    logits = forward(model, jnp.asarray(episodes.tokens), jnp.asarray(episodes.attention_mask))[:, width - 1:-1]
+    targets = jnp.asarray(episodes.tokens[:, width:])
+
+    def loss(logits):
+        logp = core.token_logprobs(logits, targets, 1.0)
+        batch = core.Batch(mask=jnp.asarray(episodes.mask), rewards=jnp.asarray(episodes.rewards), logp=logp,
+                           old_logp=jax.lax.stop_gradient(logp) + 0.05, ref_logp=jax.lax.stop_gradient(logp) - 0.1,
+                           group_size=3)
+        return algorithm.loss(batch, hparams)[0]
+
+    grad = np.asarray(jax.grad(loss)(logits))
+    environment = (episodes.mask == 0) & (episodes.attention_mask[:, width:] > 0)
+    assert environment.sum() > 0 and np.abs(grad[episodes.mask == 0]).max() == 0.0
+    assert np.abs(grad[episodes.mask > 0]).max() > 0
+
+
+def test_per_turn_rewards_sit_on_each_turns_last_policy_token_and_flow_through_the_returns(setup):
+    episodes = play(setup, Scripted, max_new_tokens=12, key=5)
+    returns = np.asarray(core.discounted_returns(jnp.asarray(episodes.rewards), jnp.asarray(episodes.mask)))
+    for r in range(len(episodes.replies)):
+        policy = np.flatnonzero(episodes.mask[r])
+        turn_of = np.cumsum(np.diff(np.concatenate([[-2], policy])) > 1) - 1      # turn index of each policy token
+        rewarded = np.flatnonzero(episodes.rewards[r])
+        expected_rewards = [v for v in Scripted().rewards[:episodes.turns[r]] if v is not None]
+        assert list(episodes.rewards[r, rewarded]) == expected_rewards
+        assert all(policy[turn_of == turn_of[policy == i][0]].max() == i for i in rewarded)   # each turn's last
+        future = [sum(episodes.rewards[r, j] for j in rewarded if j >= i) for i in policy]
+        np.testing.assert_allclose(returns[r, policy], future, atol=1e-6)
+        assert episodes.returns[r] == pytest.approx(sum(expected_rewards))
+
+
+class OneTurn:
+    def reset(self, example):
+        return [{"role": "user", "content": example["prompt"]}]
+
+    def step(self, reply):
+        return Step(reward=float(reply.startswith("1")), done=True)
+
+
+def test_a_one_turn_environment_samples_what_the_single_turn_sampler_does(setup):
+    model, tokenizer, end = setup
+    episodes = play(setup, OneTurn, max_new_tokens=8, n=4, temperature=0.9, key=6)
+    sampling = SamplingConfig(max_new_tokens=8, temperature=0.9, eos_ids=(end,), n=4)
+    tokens, mask = encode_prompts(tokenizer, [e["prompt"] for e in EXAMPLES], WIDTH, CHAT)
+    samples = generate(model, tokens, mask, jax.random.key(6), sampling)
+    width = WIDTH
+    np.testing.assert_array_equal(episodes.tokens[:, :width + 8], np.asarray(samples.tokens))
+    np.testing.assert_array_equal(episodes.attention_mask[:, :width + 8], np.asarray(samples.attention_mask))
+    np.testing.assert_array_equal(episodes.mask[:, :8], np.asarray(samples.response_mask))
+    np.testing.assert_allclose(episodes.logprobs[:, :8], np.asarray(samples.logprobs), atol=2e-6)   # two programs
+    assert (episodes.mask[:, 8:] == 0).all()
+    texts = decode_responses(tokenizer, samples.response, samples.lengths, (end,))
+    assert [r[0] for r in episodes.replies] == texts
+    np.testing.assert_array_equal(episodes.returns, [float(t.startswith("1")) for t in texts])
+    np.testing.assert_array_equal(episodes.truncated, np.asarray(samples.truncated))
+
+
+def test_limits_end_and_cut_episodes(setup):
+    long = type("Long", (Scripted,), {"__init__": lambda self: Scripted.__init__(self, ("x" * 80, "y"), (0, 0, 1))})
+    episodes = play(setup, long, limits=EpisodeLimits(max_turns=4, max_tokens=200, max_observation_tokens=40),
+                    max_new_tokens=12, key=7)
+    width = episodes.tokens.shape[1] - episodes.mask.shape[1]
+    continued = [r for r in range(6) if episodes.turns[r] > 1]
+    assert continued and all(episodes.cuts[r] >= 1 for r in continued)
+    for r in continued:
+        text, count = _environment_text(episodes, r, width, setup[1])
+        assert "xxxx <pad>cut<pad><|im_end|>" in text and count <= 40    # the tokenizer has no [ or ]
+        assert CUT_MARK == " [cut]"
+    few = play(setup, Scripted, limits=EpisodeLimits(max_turns=1, max_tokens=200), max_new_tokens=12, key=7)
+    assert (few.turns == 1).all() and set(few.ended) <= {"turns", "truncated"}
+    tight = play(setup, Scripted, limits=EpisodeLimits(max_turns=4, max_tokens=8), max_new_tokens=6, key=7)
+    assert (tight.mask.sum(1) + tight.observation_tokens <= 8).all() and "tokens" in tight.ended
+    cut = play(setup, Scripted, max_new_tokens=1, key=7)
+    assert all(e in ("truncated", "done", "turns") for e in cut.ended) and cut.truncated.any()
+
+
+def _environment_text(episodes, r, width, tokenizer) -> tuple[str, int]:
+    """The row's first run of environment tokens, decoded, and how many there are."""
+    attention, mask = episodes.attention_mask[r, width:], episodes.mask[r]
+    environment = np.flatnonzero((attention > 0) & (mask == 0))
+    first = environment[:np.argmax(np.diff(np.concatenate([environment, [10**9]])) > 1) + 1]
+    return tokenizer.decode(episodes.tokens[r, width + first]), len(first)
+
+
+def test_environments_must_open_alike_and_return_steps(setup):
+    class Random(OneTurn):
+        count = 0
+
+        def reset(self, example):
+            Random.count += 1
+            return [{"role": "user", "content": f"{example['prompt']} {Random.count}"}]
+
+    with pytest.raises(ValueError, match="opened with different messages"):
+        play(setup, Random)
+
+    class Bad(OneTurn):
+        def step(self, reply):
+            return 1.0
+
+    with pytest.raises(TypeError, match="must return a pgjax.agents.Step"):
+        play(setup, Bad)
+    with pytest.raises(ValueError, match="max_turns must be an integer >= 1"):
+        EpisodeLimits(max_turns=0)
+
+
+def test_a_tool_environment_runs_in_episodes(setup):
+    """The calculator environment with the tiny model: whatever it writes, every episode ends, each
+    turn that calls no tool is a final answer, and the counts add up."""
+    environment = lambda: ToolEnvironment([Calculator()], lambda example, reply: float("3" in reply))  # noqa: E731
+    episodes = play(setup, environment, key=8, width=400)
+    assert all(e in ("done", "turns", "tokens", "truncated") for e in episodes.ended)
+    assert (episodes.valid_calls <= episodes.calls).all()
