@@ -55,7 +55,8 @@ def test_every_result_at_a_glance_links_to_the_page_that_backs_it():
 # equal to what the command prints now.
 GENERATED = {"algorithm-table": "python -m pgjax.demo --table",
              "audit-table": "python -m pgjax.theory.audit",
-             "off-policy-table": "python -m pgjax.theory.off_policy"}
+             "off-policy-table": "python -m pgjax.theory.off_policy",
+             "masking-table": "python -m pgjax.theory.multiturn"}
 
 
 def _generated(name: str) -> str:
@@ -87,6 +88,13 @@ def test_off_policy_table_is_the_commands_output(x64):
     from pgjax.theory import off_policy
     assert _generated("off-policy-table") == off_policy.report().strip(), \
         "the off-policy table is stale: paste `python -m pgjax.theory.off_policy`"
+
+
+@pytest.mark.slow
+def test_masking_table_is_the_commands_output(x64):
+    from pgjax.theory import multiturn
+    assert _generated("masking-table") == multiturn.report().strip(), \
+        "the masking table is stale: paste `python -m pgjax.theory.multiturn`"
 
 
 def test_training_study_tables_are_the_saved_results():

@@ -75,7 +75,7 @@ def _tuples(num_trajectories: int, k: int) -> np.ndarray:
 
 def _batch(mdp, prompt, rows, logp_all, values_all, greedy, k, behaviour_all=None):
     """The library's Batch for K responses ``rows`` to ``prompt`` (with mu's log-probs when given)."""
-    mask = jnp.asarray(mdp.mask)[rows]
+    mask = jnp.asarray(mdp_lib.loss_mask(mdp))[rows]
     rewards = jnp.asarray(mdp.outcome_rewards)[prompt, rows] if mdp.outcome \
         else jnp.asarray(mdp.rewards)[prompt, rows]
     values = values_all[prompt][jnp.asarray(mdp.states)[rows]]
@@ -129,11 +129,11 @@ def _moments_fn(mdp, logits_fn, spec: core.Spec, hp: core.HParams, k: int):
 
     def estimate(th, values_all, greedy, behaviour_all, prompt, rows):
         def loss(t):
-            logp_all = mdp_lib.trajectory_logprobs(mdp, logits_fn(t))
+            logp_all = mdp_lib.loss_logprobs(mdp, logits_fn(t))
             return core.loss(spec, _batch(mdp, prompt, rows, logp_all, values_all, greedy, k, behaviour_all), hp)[0]
-        logp_all = mdp_lib.trajectory_logprobs(mdp, logits_fn(th))
+        logp_all = mdp_lib.loss_logprobs(mdp, logits_fn(th))
         c = spec_correction_weights(spec, hp, _batch(mdp, prompt, rows, logp_all, values_all, greedy, k, behaviour_all))
-        sums = jnp.stack([jnp.sum(jnp.asarray(mdp.mask)[rows]), jnp.sum(c), jnp.sum(c * c)])
+        sums = jnp.stack([jnp.sum(jnp.asarray(mdp_lib.loss_mask(mdp))[rows]), jnp.sum(c), jnp.sum(c * c)])
         return -jax.grad(loss)(th).reshape(-1), sums
 
     @jax.jit
@@ -167,8 +167,8 @@ def audit(mdp: mdp_lib.TokenMDP, policy, theta, algo: core.Algorithm, hp: core.H
     values_all = jax.lax.stop_gradient(values_all)
     greedy = jnp.asarray(mdp_lib.greedy_rewards(mdp, logits))
     sampler = logits if behaviour_logits is None else jnp.asarray(behaviour_logits, theta.dtype)
-    behaviour_all = None if behaviour_logits is None else mdp_lib.trajectory_logprobs(mdp, sampler)
-    traj_logp = np.asarray(jnp.sum(mdp_lib.trajectory_logprobs(mdp, sampler), axis=2))   # [P, N]
+    behaviour_all = None if behaviour_logits is None else mdp_lib.loss_logprobs(mdp, sampler)
+    traj_logp = np.asarray(jnp.sum(mdp_lib.step_logprobs(mdp, sampler), axis=2))         # [P, N]
     tuples = _tuples(mdp.num_trajectories, k)
     true_grad = np.asarray(jax.grad(lambda th: mdp_lib.objective(mdp, logits_fn(th)))(theta)).reshape(-1)
     moments = _moments_fn(mdp, logits_fn, algo.spec, hp, k)
@@ -216,7 +216,7 @@ def per_step_rloo_audit(mdp: mdp_lib.TokenMDP, policy, theta, k: int) -> AuditRe
     variance = mdp_lib.return_second_moments(mdp, logits) - values ** 2                 # [P, S]
     per_token = jax.jacrev(lambda th: mdp_lib.trajectory_logprobs(mdp, logits_fn(th)))(theta)
     u_sq = jnp.sum(per_token.reshape(per_token.shape[:3] + (-1,)) ** 2, axis=-1)         # [P, N, T]
-    traj_p = jnp.exp(jnp.sum(mdp_lib.trajectory_logprobs(mdp, logits), axis=2))         # [P, N]
+    traj_p = jnp.exp(jnp.sum(mdp_lib.step_logprobs(mdp, logits), axis=2))               # [P, N]
     extra = jnp.sum(variance[:, mdp.states] / (k - 1) * u_sq * jnp.asarray(mdp.mask)[None], axis=2)
     extra = np.asarray(jnp.sum(traj_p * extra, axis=1))                                  # [P]
     mean, second = 0.0, 0.0

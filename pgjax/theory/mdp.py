@@ -34,6 +34,14 @@ class TokenMDP:
     rewards: [P, N, T] per-token rewards R(s_t, a_t) (an outcome reward sits on the last token).
     outcome: whether the rewards are outcome rewards (a single non-zero per trajectory).
     state_depth, state_last: [S] position t and last token of each prefix (-1 for the empty prefix).
+
+    Environment steps (multi-turn episodes, ``pgjax.theory.multiturn``): ``env_mask`` [N, T] marks the
+    tokens the environment appended (an observation after the policy's end of turn) and
+    ``env_logprobs`` [P, N, T] their known log-probabilities log q(o_t | s_t), which the policy does not
+    change; ``mask`` marks the policy's actions only. None: every token is the policy's (single turn).
+    ``env_in_loss``: the estimator is handed the environment's tokens as if they were actions, mask 1
+    and log pi(o_t | s_t), the mistake a library makes when it trains on observation tokens
+    (``loss_mask``, ``loss_logprobs``); the trajectories are still drawn with q.
     """
     vocab: int
     horizon: int
@@ -46,6 +54,9 @@ class TokenMDP:
     prompt_probs: np.ndarray
     rewards: np.ndarray
     outcome: bool
+    env_mask: np.ndarray | None = None
+    env_logprobs: np.ndarray | None = None
+    env_in_loss: bool = False
 
     @property
     def num_prompts(self) -> int:
@@ -145,55 +156,90 @@ def shared_policy(mdp: TokenMDP):
     return logits, ((p + h + v + 1) * v,)
 
 
-def trajectory_logprobs(mdp: TokenMDP, logits: Array) -> Array:
-    """log pi(a_t | s_t) of every token of every trajectory, [P, N, T], 0 off the mask."""
+def _token_logprobs(mdp: TokenMDP, logits: Array, mask) -> Array:
+    """log pi(token_t | s_t) [P, N, T] at the positions of ``mask`` [N, T], 0 elsewhere."""
     logpi = jax.nn.log_softmax(logits, axis=-1)                    # [P, S, V]
     per_token = logpi[:, mdp.states, mdp.tokens]                   # [P, N, T]
-    return jnp.where(jnp.asarray(mdp.mask)[None] > 0, per_token, 0.0)
+    return jnp.where(jnp.asarray(mask)[None] > 0, per_token, 0.0)
+
+
+def trajectory_logprobs(mdp: TokenMDP, logits: Array) -> Array:
+    """log pi(a_t | s_t) of every action of every trajectory, [P, N, T], 0 off the mask."""
+    return _token_logprobs(mdp, logits, mdp.mask)
+
+
+def step_mask(mdp: TokenMDP) -> np.ndarray:
+    """[N, T] 1 on every step of a trajectory: the policy's actions and the environment's tokens."""
+    return mdp.mask if mdp.env_mask is None else mdp.mask + mdp.env_mask
+
+
+def step_logprobs(mdp: TokenMDP, logits: Array) -> Array:
+    """The log-probability of every step of every trajectory, [P, N, T]: log pi(a_t | s_t) at the
+    policy's actions, log q(o_t | s_t) at the environment's tokens; their sum over t is the
+    trajectory's log-probability under the policy and the environment."""
+    logp = trajectory_logprobs(mdp, logits)
+    return logp if mdp.env_logprobs is None else logp + jnp.asarray(mdp.env_logprobs, logp.dtype)
+
+
+def loss_mask(mdp: TokenMDP) -> np.ndarray:
+    """[N, T] the tokens an estimator's loss counts: the policy's actions, and the environment's
+    tokens too when ``env_in_loss`` (the mistake the multi-turn audit measures)."""
+    return step_mask(mdp) if mdp.env_in_loss else mdp.mask
+
+
+def loss_logprobs(mdp: TokenMDP, logits: Array) -> Array:
+    """log pi(token_t | s_t) [P, N, T] at ``loss_mask``'s tokens: what the estimator differentiates."""
+    return _token_logprobs(mdp, logits, loss_mask(mdp))
 
 
 def objective(mdp: TokenMDP, logits: Array) -> Array:
-    """J(theta) = sum_p p0(p) sum_tau pi(tau | p) R(tau) (eq. 6), exactly."""
-    probs = jnp.exp(jnp.sum(trajectory_logprobs(mdp, logits), axis=2))    # [P, N]
+    """J(theta) = sum_p p0(p) sum_tau P_theta(tau | p) R(tau) (eq. 6), exactly; P_theta is pi's
+    probability of the trajectory's actions times the environment's of its tokens."""
+    probs = jnp.exp(jnp.sum(step_logprobs(mdp, logits), axis=2))    # [P, N]
     return jnp.sum(jnp.asarray(mdp.prompt_probs) * jnp.sum(probs * jnp.asarray(mdp.outcome_rewards), axis=1))
+
+
+def _suffix_weighted(mdp: TokenMDP, logits: Array, power: int) -> Array:
+    """sum over trajectories through s of P(rest of tau | s) G_s^power, [P, S], at every step's state."""
+    logp = step_logprobs(mdp, logits)
+    suffix_logp = jnp.flip(jnp.cumsum(jnp.flip(logp, 2), axis=2), 2)            # log P(steps t.. | s_t)
+    returns_to_go = jnp.flip(jnp.cumsum(jnp.flip(jnp.asarray(mdp.rewards), 2), axis=2), 2)      # G_t
+    weight = jnp.exp(suffix_logp) * returns_to_go ** power * jnp.asarray(step_mask(mdp))[None]
+    return jnp.zeros((mdp.num_prompts, mdp.num_states), weight.dtype).at[:, mdp.states].add(weight)
 
 
 def state_values(mdp: TokenMDP, logits: Array) -> Array:
     """V_pi(s) of every (prompt, prefix), [P, S], undiscounted (eq. 2), exactly.
 
-    V(s) = sum over trajectories through s of pi(rest of tau | s) * (return from s).
+    V(s) = sum over trajectories through s of P(rest of tau | s) * (return from s).
     """
-    logp = trajectory_logprobs(mdp, logits)
-    suffix_logp = jnp.flip(jnp.cumsum(jnp.flip(logp, 2), axis=2), 2)            # log pi(a_t.. | s_t)
-    rewards = jnp.asarray(mdp.rewards)
-    returns_to_go = jnp.flip(jnp.cumsum(jnp.flip(rewards, 2), axis=2), 2)      # G_t
-    weight = jnp.exp(suffix_logp) * returns_to_go * jnp.asarray(mdp.mask)[None]
-    values = jnp.zeros((mdp.num_prompts, mdp.num_states), weight.dtype)
-    return values.at[:, mdp.states].add(weight)
+    return _suffix_weighted(mdp, logits, 1)
 
 
 def return_second_moments(mdp: TokenMDP, logits: Array) -> Array:
     """E_pi[G^2 | s] of every (prompt, prefix), [P, S]; Var[G | s] = this - V(s)^2."""
-    logp = trajectory_logprobs(mdp, logits)
-    suffix_logp = jnp.flip(jnp.cumsum(jnp.flip(logp, 2), axis=2), 2)
-    returns_to_go = jnp.flip(jnp.cumsum(jnp.flip(jnp.asarray(mdp.rewards), 2), axis=2), 2)
-    weight = jnp.exp(suffix_logp) * returns_to_go ** 2 * jnp.asarray(mdp.mask)[None]
-    return jnp.zeros((mdp.num_prompts, mdp.num_states), weight.dtype).at[:, mdp.states].add(weight)
+    return _suffix_weighted(mdp, logits, 2)
 
 
 def greedy_state_values(mdp: TokenMDP, logits) -> Array:
     """[P, S] return of the greedy completion from every prefix (the paper's ReMax b_t = G-hat_t, eq. 13).
 
-    Trajectory n is the greedy completion of its prefix at t when every token from t on
+    Trajectory n is the greedy completion of its prefix at t when every action from t on
     is the argmax of its state's logits (a reverse cumulative AND); its return-to-go
-    G_t is then the prefix's greedy value. Jittable.
+    G_t is then the prefix's greedy value. Where the environment takes steps the greedy
+    completion is random: its value is the expectation over the environment's tokens
+    (each greedy trajectory weighted by q of its tokens after t). Jittable.
     """
     best = jnp.argmax(logits, axis=-1)                                               # [P, S]
     mask = jnp.asarray(mdp.mask)[None] > 0
     agrees = (best[:, mdp.states] == mdp.tokens) | ~mask                              # [P, N, T]
-    greedy_from = jnp.flip(jnp.cumprod(jnp.flip(agrees, 2), axis=2), 2).astype(bool) & mask
+    steps = jnp.asarray(step_mask(mdp))[None] > 0
+    greedy_from = jnp.flip(jnp.cumprod(jnp.flip(agrees, 2), axis=2), 2).astype(bool) & steps
     rewards = jnp.asarray(mdp.rewards)
     returns_to_go = jnp.flip(jnp.cumsum(jnp.flip(rewards, 2), axis=2), 2)
+    if mdp.env_logprobs is not None:
+        env = jnp.asarray(mdp.env_logprobs, returns_to_go.dtype)
+        returns_to_go = returns_to_go * jnp.exp(jnp.flip(jnp.cumsum(jnp.flip(env, 2), axis=2), 2))
     out = jnp.zeros((mdp.num_prompts, mdp.num_states), returns_to_go.dtype)
     return out.at[:, mdp.states].add(jnp.where(greedy_from, returns_to_go, 0.0))
 
