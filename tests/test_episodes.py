@@ -3,7 +3,14 @@ episode's tokens are the chat template's rendering of its conversation, the poli
 the cache-free forward's on those tokens, observation tokens carry mask 0 and get exactly zero
 gradient under every algorithm, per-turn rewards sit on each turn's last policy token and flow
 through the returns, a one-turn environment samples what the single-turn sampler does, and the
-episode limits (turns, tokens, observation length, a cut reply) end or cut what they should."""
+episode limits (turns, tokens, observation length, a cut reply) end or cut what they should; with
+LoRA adapters, and on a simulated 8-device mesh (this file is also that subprocess's script),
+episodes are the single-device ones."""
+import dataclasses
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -67,10 +74,11 @@ def setup():
 
 
 def play(setup, environment, limits=EpisodeLimits(max_turns=4, max_tokens=200, max_observation_tokens=32),
-         max_new_tokens=6, n=3, temperature=1.0, key=0, width=WIDTH):
+         max_new_tokens=6, n=3, temperature=1.0, key=0, width=WIDTH, examples=EXAMPLES, mesh=None):
     model, tokenizer, end = setup
     sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, eos_ids=(end,), n=n)
-    return run_episodes(model, tokenizer, environment, EXAMPLES, jax.random.key(key), sampling, limits, CHAT, width)
+    return run_episodes(model, tokenizer, environment, examples, jax.random.key(key), sampling, limits, CHAT, width,
+                        mesh)
 
 
 def test_episode_tokens_are_the_templates_rendering_of_the_conversation(setup):
@@ -231,3 +239,60 @@ def test_a_tool_environment_runs_in_episodes(setup):
     episodes = play(setup, environment, key=8, width=400)
     assert all(e in ("done", "turns", "tokens", "truncated") for e in episodes.ended)
     assert (episodes.valid_calls <= episodes.calls).all()
+
+
+def test_a_lora_policy_plays_the_episodes_of_its_merged_weights(setup):
+    """Adapters in the forward (the sampler's LoRA path) give what their merged weights give."""
+    from flax import nnx
+
+    from pgjax.models import lora
+    from pgjax.models.transformer import CausalLM
+    model, tokenizer, end = setup
+    adapted = CausalLM(dataclasses.replace(model.config, lora=lora.LoRAConfig(rank=2, alpha=4.0)), nnx.Rngs(0))
+    nnx.update(adapted, nnx.state(model, nnx.Param))
+    for variable in jax.tree.leaves(nnx.state(adapted, lora.LoRAParam), is_leaf=lambda x: isinstance(x, nnx.Variable)):
+        variable.set_value(jnp.asarray(np.random.default_rng(0).normal(size=variable[...].shape) * 0.3,
+                                       variable[...].dtype))
+    plain = lora.merged(adapted)
+    with_adapters = play((adapted, tokenizer, end), Scripted, key=9)
+    merged = play((plain, tokenizer, end), Scripted, key=9)
+    np.testing.assert_array_equal(with_adapters.tokens, merged.tokens)
+    np.testing.assert_allclose(with_adapters.logprobs, merged.logprobs, atol=1e-5)
+    assert with_adapters.replies != play(setup, Scripted, key=9).replies          # the adapters do act
+
+
+def check_mesh():
+    """On a 2x2x2 mesh of 8 simulated devices the episodes are the single-device ones."""
+    from flax import nnx
+
+    from pgjax.parallel import mesh as mesh_lib
+    tokenizer = chatml_tokenizer()
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    model = ending_model(end)
+    examples = EXAMPLES + [{"prompt": "2+2=?"}, {"prompt": "and 9"}]          # 4 prompts: split 4 ways
+    single = play((model, tokenizer, end), Scripted, n=2, key=10, examples=examples)
+    mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig(2, 2, 2))
+    sharded_model = nnx.merge(nnx.graphdef(model), mesh_lib.shard(nnx.state(model), mesh))
+    sharded = play((sharded_model, tokenizer, end), Scripted, n=2, key=10, examples=examples, mesh=mesh)
+    for field in ("tokens", "attention_mask", "mask", "rewards", "turns", "observation_tokens"):
+        np.testing.assert_array_equal(getattr(sharded, field), getattr(single, field), field)
+    np.testing.assert_allclose(sharded.logprobs, single.logprobs, atol=1e-5)
+    assert sharded.replies == single.replies and (single.turns > 1).any()
+    print("episodes on the mesh ok", flush=True)
+
+
+@pytest.mark.slow
+def test_episodes_on_a_simulated_mesh_equal_the_single_device_ones():
+    from helpers import XLA_COLLECTIVE_HANG, simulated_devices
+    env = {**os.environ, "XLA_FLAGS": simulated_devices(8), "JAX_PLATFORMS": "cpu"}
+    for _ in range(3):       # only XLA's CPU collective hang (helpers.simulated_devices) is retried
+        done = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900)
+        if done.returncode == 0 or XLA_COLLECTIVE_HANG not in done.stderr:
+            break
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "episodes on the mesh ok" in done.stdout
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    check_mesh()

@@ -392,12 +392,16 @@ def decode_turn(model: CausalLM, timeline: Timeline, key, limits, config: Sampli
     """One turn of every row from the timeline's cursor: at most ``limits`` [R] tokens each (0: the
     row sits the turn out; none over ``config.max_new_tokens``), each row stopping at an EOS of
     ``config.eos_ids`` (its end of turn). Returns the timeline past the turn (every row's cache kept)
-    and the turn's samples. ``config.n`` is not used: the rows are the timeline's."""
+    and the turn's samples. ``config.n`` is not used: the rows are the timeline's. On a ``mesh``,
+    ``limits`` (and ``append``'s blocks) are this process's rows, as ``generate``'s prompts are."""
     if int(timeline.cursor) + config.max_new_tokens > timeline.capacity:
         raise ValueError(f"the timeline has {timeline.capacity - int(timeline.cursor)} free slots, fewer than "
                          f"max_new_tokens = {config.max_new_tokens}: start it with a larger capacity")
+    limits = np.asarray(limits, np.int32)
+    if mesh is not None:
+        limits = to_global(limits, mesh)
     graphdef, state = nnx.split(model)
-    return _decode_turn(graphdef, state, timeline, key, jnp.asarray(limits, jnp.int32), config, mesh)
+    return _decode_turn(graphdef, state, timeline, key, limits, config, mesh)
 
 
 @partial(jax.jit, static_argnames=("graphdef", "config", "mesh"))
@@ -422,8 +426,11 @@ def append(model: CausalLM, timeline: Timeline, tokens, mask, mesh: Mesh | None 
     if int(timeline.cursor) + tokens.shape[1] > timeline.capacity:
         raise ValueError(f"the timeline has {timeline.capacity - int(timeline.cursor)} free slots, fewer than the "
                          f"{tokens.shape[1]} appended: start it with a larger capacity")
+    tokens, mask = tokens.astype(np.int32), mask.astype(np.int32)
+    if mesh is not None:
+        tokens, mask = to_global((tokens, mask), mesh)
     graphdef, state = nnx.split(model)
-    return _append(graphdef, state, timeline, tokens.astype(np.int32), mask.astype(np.int32), mesh)
+    return _append(graphdef, state, timeline, tokens, mask, mesh)
 
 
 @partial(jax.jit, static_argnames=("graphdef", "mesh"))
