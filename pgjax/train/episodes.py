@@ -119,7 +119,8 @@ def run_episodes(policy: CausalLM, tokenizer, environment: Callable[[], Environm
     """Play ``sampling.n`` episodes of each of ``examples`` (module docstring), each row with its own
     ``environment()``; ``sampling.max_new_tokens`` bounds each reply and ``sampling.eos_ids`` end a
     turn. Turn t draws with ``key`` folded with t (turn 0 with ``key`` itself, so a one-turn episode
-    samples what ``generate`` does)."""
+    samples what ``generate`` does: the same tokens, and with ``limits.max_turns`` = 1, whose cache is
+    as long as ``generate``'s, the same log-probs to the last bit)."""
     n, rows = sampling.n, len(examples) * sampling.n
     environments = [environment() for _ in range(rows)]
     episodes = [_Row(opening_turns(prompt_format, env.reset(examples[r // n]))) for r, env in enumerate(environments)]
