@@ -18,6 +18,7 @@ import numpy as np
 from flax import nnx
 
 from pgjax import core
+from pgjax.agents import Step
 from pgjax.core import Batch, token_logprobs
 from pgjax.models import hf
 from pgjax.models.transformer import CausalLM, ModelConfig
@@ -129,6 +130,45 @@ class EmitX:
 
 
 EMIT_X = TaskSection(name="helpers:EmitX")      # a user's task, by import path (tests/ is on sys.path)
+
+
+class XGame:
+    """Two turns: a reply that opens with x earns 0.5 in the first turn and 1 in the second, which ends
+    the episode; between them the environment says ``b``."""
+
+    def reset(self, example):
+        self.turn = 0
+        return [{"role": "user", "content": example["prompt"]}]
+
+    def step(self, reply):
+        self.turn += 1
+        hit = float(reply.startswith("x"))
+        if self.turn == 1:
+            return Step(observation=[{"role": "user", "content": "b"}], reward=0.5 * hit)
+        return Step(reward=hit, done=True, info={"correct": hit})
+
+
+class OneTurnX:
+    """EmitX as an environment: one reply, scored as EmitX's verifier scores it."""
+
+    def reset(self, example):
+        return [{"role": "user", "content": example["prompt"]}]
+
+    def step(self, reply):
+        hit = float(reply.startswith("x"))
+        return Step(reward=hit, done=True, info={"correct": hit})
+
+
+@dataclasses.dataclass(frozen=True)
+class EmitXGame(EmitX):
+    """EmitX played as ``XGame`` episodes."""
+    environment = XGame
+
+
+@dataclasses.dataclass(frozen=True)
+class EmitXOneTurn(EmitX):
+    """EmitX played as one-turn episodes (``OneTurnX``)."""
+    environment = OneTurnX
 
 
 def p_first_x(policy, tokenizer) -> float:

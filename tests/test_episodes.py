@@ -8,6 +8,7 @@ LoRA adapters, and on a simulated 8-device mesh (this file is also that subproce
 episodes are the single-device ones."""
 import dataclasses
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -299,6 +300,105 @@ def test_episodes_on_a_simulated_mesh_equal_the_single_device_ones():
             break
     assert done.returncode == 0, done.stdout + done.stderr
     assert "episodes on the mesh ok" in done.stdout
+
+
+# ---------------------------------------------------------------- through the Trainer
+
+def episode_experiment(tmp_path, task: str, **rollout):
+    from helpers import tiny_experiment
+    from pgjax.train.experiment import TaskSection
+    exp = tiny_experiment(tmp_path, task=TaskSection(name=f"helpers:{task}", stop_text="a"), steps=3)
+    return dataclasses.replace(exp, rollout=dataclasses.replace(exp.rollout, **rollout))
+
+
+def test_the_trainer_trains_on_multi_turn_episodes(tmp_path):
+    """A task with an environment trains on its episodes: the records count turns and tokens, the
+    losses are finite, and the environment's per-turn rewards are the step's rewards."""
+    from pgjax.train.sinks import read_records
+    from pgjax.train.trainer import train
+    exp = episode_experiment(tmp_path, "EmitXGame", max_turns=2, max_observation_tokens=4)
+    train(exp, progress=False)
+    records = [r for r in read_records(exp.run_dir) if r.get("turns") is not None]
+    assert len(records) == 3 and any(r["turns"] > 1 for r in records)
+    for r in records:
+        assert 1 <= r["turns"] <= 2 and r["episode_tokens"] >= r["length"] and r["calls"] == 0
+        assert np.isfinite(r["policy_loss"]) and 0 <= r["accuracy"] <= 1 and 0 <= r["reward"] <= 1.5
+
+
+def test_a_one_turn_environment_trains_line_for_line_as_the_single_turn_task(tmp_path):
+    """EmitX as one-turn episodes (max_turns = 1) gives the single-turn run's records, every metric
+    (losses, mismatch, accuracy, lengths), but the episode counts it adds."""
+    from helpers import EMIT_X, comparable, tiny_experiment
+    from pgjax.train.records import EPISODE_KEYS
+    from pgjax.train.trainer import train
+    single = tiny_experiment(tmp_path / "single", task=EMIT_X, steps=3)
+    episodes = dataclasses.replace(single, run_dir=str(tmp_path / "episodes" / "run"),
+                                   task=dataclasses.replace(single.task, name="helpers:EmitXOneTurn"))
+    train(single, progress=False)
+    train(episodes, progress=False)
+    plain = comparable(f"{single.run_dir}/metrics.jsonl")
+    played = [{k: v for k, v in r.items() if k not in EPISODE_KEYS}
+              for r in comparable(f"{episodes.run_dir}/metrics.jsonl")]
+    assert played == plain and len(plain) == 4
+
+
+@pytest.mark.slow
+def test_stale_episodes_resume_exactly(tmp_path):
+    """With rollout.staleness = 1 the batch in flight is a batch of episodes (token-level rewards in
+    the checkpoint): a run stopped after step 2 and resumed ends as the uninterrupted one."""
+    from helpers import comparable
+    from pgjax.train.trainer import train
+    whole = episode_experiment(tmp_path / "whole", "EmitXGame", max_turns=2, max_observation_tokens=4, staleness=1)
+    whole = dataclasses.replace(whole, steps=4)
+    train(whole, progress=False)
+    halves = dataclasses.replace(whole, run_dir=str(tmp_path / "halves" / "run"))
+    train(dataclasses.replace(halves, steps=2), progress=False)
+    train(halves, resume=True, progress=False)
+    assert comparable(f"{halves.run_dir}/metrics.jsonl") == comparable(f"{whole.run_dir}/metrics.jsonl")
+
+
+def test_episode_settings_are_checked():
+    from helpers import tiny_experiment
+    from pgjax.train.context import task_context
+    from pgjax.parallel.mesh import single_device_mesh
+    from pgjax.train.experiment import AlgorithmSection, ConfigError, TaskSection, validate
+    exp = tiny_experiment(pathlib.Path("/nonexistent"), task=TaskSection(name="helpers:EmitX"))
+    with pytest.raises(ConfigError, match="rollout.max_turns=3 needs an environment"):
+        task_context(dataclasses.replace(exp, rollout=dataclasses.replace(exp.rollout, max_turns=3)))
+    with pytest.raises(ValueError, match="task.tools"):
+        TaskSection(tools="shell")
+    tools = dataclasses.replace(exp, task=TaskSection(name="word_math", tools="calculator"),
+                                algorithm=AlgorithmSection(preset="remax"))
+    with pytest.raises(ConfigError, match="remax \\(a greedy baseline\\) is not supported with task.tools"):
+        validate(tools, single_device_mesh())
+    with pytest.raises(ValueError, match="max_turns must be an integer >= 1"):
+        dataclasses.replace(exp.rollout, max_turns=0)
+
+
+def test_task_tools_make_a_calculator_environment_scored_by_the_tasks_verifier(tmp_path):
+    """task.tools=calculator on word_math: the context's environment answers calls with the calculator
+    and scores the final reply with word_math's own verifier; a template without tools gets the
+    plain-text convention; the same with a template that takes tools gets JSON calls and schemas."""
+    from helpers import save_tiny_checkpoint, tiny_experiment
+    from pgjax.agents import JsonCalls, TaggedCalls
+    from pgjax.train.context import task_context
+    from pgjax.train.experiment import ModelSection, TaskSection
+    plain = save_tiny_checkpoint(tmp_path / "plain")
+    exp = tiny_experiment(tmp_path, task=TaskSection(name="word_math", tools="calculator", digits=1),
+                          model=ModelSection(path=str(plain)))
+    context = task_context(exp)
+    environment = context.environment()
+    example = context.task.examples(1, seed=0)[0]
+    opening = environment.reset(example)
+    assert isinstance(environment.calls, TaggedCalls) and "<calculator>" in opening[0]["content"]
+    assert environment.step("<calculator>2+3</calculator>").observation[0]["content"] == "<result>5</result>"
+    final = environment.step(f"\\boxed{{{example['answer']}}}")
+    assert final.done and final.reward == 1.0 and final.info["correct"] == 1.0
+    assert environment.step("\\boxed{-12345}").reward == 0.0
+    from test_environment import TOOL_TEMPLATE
+    with_tools = save_tiny_checkpoint(tmp_path / "tools", chat_template=TOOL_TEMPLATE)
+    context = task_context(dataclasses.replace(exp, model=ModelSection(path=str(with_tools))))
+    assert isinstance(context.environment().calls, JsonCalls) and '"calculator"' in context.prompt_format.tools
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ from a factory). ``Step.observation`` is the messages the environment answers wi
 chat template and appended to the model's input: the policy never trains on them) or None when it
 has nothing to add; ``Step.reward`` the turn's reward (None: none), placed on the turn's last policy
 token, as the paper's process rewards are; ``Step.done`` ends the episode. ``Step.info`` counts
-what the turn did (``calls``, ``valid_calls``), summed over an episode.
+what the turn did (``calls``, ``valid_calls``), summed over an episode, and may say whether the
+episode's answer is ``correct`` (1.0 / 0.0: the accuracy the logs report).
 
 ``ToolEnvironment`` answers tool calls with their results and scores the first reply that calls no
 tool as the final answer. How a call is written is a ``CallFormat``:
@@ -178,8 +179,8 @@ class ToolEnvironment:
             raise RuntimeError("ToolEnvironment.step before reset")
         calls, errors = self.calls.parse(reply, self.tools)
         if not calls and not errors:
-            return Step(reward=float(self.answer_reward(self.example, reply)), done=True,
-                        info={"calls": 0, "valid_calls": 0})
+            reward = float(self.answer_reward(self.example, reply))
+            return Step(reward=reward, done=True, info={"calls": 0, "valid_calls": 0, "correct": reward})
         by_name = {tool.name: tool for tool in self.tools}
         results = [by_name[call.name](call.arguments) for call in calls]
         texts = [self.calls.result(result.text) for result in results] + errors

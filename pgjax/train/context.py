@@ -14,14 +14,20 @@ it was raised; ``task.reward_timeout`` limits each call of the task's verifier (
 from __future__ import annotations
 
 import dataclasses
+import json
 import pathlib
 import sys
+from collections.abc import Callable
 
+from pgjax.agents import Calculator, Environment, JsonCalls, PythonSandbox, ToolEnvironment, call_format_for
 from pgjax.models import hf
 from pgjax.parallel import multihost
-from pgjax.rewards import batch_fields, described_value, error_text, make_task, raised_at, with_timeout
+from pgjax.rewards import (batch_fields, call_reward, described_value, error_text, finite_rewards, make_task, raised_at,
+                           reward_name, with_timeout)
 from pgjax.train.experiment import ConfigError, Experiment, stream_seed
 from pgjax.train.rollout import PromptFormat, prompt_format_for, stop_tokens
+
+TOOL_CLASSES = {"calculator": Calculator, "python": PythonSandbox}      # experiment.TOOLS
 
 
 def user_error(what: str, build, user_code: bool = False):
@@ -68,13 +74,15 @@ class TimedTask:
 class TaskContext:
     """``task``; ``tokenizer``; ``prompt_format`` (how a prompt becomes the model's input text);
     ``eos_ids``, the tokens that end a response, and ``end_id``, the one that ends a demonstration;
-    ``eval_examples``, the held-out prompts (every process's)."""
+    ``eval_examples``, the held-out prompts (every process's); ``environment``: for multi-turn
+    episodes, what makes one episode's environment (``environment_factory``), else None."""
     task: object
     tokenizer: object
     prompt_format: PromptFormat
     eos_ids: tuple[int, ...]
     end_id: int
     eval_examples: list[dict]
+    environment: Callable[[], Environment] | None = None
 
     def render(self, prompts: list[str]) -> list[str]:
         """The model's input text of each prompt."""
@@ -119,4 +127,32 @@ def task_context(exp: Experiment, checkpoint: str | pathlib.Path = "", fit_to: i
     eval_examples = in_task(lambda: checked_examples(task, exp.eval_prompts, stream_seed(exp.seed, "eval", 0)))
     if t.reward_timeout:
         task = TimedTask(task, t.reward_timeout)
-    return TaskContext(task, tokenizer, prompt_format, eos_ids, end_id, eval_examples)
+    environment, prompt_format = environment_factory(exp, task, tokenizer, prompt_format)
+    return TaskContext(task, tokenizer, prompt_format, eos_ids, end_id, eval_examples, environment)
+
+
+def environment_factory(exp: Experiment, task, tokenizer, prompt_format: PromptFormat
+                        ) -> tuple[Callable[[], Environment] | None, PromptFormat]:
+    """What makes an episode's environment, and the prompt format it needs: with ``task.tools`` a
+    ``ToolEnvironment`` of those tools whose final answer the task's verifier scores, in the call
+    convention of the tokenizer's chat template (``call_format_for``; a template that takes tools
+    gets their schemas); else the task's own ``environment`` (a factory) if it has one; else None
+    (single-turn rollouts), which ``rollout.max_turns`` > 1 refuses."""
+    t = exp.task
+    if t.tools:
+        calls = call_format_for(getattr(tokenizer, "chat_template", None) if prompt_format.chat else None)
+        tools = [TOOL_CLASSES[name]() for name in t.tool_names]
+        if isinstance(calls, JsonCalls):
+            prompt_format = dataclasses.replace(prompt_format, tools=json.dumps(JsonCalls.schemas(tools)))
+
+        def answer_reward(example: dict, reply: str) -> float:
+            fields = {k: [v] for k, v in example.items() if k != "prompt"}
+            raw = call_reward(task.reward_fn, [example["prompt"]], [reply], **fields)
+            return float(finite_rewards(raw, reward_name(task.reward_fn), [example["prompt"]], [reply], "error")[0][0])
+
+        return (lambda: ToolEnvironment(tools, answer_reward, calls)), prompt_format
+    factory = getattr(task, "environment", None)
+    if factory is None and exp.rollout.max_turns > 1:
+        raise ConfigError(f"rollout.max_turns={exp.rollout.max_turns} needs an environment: set task.tools, or give "
+                          f"task {t.name!r} an environment() of its own (docs/agents.md)")
+    return factory, prompt_format

@@ -28,14 +28,17 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from pgjax import core
 from pgjax.agents.environment import Environment, Step
 from pgjax.models.transformer import CausalLM
-from pgjax.parallel.multihost import to_host
+from pgjax.parallel.multihost import to_global, to_host
 from pgjax.rewards import Conversation
 from pgjax.sample.sampler import SamplingConfig, append, decode_turn, start
-from pgjax.train.rollout import PromptFormat, left_pad, pad_id
+from pgjax.train.learner import Rollout
+from pgjax.train.rollout import PromptFormat, RolloutConfig, left_pad, pad_id, trim_padding
 
 CUT_MARK = " [cut]"
+EPISODE_STATS = ("turns", "calls", "valid_calls", "observation_tokens", "cuts")     # per-row statistics
 BLOCK_UNIT = 8                  # appended blocks are padded to a multiple of this (fewer compiled shapes)
 ENDINGS = ("done", "turns", "tokens", "truncated")
 
@@ -64,7 +67,8 @@ class Episodes:
     logprobs, policy_logprobs [R, N]: the sampler's log-probs of the policy's tokens (``Samples``'
     two kinds), 0 elsewhere; rewards [R, N]: each turn's reward on its last policy token;
     ``returns`` [R]: their sum; per episode: ``turns``, ``calls`` and ``valid_calls`` (summed from the
-    steps' ``info``), ``observation_tokens``, ``cuts`` (observations cut to fit), ``ended`` (one of
+    steps' ``info``), ``correct`` (the last ``info["correct"]`` an environment gave, NaN if none),
+    ``observation_tokens``, ``cuts`` (observations cut to fit), ``ended`` (one of
     ``ENDINGS``), ``truncated`` (the last reply cut before its end of turn); ``replies``: the texts;
     ``prefill_tokens``: the prompt and observation tokens the model read in (what re-prefilling each
     turn's whole history would have multiplied)."""
@@ -79,6 +83,7 @@ class Episodes:
     turns: np.ndarray
     calls: np.ndarray
     valid_calls: np.ndarray
+    correct: np.ndarray
     observation_tokens: np.ndarray
     cuts: np.ndarray
     ended: list[str]
@@ -99,6 +104,7 @@ class _Row:
     used: int = 0
     calls: int = 0
     valid_calls: int = 0
+    correct: float = float("nan")
     cuts: int = 0
     ended: str | None = None
     truncated: bool = False
@@ -185,8 +191,9 @@ def _take_turn(row: _Row, environment: Environment, tokenizer, prompt_format: Pr
         row.rewards.append((len(row.segments) - 1, float(step.reward)))
     row.calls += int(step.info.get("calls", 0))
     row.valid_calls += int(step.info.get("valid_calls", 0))
+    row.correct = float(step.info.get("correct", row.correct))
     row.ended = ("done" if step.done else "truncated" if not ended else "turns" if last_turn else None)
-    row.truncated = not ended and not step.done
+    row.truncated = not ended                   # the reply was cut by its token limit, as a single-turn one is
     if row.ended:
         return None
     observation = list(step.observation or [])
@@ -254,6 +261,63 @@ def _assemble(episodes: list[_Row], prompts: np.ndarray, prompt_mask: np.ndarray
                     turns=np.array([sum(s[0] == "policy" for s in row.segments) for row in episodes], np.int32),
                     calls=np.array([row.calls for row in episodes], np.int32),
                     valid_calls=np.array([row.valid_calls for row in episodes], np.int32),
+                    correct=np.array([row.correct for row in episodes], np.float32),
                     observation_tokens=observation_tokens, cuts=np.array([row.cuts for row in episodes], np.int32),
                     ended=[row.ended for row in episodes], truncated=np.array([row.truncated for row in episodes]),
                     replies=[row.replies for row in episodes], prefill_tokens=prefilled)
+
+
+def episode_limits(config: RolloutConfig) -> EpisodeLimits:
+    """A training rollout's limits (``RolloutConfig``'s ``max_turns``, ``episode_budget()``,
+    ``max_observation_tokens``)."""
+    return EpisodeLimits(config.max_turns, config.episode_budget(), config.max_observation_tokens)
+
+
+def collect_episodes(policy: CausalLM, tokenizer, examples: list[dict], environment: Callable[[], Environment], key,
+                     config: RolloutConfig, eos_ids, mesh: Mesh, prompt_format: PromptFormat) -> Episodes:
+    """A training step's episodes: ``config.samples_per_prompt`` of each of ``examples`` (this
+    process's), drawn as ``config`` says."""
+    sampling = config.sampling(eos_ids, pad_id(tokenizer), n=config.samples_per_prompt)
+    return run_episodes(policy, tokenizer, environment, examples, key, sampling, episode_limits(config),
+                        prompt_format, config.max_prompt_tokens, mesh)
+
+
+def episode_rollout(episodes: Episodes, examples: list[dict], tokenizer, config: RolloutConfig, mesh: Mesh
+                    ) -> tuple[Rollout, dict]:
+    """The learner's ``Rollout`` of ``episodes`` and their per-row statistics, as ``rollout.collect``
+    gives a single-turn batch's: the response columns widened to the episode budget
+    (``config.episode_budget()``), the policy's tokens in the mask (groups whose K returns are equal
+    left out with ``filter_equal_groups``, cut episodes with ``mask_truncated``), each turn's reward on
+    its last policy token (``Batch.rewards`` [B, N]), the sampler's log-probs, padding trimmed with
+    ``trim_padding``. Statistics: ``reward`` the return, ``correct`` the environment's (0 where it
+    gave none), ``length`` the policy's tokens, ``truncated``, ``kept``, ``turns``, ``calls``,
+    ``valid_calls``, ``observation_tokens``, ``cuts``, and the episode's text after the prompt as its
+    ``completion``."""
+    k, budget = config.samples_per_prompt, config.episode_budget()
+    width = episodes.tokens.shape[1] - episodes.mask.shape[1]
+
+    def widened(x):
+        return np.pad(x, ((0, 0), (0, max(budget - x.shape[1], 0))))[:, :budget]
+    tokens, attention = (np.concatenate([x[:, :width], widened(x[:, width:])], axis=1)
+                         for x in (episodes.tokens, episodes.attention_mask))
+    keep = np.ones(len(episodes.returns), bool)
+    if config.mask_truncated:
+        keep &= ~episodes.truncated
+    if config.filter_equal_groups:
+        groups = episodes.returns.reshape(-1, k)
+        keep &= np.repeat(groups.max(1) > groups.min(1), k)
+    host = to_global({"tokens": tokens, "attention_mask": attention, "mask": widened(episodes.mask) * keep[:, None],
+                      "rewards": widened(episodes.rewards), "behaviour_logp": widened(episodes.logprobs)}, mesh)
+    rollout = Rollout(tokens=host["tokens"], attention_mask=host["attention_mask"],
+                      batch=core.Batch(mask=host["mask"], rewards=host["rewards"], logp=None,
+                                       behaviour_logp=host["behaviour_logp"], group_size=k))
+    lengths = np.asarray(attention[:, width:].sum(1))              # gap-free: the episode's last column + 1
+    if config.trim_padding:
+        rollout = trim_padding(rollout, lengths)
+    texts = [tokenizer.decode(row[width:width + n]) for row, n in zip(tokens, lengths)]
+    correct = np.nan_to_num(episodes.correct, nan=0.0)
+    stats = {"reward": episodes.returns, "correct": correct, "length": episodes.mask.sum(1).astype(np.int32),
+             "truncated": episodes.truncated, "kept": keep, "nonfinite": np.zeros(len(keep), bool),
+             "completions": texts, "prompts": [e["prompt"] for e in examples for _ in range(k)],
+             **{name: getattr(episodes, name) for name in EPISODE_STATS}}
+    return rollout, stats

@@ -183,6 +183,7 @@ CHAT_TEMPLATE = ("auto", "none")
 # the task section's keys that say how a prompt reaches the model and where a response ends (not the
 # task factory's options; a pgjax.eval report records them beside those)
 PROMPT_KEYS = ("chat_template", "system_prompt", "prompt_template", "stop_text")
+TOOLS = ("calculator", "python")           # task.tools: pgjax.agents' Calculator and PythonSandbox
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,7 +217,11 @@ class TaskSection:
     reward function (or the task's verifier) may take; one that has not returned by then stops the run
     with an error naming it (0: no limit; a function stuck in C code that holds the GIL cannot be
     interrupted, so then the limit cannot fire either). ``held_out`` (``word_math``): ``none``, or the held-out
-    evaluation split ``templates``, ``numbers`` or ``both``, which the Trainer refuses to train on."""
+    evaluation split ``templates``, ``numbers`` or ``both``, which the Trainer refuses to train on.
+    ``tools``: comma-separated tools (``calculator``, ``python``: ``pgjax.agents``) the policy may call
+    in multi-turn episodes (``rollout.max_turns``): the task's prompt opens the episode, each call's
+    result comes back as an observation, and the task's verifier scores the first reply that calls no
+    tool (docs/agents.md)."""
     name: str = "arithmetic"
     digits: int = 2
     ops: str = "+"
@@ -239,6 +244,7 @@ class TaskSection:
     prompt_template: str = "{prompt}"
     stop_text: str = ""
     reward_timeout: float = 0.0
+    tools: str = ""
 
     def __post_init__(self):
         check_types(self, "task.")
@@ -254,6 +260,13 @@ class TaskSection:
         _require(math.isfinite(self.format_weight), "task.format_weight", self.format_weight, "a finite number")
         _require(0 <= self.reward_timeout < math.inf, "task.reward_timeout", self.reward_timeout,
                  "finite seconds >= 0 (0: no limit)")
+        _require(all(name in TOOLS for name in self.tool_names), "task.tools", self.tools,
+                 f"comma-separated tools of {', '.join(TOOLS)} (empty: none)")
+
+    @property
+    def tool_names(self) -> tuple[str, ...]:
+        """``tools`` split at its commas."""
+        return tuple(name.strip() for name in self.tools.split(",")) if self.tools else ()
 
     @property
     def stop_texts(self) -> tuple[str, ...]:
@@ -269,7 +282,7 @@ class TaskSection:
     def options(self) -> dict:
         """The fields a task factory may take, by name."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name not in ("name", "reward", "format_weight", "reward_timeout", *PROMPT_KEYS)}
+                if f.name not in ("name", "reward", "format_weight", "reward_timeout", "tools", *PROMPT_KEYS)}
 
 
 def with_escapes(text: str) -> str:
@@ -436,6 +449,7 @@ def validate(exp: Experiment, mesh) -> None:
                           f"{exp.rollout.temperature}: the update would score another policy than the one that "
                           "sampled; set both")
     check_batches(exp, mesh)
+    _check_episodes(exp, algo)
     try:
         factory = task_factory(exp.task.name)
         if exp.task.reward:
@@ -454,6 +468,22 @@ def validate(exp: Experiment, mesh) -> None:
         _check_dataset_file(exp.task)
     if exp.logging.wandb and importlib.util.find_spec("wandb") is None:
         raise ConfigError("logging.wandb=True needs the wandb package: pip install -e '.[wandb]'")
+
+
+def _check_episodes(exp: Experiment, algo) -> None:
+    """With tools (multi-turn episodes) the environment's rewards are the training reward, and what
+    single-turn rollouts add to theirs has no place: ReMax's greedy response, a reward function of
+    the user's, the format reward, the overlong penalty."""
+    if not exp.task.tools:
+        return
+    conflicts = [(algo.spec.baseline == "greedy", f"algorithm.preset={exp.algorithm.preset} (a greedy baseline)"),
+                 (bool(exp.task.reward), f"task.reward={exp.task.reward!r}"),
+                 (exp.task.format_weight != 0, f"task.format_weight={exp.task.format_weight}"),
+                 (exp.rollout.overlong_buffer > 0, f"rollout.overlong_buffer={exp.rollout.overlong_buffer}")]
+    for conflict, setting in conflicts:
+        if conflict:
+            raise ConfigError(f"{setting} is not supported with task.tools={exp.task.tools!r}: in a multi-turn "
+                              "episode the environment's rewards are the training reward")
 
 
 def _check_dataset_file(task: TaskSection) -> None:
@@ -479,9 +509,11 @@ def _check_context(exp: Experiment) -> None:
     if not isinstance(config, dict):
         raise ConfigError(f"model.path={exp.model.path!r}: {file} holds {type(config).__name__}, not a JSON object")
     context = config.get("max_position_embeddings")
-    width = exp.rollout.max_prompt_tokens + exp.rollout.max_new_tokens
+    response = "rollout.episode_budget()" if exp.task.tools else "rollout.max_new_tokens"
+    width = exp.rollout.max_prompt_tokens + (exp.rollout.episode_budget() if exp.task.tools
+                                             else exp.rollout.max_new_tokens)
     if context and width > context:
-        raise ConfigError(f"rollout.max_prompt_tokens + rollout.max_new_tokens = {width} exceeds the model's context "
+        raise ConfigError(f"rollout.max_prompt_tokens + {response} = {width} exceeds the model's context "
                           f"of {context} tokens (max_position_embeddings in {exp.model.path}/config.json)")
 
 

@@ -150,14 +150,15 @@ class Rollout:
 
 
 def placeholder_rollout(rows: int, prompt_width: int, budget: int, group_size: int, greedy_rewards: bool,
-                        array=np.zeros) -> Rollout:
+                        array=np.zeros, token_rewards: bool = False) -> Rollout:
     """A rollout with the layout the sampler hands ``Learner.prepare`` at full width: ``rows`` rows of
-    ``prompt_width`` prompt and ``budget`` response tokens, response mask, outcome rewards, the
-    sampler's log-probs and (``greedy_rewards``, ReMax) the greedy rewards. ``array(shape, dtype)``
-    makes each leaf: ``np.zeros`` (a checkpoint's restore target) or a ``jax.ShapeDtypeStruct`` maker
-    (the memory planner's abstract batch)."""
+    ``prompt_width`` prompt and ``budget`` response tokens, response mask, outcome rewards (per token
+    with ``token_rewards``: multi-turn episodes), the sampler's log-probs and (``greedy_rewards``,
+    ReMax) the greedy rewards. ``array(shape, dtype)`` makes each leaf: ``np.zeros`` (a checkpoint's
+    restore target) or a ``jax.ShapeDtypeStruct`` maker (the memory planner's abstract batch)."""
     width = prompt_width + budget
-    batch = core.Batch(mask=array((rows, budget), np.float32), rewards=array((rows,), np.float32), logp=None,
+    rewards = array((rows, budget) if token_rewards else (rows,), np.float32)
+    batch = core.Batch(mask=array((rows, budget), np.float32), rewards=rewards, logp=None,
                        behaviour_logp=array((rows, budget), np.float32),
                        greedy_rewards=array((rows,), np.float32) if greedy_rewards else None, group_size=group_size)
     return Rollout(tokens=array((rows, width), np.int32), attention_mask=array((rows, width), np.int32), batch=batch)

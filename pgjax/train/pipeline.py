@@ -34,6 +34,7 @@ from pgjax.train.context import TaskContext
 from pgjax.train.experiment import Experiment, RunStopped, stream_seed
 from pgjax.train.learner import Learner, Rollout, TrainState, placeholder_rollout
 from pgjax.train.records import STAT_KEYS
+from pgjax.train.episodes import EPISODE_STATS, Episodes, collect_episodes, episode_rollout
 from pgjax.train.rollout import collect, dispatch_samples, keep_columns, pad_columns, pad_id
 
 
@@ -86,6 +87,8 @@ class RolloutPipeline:
         self.weight_copy = self._weight_copy(params_like)
         self.in_flight: list[Sampled] = []      # rollout.staleness batches sampled ahead (oldest first)
         self._ahead = None                      # the batch dispatched during this step: (dispatched, weights, key)
+        # the response columns of a full-width rollout: a reply's, or an episode's after its prompt
+        self.response_budget = exp.rollout.episode_budget() if context.environment else exp.rollout.max_new_tokens
 
     def _sampler_graphdef(self, policy: CausalLM):
         """The sampler's model graph: the policy's, or with ``rollout.compute_dtype`` set to another
@@ -123,10 +126,14 @@ class RolloutPipeline:
         exp, context = self.exp, self.context
         examples = context.task.examples(exp.prompts_per_step, seed=stream_seed(exp.seed, "train", index - 1))
         share = multihost.process_share(examples, self.sampler_mesh)
+        policy = nnx.merge(self.graphdef, params)
+        if context.environment is not None:      # episodes: the host drives every turn, so they run here
+            return share, collect_episodes(policy, context.tokenizer, share, context.environment,
+                                           self._on_sampler(key), exp.rollout, context.eos_ids, self.sampler_mesh,
+                                           context.prompt_format)
         sampling = exp.rollout.sampling(context.eos_ids, pad_id(context.tokenizer), n=exp.rollout.samples_per_prompt)
-        samples = dispatch_samples(nnx.merge(self.graphdef, params), context.tokenizer, share,
-                                   exp.rollout.max_prompt_tokens, self._on_sampler(key), sampling, self.sampler_mesh,
-                                   context.prompt_format)
+        samples = dispatch_samples(policy, context.tokenizer, share, exp.rollout.max_prompt_tokens,
+                                   self._on_sampler(key), sampling, self.sampler_mesh, context.prompt_format)
         return share, samples
 
     @functools.partial(jax.profiler.annotate_function, name="pgjax/score")
@@ -138,16 +145,19 @@ class RolloutPipeline:
         exp, context, mesh = self.exp, self.context, self.sampler_mesh
         share, samples = dispatched
         try:
-            rollout, stats = collect(nnx.merge(self.graphdef, params), context.tokenizer, share, self.reward_fn,
-                                     context.task.reward_fn, self._on_sampler(key), exp.rollout,
-                                     greedy_baseline=self.greedy_baseline, eos_ids=context.eos_ids, mesh=mesh,
-                                     prompt_format=context.prompt_format, samples=samples)
+            if isinstance(samples, Episodes):
+                rollout, stats = episode_rollout(samples, share, context.tokenizer, exp.rollout, mesh)
+            else:
+                rollout, stats = collect(nnx.merge(self.graphdef, params), context.tokenizer, share, self.reward_fn,
+                                         context.task.reward_fn, self._on_sampler(key), exp.rollout,
+                                         greedy_baseline=self.greedy_baseline, eos_ids=context.eos_ids, mesh=mesh,
+                                         prompt_format=context.prompt_format, samples=samples)
         except RewardError as error:
             raise RunStopped(f"step {index}: {error}") from None
         rows = exp.prompts_per_step * exp.rollout.samples_per_prompt
         logged = (sample_rows(exp, stats, index, multihost.process_rows(rows, mesh), context.task.format_pattern)
                   if logged_at(exp.logging, index) else None)
-        stats = multihost.gather_rows({k: stats[k] for k in STAT_KEYS}, rows, mesh)
+        stats = multihost.gather_rows({k: stats[k] for k in (*STAT_KEYS, *EPISODE_STATS) if k in stats}, rows, mesh)
         if mesh is not self.mesh:
             rollout = jax.device_put(rollout, mesh_lib.batch_sharding(self.mesh))
         return Sampled(rollout, stats, sampled_at, logged)
@@ -185,7 +195,7 @@ class RolloutPipeline:
     def saved(self) -> tuple[tuple[Rollout, ...], list[dict]]:
         """The batches in flight as a checkpoint holds them: full-width rollouts and their records."""
         r = self.exp.rollout
-        saved = [batch.saved(r.max_prompt_tokens, r.max_new_tokens) for batch in self.in_flight]
+        saved = [batch.saved(r.max_prompt_tokens, self.response_budget) for batch in self.in_flight]
         return tuple(rollout for rollout, _ in saved), [record for _, record in saved]
 
     def saved_like(self) -> tuple[Rollout, ...]:
@@ -193,7 +203,8 @@ class RolloutPipeline:
         target layout)."""
         exp, r = self.exp, self.exp.rollout
         rollout = placeholder_rollout(exp.prompts_per_step * r.samples_per_prompt, r.max_prompt_tokens,
-                                      r.max_new_tokens, r.samples_per_prompt, self.greedy_baseline)
+                                      self.response_budget, r.samples_per_prompt, self.greedy_baseline,
+                                      token_rewards=self.context.environment is not None)
         return (jax.device_put(rollout, mesh_lib.batch_sharding(self.mesh)),) * r.staleness
 
     def restore(self, rollouts, records: list[dict]) -> None:

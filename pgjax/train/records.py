@@ -3,7 +3,8 @@ statistics, the finalized loss metrics, timings (``step_record``), and the names
 
 Rollout statistics (``STAT_KEYS``, one value per sampled row): the training reward, the verifier's
 ``correct``, the response length, whether it was truncated, whether it was kept for the update, and
-whether a reward function gave a non-finite value. Timings (``TIMING_KEYS``, seconds): sampling
+whether a reward function gave a non-finite value; for multi-turn episodes also ``EPISODE_KEYS``.
+Timings (``TIMING_KEYS``, seconds): sampling
 (with decoding and scoring), ``Learner.prepare``, the update, the whole step, and generated tokens
 per second of sampling. ``padding``: the share of the token positions the update computes on
 (the rollout's ``[B, P + N]`` after ``rollout.trim_padding``) that are padding, what packing
@@ -17,10 +18,13 @@ from pgjax import core
 STAT_KEYS = ("reward", "correct", "length", "truncated", "kept", "nonfinite")
 TIMING_KEYS = ("time_sample", "time_prepare", "time_update", "time_step", "tokens_per_second")
 MISMATCH_KEYS = ("mismatch_abs", "mismatch_abs_max", "mismatch_kl", "mismatch_outside")
+# multi-turn episodes only (``pgjax.train.episodes``): per episode, the mean replies, tool calls, the share
+# of episodes that call a tool, the share of calls that ran, tokens after the prompt, and the observations cut
+EPISODE_KEYS = ("turns", "calls", "call_rate", "valid_call_rate", "episode_tokens", "observation_cuts")
 RECORD_KEYS = ("step", "reward", "accuracy", "length", "length_correct", "length_incorrect", "truncated", "kept",
                "nonfinite_rewards", "skipped_updates", "policy_loss", "clip_fraction", "grad_norm", "entropy",
                "kl_ref", "kl_old", "value_loss", "policy_lag", *MISMATCH_KEYS, "is_weight", "is_limited",
-               "eval_accuracy", "padding", *TIMING_KEYS)
+               "eval_accuracy", "padding", *TIMING_KEYS, *EPISODE_KEYS)
 
 
 def step_record(stats: dict, metrics: dict, times: dict) -> dict:
@@ -49,4 +53,11 @@ def step_record(stats: dict, metrics: dict, times: dict) -> dict:
     out.update({k: v if steps else None for k, v in losses.items()})
     generated = float(lengths.sum())
     out.update(times, tokens_per_second=generated / max(times["time_sample"], 1e-9))
+    if "turns" in stats:
+        calls = stats["calls"].sum()
+        out.update(turns=float(stats["turns"].mean()), calls=float(stats["calls"].mean()),
+                   call_rate=float((stats["calls"] > 0).mean()),
+                   valid_call_rate=float(stats["valid_calls"].sum() / calls) if calls else None,
+                   episode_tokens=float((lengths + stats["observation_tokens"]).mean()),
+                   observation_cuts=int(stats["cuts"].sum()))
     return out

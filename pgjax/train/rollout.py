@@ -60,6 +60,11 @@ class RolloutConfig(Decoding):
       devices (a data-parallel sampler mesh, one process only), the learner on the others
       (``mesh`` describes those); the weights are copied to the sampler's devices before each
       sampling and the batch back to the learner's.
+    max_turns, max_episode_tokens, max_observation_tokens: multi-turn episodes, where the task has
+      an environment (``task.tools``, or a task's own ``environment``; ``pgjax.train.episodes``): at
+      most ``max_turns`` replies of at most ``max_new_tokens`` each, ``max_episode_tokens`` tokens
+      after the prompt in all (0: as many as the turns and observations can take,
+      ``episode_budget``), each observation cut to ``max_observation_tokens``.
     """
     samples_per_prompt: int = 8
     max_prompt_tokens: int = 16
@@ -72,6 +77,9 @@ class RolloutConfig(Decoding):
     staleness: int = 0
     compute_dtype: str = ""
     sampler_devices: int = 0
+    max_turns: int = 1
+    max_episode_tokens: int = 0
+    max_observation_tokens: int = 64
 
     def __post_init__(self):
         super().__post_init__()
@@ -85,10 +93,19 @@ class RolloutConfig(Decoding):
                  ("staleness", self.staleness >= 0, "an integer >= 0 (0: on-policy)"),
                  ("compute_dtype", self.compute_dtype in ("", "float32", "bfloat16"),
                   "float32, bfloat16 or empty (the model's)"),
-                 ("sampler_devices", self.sampler_devices >= 0, "an integer >= 0 (0: the learner's devices)")]
+                 ("sampler_devices", self.sampler_devices >= 0, "an integer >= 0 (0: the learner's devices)"),
+                 ("max_turns", self.max_turns >= 1, "an integer >= 1"),
+                 ("max_episode_tokens", self.max_episode_tokens >= 0, "an integer >= 0 (0: the turns' own budget)"),
+                 ("max_observation_tokens", self.max_observation_tokens >= 1, "an integer >= 1")]
         for name, ok, valid in rules:
             if not ok:
                 raise ValueError(f"{name} must be {valid}, got {getattr(self, name)!r}")
+
+    def episode_budget(self) -> int:
+        """An episode's tokens after its prompt, at most: ``max_episode_tokens``, or what ``max_turns``
+        replies and the observations between them can take."""
+        return self.max_episode_tokens or (self.max_turns * self.max_new_tokens
+                                           + (self.max_turns - 1) * self.max_observation_tokens)
 
 
 def pad_id(tokenizer) -> int:
