@@ -382,10 +382,11 @@ def test_task_tools_make_a_calculator_environment_scored_by_the_tasks_verifier(t
     from helpers import save_tiny_checkpoint, tiny_experiment
     from pgjax.agents import JsonCalls, TaggedCalls
     from pgjax.train.context import task_context
-    from pgjax.train.experiment import ModelSection, TaskSection
+    from pgjax.train.experiment import ConfigError, ModelSection, TaskSection
     plain = save_tiny_checkpoint(tmp_path / "plain")
     exp = tiny_experiment(tmp_path, task=TaskSection(name="word_math", tools="calculator", digits=1),
                           model=ModelSection(path=str(plain)))
+    exp = dataclasses.replace(exp, rollout=dataclasses.replace(exp.rollout, max_prompt_tokens=400))
     context = task_context(exp)
     environment = context.environment()
     example = context.task.examples(1, seed=0)[0]
@@ -395,6 +396,10 @@ def test_task_tools_make_a_calculator_environment_scored_by_the_tasks_verifier(t
     final = environment.step(f"\\boxed{{{example['answer']}}}")
     assert final.done and final.reward == 1.0 and final.info["correct"] == 1.0
     assert environment.step("\\boxed{-12345}").reward == 0.0
+    short = dataclasses.replace(exp, rollout=dataclasses.replace(exp.rollout, max_prompt_tokens=40))
+    with pytest.raises(ConfigError, match="opening messages take up to .* tokens \\(with the tool prompt\\), more than "
+                                          "rollout.max_prompt_tokens=40"):
+        task_context(short)                                      # before a run writes anything
     from test_environment import TOOL_TEMPLATE
     with_tools = save_tiny_checkpoint(tmp_path / "tools", chat_template=TOOL_TEMPLATE)
     context = task_context(dataclasses.replace(exp, model=ModelSection(path=str(with_tools))))

@@ -24,6 +24,7 @@ from pgjax.models import hf
 from pgjax.parallel import multihost
 from pgjax.rewards import (batch_fields, call_reward, described_value, error_text, finite_rewards, make_task, raised_at,
                            reward_name, with_timeout)
+from pgjax.train.episodes import opening_turns
 from pgjax.train.experiment import ConfigError, Experiment, stream_seed
 from pgjax.train.rollout import PromptFormat, prompt_format_for, stop_tokens
 
@@ -128,7 +129,21 @@ def task_context(exp: Experiment, checkpoint: str | pathlib.Path = "", fit_to: i
     if t.reward_timeout:
         task = TimedTask(task, t.reward_timeout)
     environment, prompt_format = environment_factory(exp, task, tokenizer, prompt_format)
+    if environment is not None:
+        in_task(lambda: check_openings(environment, eval_examples, tokenizer, prompt_format,
+                                       exp.rollout.max_prompt_tokens))
     return TaskContext(task, tokenizer, prompt_format, eos_ids, end_id, eval_examples, environment)
+
+
+def check_openings(environment, examples: list[dict], tokenizer, prompt_format: PromptFormat, width: int) -> None:
+    """The environment's opening messages for ``examples`` (the tool prompt and the task's prompt)
+    fit ``rollout.max_prompt_tokens``: ValueError naming the longest, before anything is written."""
+    texts = [prompt_format.render_turns(tokenizer, opening_turns(prompt_format, environment().reset(e)))
+             for e in examples]
+    longest = max(len(ids) for ids in tokenizer(texts, add_special_tokens=prompt_format.special_tokens)["input_ids"])
+    if longest > width:
+        raise ValueError(f"the environment's opening messages take up to {longest} tokens (with the tool prompt), "
+                         f"more than rollout.max_prompt_tokens={width}: raise it")
 
 
 def environment_factory(exp: Experiment, task, tokenizer, prompt_format: PromptFormat
