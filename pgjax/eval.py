@@ -46,11 +46,16 @@ from pgjax.models import hf
 from pgjax.rewards import RewardError
 from pgjax.sample import Decoding
 from pgjax.train.context import task_context
+from pgjax.train.episodes import episode_limits, opening_turns
 from pgjax.train import paired
 from pgjax.train.evaluation import BATCH_ROWS, RESAMPLES, STRATA, check_ks, evaluate, strata_of, to_markdown
 from pgjax.train.experiment import PROMPT_KEYS, ConfigError, Experiment, ModelSection, TaskSection, override
 from pgjax.train.rollout import RolloutConfig
 
+
+# the rollout settings --set takes besides the task's: a multi-turn episode's limits
+EPISODE_SETTINGS = ("rollout.max_turns=", "rollout.max_episode_tokens=", "rollout.max_observation_tokens=")
+UNBOUNDED_PROMPTS = 1 << 30       # no prompt budget to check against: the evaluation sizes its own
 
 def _section(kind, saved: dict):
     """A config section from its saved fields, nested sections included (fields this version does not
@@ -150,15 +155,18 @@ def setup(args: argparse.Namespace) -> dict:
     model_dir, run = locate_model(args.model)
     if run is None and not args.task:
         raise ConfigError(f"--task is required for {args.model} (only a run directory's experiment.json names one)")
-    not_task = [a for a in args.set if not a.strip().startswith("task.")]
+    not_task = [a for a in args.set if not a.strip().startswith(("task.", *EPISODE_SETTINGS))]
     if not_task:
-        raise ConfigError(f"--set takes task options (task.KEY=VALUE), got {not_task[0]!r}")
+        raise ConfigError(f"--set takes task options (task.KEY=VALUE) and the episode limits "
+                          f"({', '.join(key.rstrip('=') for key in EPISODE_SETTINGS)}), got {not_task[0]!r}")
     exp = override(run or Experiment(), ([f"task.name={args.task}"] if args.task else []) + args.set)
     prompts = exp.eval_prompts if args.prompts is None else args.prompts
     if prompts < 1:
         raise ValueError(f"--prompts must be >= 1, got {prompts}")
     budgets = _budgets(args.max_new_tokens, run, args.model)
-    exp = dataclasses.replace(exp, eval_prompts=prompts, seed=exp.seed if args.seed is None else args.seed)
+    exp = dataclasses.replace(exp, eval_prompts=prompts, seed=exp.seed if args.seed is None else args.seed,
+                              # the evaluation widens its prompt width to its prompts (below), episodes' too
+                              rollout=dataclasses.replace(exp.rollout, max_prompt_tokens=UNBOUNDED_PROMPTS))
     context = task_context(exp, model_dir, fit_to=run.rollout.max_prompt_tokens if run else None)
     examples = context.eval_examples
     by = STRATA if args.by is None else [tag for tag in args.by.split(",") if tag]
@@ -166,15 +174,25 @@ def setup(args: argparse.Namespace) -> dict:
     if missing:
         raise ValueError(f"--by {missing[0]}: the examples carry no such tag (they have {', '.join(examples[0])})")
     strata_of(examples, by)
-    ids = context.prompt_format.token_ids(context.tokenizer, [e["prompt"] for e in examples])
+    if context.environment is None:
+        ids = context.prompt_format.token_ids(context.tokenizer, [e["prompt"] for e in examples])
+    else:                                   # the episodes' openings: the task's prompts after the tool prompt
+        ids = context.tokenizer([context.prompt_format.render_turns(context.tokenizer, opening_turns(
+            context.prompt_format, context.environment().reset(e))) for e in examples],
+            add_special_tokens=context.prompt_format.special_tokens)["input_ids"]
+    # an episode's replies are bounded by the evaluated budget (the largest, for the episode's total)
+    limits = episode_limits(dataclasses.replace(exp.rollout, max_new_tokens=max(budgets)))
     policy = hf.load(model_dir, param_dtype=exp.model.param_dtype, compute_dtype=exp.model.compute_dtype)
     return {"policy": policy, "tokenizer": context.tokenizer,
             "task": context.task, "examples": examples, "samples": args.samples, "ks": ks,
             "decodings": [Decoding(max_new_tokens=budget, temperature=args.temperature) for budget in budgets],
             "max_prompt_tokens": max(max(map(len, ids)), run.rollout.max_prompt_tokens if run else 0),
             "eos_ids": context.eos_ids, "prompt_format": context.prompt_format, "by": by,
+            "environment": context.environment, "limits": limits,
             "batch_rows": args.batch_rows, "key": jax.random.PRNGKey(exp.seed),
             "about": {"model": str(args.model), "task": exp.task.name, "task_options": exp.task.options(),
+                      "episodes": None if context.environment is None else {
+                          "tools": exp.task.tools, **dataclasses.asdict(limits)},
                       "prompt_format": {key: getattr(exp.task, key) for key in PROMPT_KEYS}, "seed": exp.seed}}
 
 

@@ -406,6 +406,48 @@ def test_task_tools_make_a_calculator_environment_scored_by_the_tasks_verifier(t
     assert isinstance(context.environment().calls, JsonCalls) and '"calculator"' in context.prompt_format.tools
 
 
+def test_evaluation_plays_episodes_and_reports_their_counts(setup):
+    """evaluate with an environment: greedy and sampled passes are episodes, correct is the
+    environment's verdict, and the report adds the call rate, valid-call rate, turns and tokens."""
+    from pgjax.sample import Decoding
+    from pgjax.train.evaluation import evaluate
+    model, tokenizer, end = setup
+
+    class Task:
+        format_pattern = ".*"
+        reward_fn = None
+
+    environment = lambda: ToolEnvironment([Calculator()], lambda example, reply: float(len(reply) % 2))  # noqa: E731
+    report = evaluate(model, tokenizer, Task, EXAMPLES * 2, samples=4, ks=(2,), decoding=Decoding(max_new_tokens=6),
+                      max_prompt_tokens=400, eos_ids=(end,), key=jax.random.key(0), prompt_format=CHAT,
+                      environment=environment, limits=EpisodeLimits(max_turns=3, max_tokens=64))
+    metrics = report["metrics"]
+    assert {"call_rate", "valid_call_rate", "mean_turns", "mean_episode_tokens", "pass@2"} <= set(metrics)
+    assert 1 <= metrics["mean_turns"]["value"] <= 3 and metrics["mean_episode_tokens"]["value"] > 0
+    assert 0 <= metrics["pass@1"]["value"] <= 1 and metrics["call_rate"]["ci95"] is not None
+    assert report["strata"] == {} and len(report["per_prompt"]["sampled_correct"]) == 4
+
+
+def test_the_evaluation_command_plays_tool_episodes(tmp_path, capsys):
+    """python -m pgjax.eval on a checkpoint with --set task.tools and the episode limits: the report
+    holds the episodes' settings and metrics; other rollout settings are refused."""
+    import json
+
+    from helpers import save_tiny_checkpoint
+    from pgjax import eval as eval_cli
+    checkpoint = save_tiny_checkpoint(tmp_path / "model")
+    out = tmp_path / "report.json"
+    common = [str(checkpoint), "--task", "word_math", "--set", "task.digits=1", "--set", "task.tools=calculator",
+              "--prompts", "4", "--samples", "2", "--max-new-tokens", "6"]
+    assert eval_cli.main([*common, "--set", "rollout.max_turns=2", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["episodes"] == {"tools": "calculator", "max_turns": 2, "max_tokens": 2 * 6 + 64,
+                                  "max_observation_tokens": 64}
+    assert {"call_rate", "mean_turns", "mean_episode_tokens"} <= set(report["metrics"])
+    assert eval_cli.main([*common, "--set", "rollout.temperature=2"]) == 2
+    assert "--set takes task options (task.KEY=VALUE) and the episode limits" in capsys.readouterr().err
+
+
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     check_mesh()

@@ -43,12 +43,16 @@ from pgjax.parallel import multihost
 from pgjax.parallel.mesh import batch_shards, single_device_mesh
 from pgjax.rewards import format_reward
 from pgjax.sample import Decoding
+from pgjax.train.episodes import run_episodes
 from pgjax.train.rollout import PLAIN, PromptFormat, pad_id, sample_and_score
 
 Z95 = statistics.NormalDist().inv_cdf(0.975)     # 1.95996...: the two-sided 95% normal quantile
 RESAMPLES = 10_000                                # bootstrap resamples of every interval that is not Wilson's
 STRATA = ("difficulty", "op", "kind")             # the example tags evaluation groups by, when examples carry them
 BATCH_ROWS = 512                                  # responses per sampler call
+
+
+EPISODE_COUNTS = ("turns", "calls", "valid_calls", "episode_tokens")      # per-episode columns of a multi-turn pass
 
 
 def integer_array(name: str, value) -> np.ndarray:
@@ -180,7 +184,32 @@ def outcome_metrics(greedy_correct, sampled: dict | None, ks=(1,), resamples: in
         values["finished_correct"] / values["finish_rate"] if finished.any() else None, ratio)
     for name in ("mean_length", "format_rate"):
         metrics[name] = _bootstrapped(values[name], draws[name])
+    if "calls" in sampled:
+        metrics.update(_episode_metrics(sampled, resamples, seed))
     return metrics
+
+
+def _episode_metrics(sampled: dict, resamples: int, seed: int) -> dict:
+    """Multi-turn episodes' metrics from ``sampled``'s ``calls``, ``valid_calls``, ``turns`` and
+    ``episode_tokens`` [P, N]: ``call_rate`` (episodes with a tool call), ``valid_call_rate`` (calls
+    that ran, of all calls; None without calls), ``mean_turns``, ``mean_episode_tokens`` (the tokens
+    after the prompt, the environment's included), each with its bootstrap interval over prompts."""
+    calls, valid = np.asarray(sampled["calls"], np.float64), np.asarray(sampled["valid_calls"], np.float64)
+    columns = {"call_rate": (calls > 0).mean(1), "calls": calls.mean(1), "valid": valid.mean(1),
+               "mean_turns": np.asarray(sampled["turns"], np.float64).mean(1),
+               "mean_episode_tokens": np.asarray(sampled["episode_tokens"], np.float64).mean(1)}
+    values = {name: float(column.mean()) for name, column in columns.items()}
+    draws = dict.fromkeys(columns)
+    if len(calls) >= 2:
+        draws = dict(zip(columns, bootstrap_means(np.stack(list(columns.values()), 1), resamples, seed).T))
+    out = {name: _bootstrapped(values[name], draws[name]) for name in ("call_rate", "mean_turns",
+                                                                       "mean_episode_tokens")}
+    ratio = None
+    if draws["calls"] is not None:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(draws["calls"] > 0, draws["valid"] / draws["calls"], np.nan)
+    out["valid_call_rate"] = _bootstrapped(values["valid"] / values["calls"] if calls.any() else None, ratio)
+    return out
 
 
 def _plain(value):
@@ -250,10 +279,36 @@ def _sample_in_batches(policy, tokenizer, examples: list[dict], prompt_width: in
     return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
 
 
+def _episodes_in_batches(policy, tokenizer, examples: list[dict], prompt_width: int, key, sampling, task, mesh,
+                         prompt_format: PromptFormat, batch_rows: int, environment, limits) -> dict:
+    """``_sample_in_batches`` for multi-turn episodes (``episodes.run_episodes`` of ``environment``
+    within ``limits``): per episode ``correct`` (the environment's ``info["correct"]``, 0 where it gave
+    none), ``format`` (the task's format reward of the last reply), ``length`` (the policy's tokens),
+    ``truncated``, and the episode counts ``turns``, ``calls``, ``valid_calls``, ``episode_tokens``."""
+    unit = max(1, batch_shards(mesh) // jax.process_count())
+    size = min(len(examples), max(unit, batch_rows // sampling.n // unit * unit))
+    batches = [examples[i:i + size] for i in range(0, len(examples), size)]
+    parts, form = [], format_reward(task.format_pattern)
+    for i, batch in enumerate(batches):
+        played = run_episodes(policy, tokenizer, environment, batch + [batch[0]] * (size - len(batch)),
+                              key if len(batches) == 1 else jax.random.fold_in(key, i), sampling, limits,
+                              prompt_format, prompt_width, mesh)
+        rows = len(batch) * sampling.n
+        last = [replies[-1] if replies else "" for replies in played.replies[:rows]]
+        prompts = [e["prompt"] for e in batch for _ in range(sampling.n)]
+        length = played.mask.sum(1).astype(np.int64)
+        parts.append({"correct": np.nan_to_num(played.correct, nan=0.0)[:rows],
+                      "format": np.asarray(form(prompts, last)), "length": length[:rows],
+                      "truncated": played.truncated[:rows], "turns": played.turns[:rows], "calls": played.calls[:rows],
+                      "valid_calls": played.valid_calls[:rows],
+                      "episode_tokens": (length + played.observation_tokens)[:rows]})
+    return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
+
+
 def evaluate(policy, tokenizer, task, examples: list[dict], *, samples: int, ks=(), decoding: Decoding,
              max_prompt_tokens: int, eos_ids, key, mesh=None, nonfinite: str = "error",
              prompt_format: PromptFormat = PLAIN, by=STRATA, batch_rows: int = BATCH_ROWS,
-             resamples: int = RESAMPLES, bootstrap_seed: int = 0) -> dict:
+             resamples: int = RESAMPLES, bootstrap_seed: int = 0, environment=None, limits=None) -> dict:
     """Greedy and sampled evaluation of ``policy`` on ``examples`` (every process's: each process
     samples its share, ``multihost.process_share``, and the metrics gather all rows).
 
@@ -269,6 +324,11 @@ def evaluate(policy, tokenizer, task, examples: list[dict], *, samples: int, ks=
     tokens up to the smaller one); each sampler call takes at most ``batch_rows`` responses (its KV cache
     grows with rows x (``max_prompt_tokens`` + ``max_new_tokens``)); ``nonfinite`` is
     ``sample_and_score``'s policy for a NaN score; ``resamples`` and ``bootstrap_seed`` set the bootstrap.
+    With an ``environment`` (a factory, ``TaskContext.environment``) every response is a multi-turn
+    episode within ``limits`` (``episodes.EpisodeLimits``; ``decoding.max_new_tokens`` bounds each
+    reply): correct is the environment's verdict, length the policy's tokens, finished an episode
+    whose last reply ended its turn, and the metrics add ``call_rate``, ``valid_call_rate``,
+    ``mean_turns`` and ``mean_episode_tokens`` (``outcome_metrics``).
 
     Returns ``{"prompts": P, "samples": N, "decoding": {...}, "bootstrap": {"resamples", "seed"},
     "metrics": {name: {"value", "ci95": [low, high] or None, "interval": "wilson" | "bootstrap"}},
@@ -284,18 +344,22 @@ def evaluate(policy, tokenizer, task, examples: list[dict], *, samples: int, ks=
     mesh = single_device_mesh() if mesh is None else mesh
     share, pad, prompts = multihost.process_share(examples, mesh), pad_id(tokenizer), len(examples)
     greedy_key, sample_key = jax.random.split(key)
-    greedy = _sample_in_batches(policy, tokenizer, share, max_prompt_tokens, greedy_key,
-                                decoding.sampling(eos_ids, pad, greedy=True), {"correct": task.reward_fn},
-                                mesh, nonfinite, prompt_format, batch_rows)
+
+    def play(key, sampling, scorers):
+        if environment is None:
+            return _sample_in_batches(policy, tokenizer, share, max_prompt_tokens, key, sampling, scorers, mesh,
+                                      nonfinite, prompt_format, batch_rows)
+        return _episodes_in_batches(policy, tokenizer, share, max_prompt_tokens, key, sampling, task, mesh,
+                                    prompt_format, batch_rows, environment, limits)
+    greedy = play(greedy_key, decoding.sampling(eos_ids, pad, greedy=True), {"correct": task.reward_fn})
     greedy_correct = multihost.gather_rows(greedy["correct"] == 1.0, prompts, mesh)
     sampled = None
     if samples:
-        rows = _sample_in_batches(policy, tokenizer, share, max_prompt_tokens, sample_key,
-                                  decoding.sampling(eos_ids, pad, n=samples),
-                                  {"correct": task.reward_fn, "format": format_reward(task.format_pattern)},
-                                  mesh, nonfinite, prompt_format, batch_rows)
+        rows = play(sample_key, decoding.sampling(eos_ids, pad, n=samples),
+                    {"correct": task.reward_fn, "format": format_reward(task.format_pattern)})
+        episode = {name: rows[name] for name in EPISODE_COUNTS if name in rows}
         rows = multihost.gather_rows({"correct": rows["correct"] == 1.0, "format": rows["format"] == 1.0,
-                                      "finished": ~rows["truncated"], "length": rows["length"]},
+                                      "finished": ~rows["truncated"], "length": rows["length"], **episode},
                                      prompts * samples, mesh)
         sampled = {name: x.reshape(prompts, samples) for name, x in rows.items()}
     return {"prompts": prompts, "samples": samples, "decoding": decoding.decoding(),

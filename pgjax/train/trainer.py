@@ -37,6 +37,7 @@ from pgjax.rewards import RewardError, combine, format_reward, reward_function, 
 from pgjax.train.completions import logged_at, with_advantages
 from pgjax.train.context import task_context, user_error
 from pgjax.train import interrupts
+from pgjax.train.episodes import episode_limits
 from pgjax.train.evaluation import evaluate
 from pgjax.train.experiment import ConfigError, Experiment, RunStopped, stream_seed, validate
 from pgjax.train.interrupts import RunInterrupted
@@ -239,14 +240,15 @@ class Trainer:
         """Greedy accuracy on ``eval_prompts`` evaluation examples, the same at every call (drawn from
         the task with a seed stream of their own; generated tasks rarely repeat a training prompt, a
         dataset file's are drawn from the same file); ``evaluation.evaluate``'s greedy pass, each
-        process scoring its rows."""
+        process scoring its rows; greedy episodes where the task has an environment."""
         exp = self.exp
         context = self.context
         try:
             results = evaluate(self.policy, context.tokenizer, context.task, context.eval_examples, samples=0,
                                decoding=exp.rollout, max_prompt_tokens=exp.rollout.max_prompt_tokens,
                                eos_ids=context.eos_ids, key=jax.random.PRNGKey(0), mesh=self.mesh,
-                               nonfinite=exp.rollout.nonfinite_rewards, prompt_format=context.prompt_format)
+                               nonfinite=exp.rollout.nonfinite_rewards, prompt_format=context.prompt_format,
+                               environment=context.environment, limits=episode_limits(exp.rollout))
         except RewardError as error:
             raise RunStopped(f"evaluation at step {self.step_count}: {error}") from None
         return results["metrics"]["greedy_accuracy"]["value"]
