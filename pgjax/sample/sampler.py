@@ -161,14 +161,21 @@ def generate(model: CausalLM, prompts, prompt_mask, key, config: SamplingConfig,
     heads over ``tensor``), and the returned arrays are global (``multihost.to_host`` reads
     this process's rows back). The tokens do not depend on the mesh.
     """
+    prompts, prompt_mask = _placed_prompts(model, prompts, prompt_mask, config, mesh)
+    graphdef, state = nnx.split(model)
+    return _generate(graphdef, state, prompts, prompt_mask, key, config, mesh)
+
+
+def _placed_prompts(model: CausalLM, prompts, prompt_mask, config: SamplingConfig, mesh):
+    """The prompts checked (``_check_prompts``), as int32, and on a ``mesh`` as global arrays of this
+    process's rows (their count split over its batch devices)."""
     prompts, prompt_mask = np.asarray(prompts), np.asarray(prompt_mask)
     _check_prompts(prompts, prompt_mask, model.config.vocab_size, config)
     prompts, prompt_mask = prompts.astype(np.int32), prompt_mask.astype(np.int32)
     if mesh is not None:
         prompts, prompt_mask = to_global((prompts, prompt_mask), mesh)
         check_divisible_rows(prompts.shape[0], mesh, "prompts")
-    graphdef, state = nnx.split(model)
-    return _generate(graphdef, state, prompts, prompt_mask, key, config, mesh)
+    return prompts, prompt_mask
 
 
 def _check_prompts(prompts, prompt_mask, vocab_size, config):
@@ -368,14 +375,9 @@ def start(model: CausalLM, prompts, prompt_mask, n: int, capacity: int, mesh: Me
     """A multi-turn rollout's first timeline: the left-padded ``prompts`` [B, P] prefilled once each,
     copied to their ``n`` rows, in a cache of ``capacity`` slots (the prompt, then every turn's
     tokens and appended blocks, gaps included). Checks the prompts as ``generate`` does."""
-    prompts, prompt_mask = np.asarray(prompts), np.asarray(prompt_mask)
-    _check_prompts(prompts, prompt_mask, model.config.vocab_size, SamplingConfig(eos_ids=()))
-    if capacity <= prompts.shape[1]:
-        raise ValueError(f"capacity ({capacity}) must exceed the prompt width ({prompts.shape[1]})")
-    prompts, prompt_mask = prompts.astype(np.int32), prompt_mask.astype(np.int32)
-    if mesh is not None:
-        prompts, prompt_mask = to_global((prompts, prompt_mask), mesh)
-        check_divisible_rows(prompts.shape[0], mesh, "prompts")
+    if capacity <= np.shape(prompts)[-1]:
+        raise ValueError(f"capacity ({capacity}) must exceed the prompt width ({np.shape(prompts)[-1]})")
+    prompts, prompt_mask = _placed_prompts(model, prompts, prompt_mask, SamplingConfig(eos_ids=()), mesh)
     graphdef, state = nnx.split(model)
     return _start(graphdef, state, prompts, prompt_mask, n, capacity, mesh)
 
