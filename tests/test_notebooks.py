@@ -39,3 +39,10 @@ def test_off_policy_notebook_executes_and_shows_the_exact_costs():
     assert "sequence IS                        staleness 4: bias 0.000  cosine +1.000  variance 0.2647" in text
     assert "sequence TIS, C = 2                staleness 4: bias 0.470  cosine +0.910  variance 0.1336" in text
     assert "behaviour ratio (PPO clip vs mu)   staleness 4: bias 1.368  cosine -0.435" in text
+
+
+@pytest.mark.slow
+def test_multi_turn_notebook_executes_and_shows_the_masking_audit():
+    text = _execute("04_multi_turn.ipynb")
+    assert "RLOO, 1/(K-1) (eq. 14)" in text and "masked: c 1.0000 bias 0.0000   included: c 0.9495 bias 0.1425" in text
+    assert "tabular  REINFORCE, observations in the loss: c 1.0000" in text
