@@ -8,14 +8,19 @@ episodes of each, and an environment that answers every reply with the same user
 (``--observation``) until ``--turns`` replies. Carried: ``pgjax.train.episodes.run_episodes`` (one
 prefill per prompt, each observation appended once to its row's cache). Re-prefilled: every turn,
 ``generate`` on each row's whole history so far (prompt, replies and observations, left-padded),
-as a loop over a single-turn sampler plays episodes. Both sides draw turn t with the same key and
-the same uniforms per row and step (``generate``'s rows are the episodes' rows, in order), so they
-sample the same replies up to the float rounding of their different cache layouts; a row whose reply
-is cut by ``--reply-tokens`` ends its episode on the carried side and is still decoded (its tokens
-unused) on the re-prefilled one. Reported, so the match can be judged: the replies that agree, the
-episodes cut, and the tokens each side's prefills read and its decode steps produce.
+as a loop over a single-turn sampler plays episodes. A reply cut by ``--reply-tokens`` ends its
+episode on both sides. Both sides draw turn t with the same key, so while every episode goes on
+they sample the same replies (the same uniforms per row and step, up to the float rounding of their
+different cache layouts); once some have ended the re-prefilled batch holds only the others, its
+rows draw other uniforms, and the two sides' later replies match in distribution, not token for
+token. Reported, so the match can be judged: the replies that agree, the episodes cut, and the
+tokens each side's prefills read and its decode steps produce.
 
-Rounds alternate the order (A B, then B A); each side's first call compiles and is left out.
+Rounds alternate the order (A B, then B A); each side's first call compiles and is left out, and
+from every later call the seconds JAX spent tracing, lowering and compiling are taken out (a shape
+first met: the re-prefilled side pads its histories to a multiple of ``WIDTH_UNIT`` tokens and its
+batch to a multiple of ``ROW_UNIT`` rows, as a loop over ``generate`` would to reuse its programs;
+the filler rows' tokens are not counted).
 Reported: the median seconds of a batch of episodes with a bootstrap interval and re-prefilled /
 carried with its interval.
 """
@@ -64,39 +69,60 @@ def carried(setup, key) -> dict:
 
 
 def reprefilled(setup, key) -> dict:
-    """Every turn ``generate`` on each row's whole history (all rows, in the episodes' order)."""
+    """Every turn ``generate`` on the whole history of each row whose episode goes on (a row whose reply
+    is cut ends, as on the carried side)."""
     model, tokenizer, prompt_format, examples, sampling, limits, width, text = setup
     start, prefilled, generated = time.perf_counter(), 0, 0
     turns = [opening_turns(prompt_format, Echo(text).reset(e)) for e in examples for _ in range(sampling.n)]
     histories = [tokenizer(prompt_format.render_turns(tokenizer, t), add_special_tokens=prompt_format.special_tokens
                            )["input_ids"] for t in turns]
     one = SamplingConfig(**{**sampling.decoding()}, eos_ids=sampling.eos_ids, pad_id=sampling.pad_id, n=1)
-    replies, cut = [[] for _ in histories], np.zeros(len(histories), bool)
+    replies, live, cut = [[] for _ in histories], list(range(len(histories))), np.zeros(len(histories), bool)
     for turn in range(limits.max_turns):
-        tokens, mask = left_pad(tokenizer, histories, max(map(len, histories)))
-        prefilled += int(mask.sum())
+        if not live:
+            break
+        # a few shapes, each compiled once: widths in WIDTH_UNIT steps, rows filled up to a ROW_UNIT multiple
+        width = -(-max(len(histories[r]) for r in live) // WIDTH_UNIT) * WIDTH_UNIT
+        batch = [histories[r] for r in live]
+        batch += [batch[0]] * (-len(batch) % ROW_UNIT)
+        tokens, mask = left_pad(tokenizer, batch, width)
+        prefilled += int(mask[:len(live)].sum())
         samples = generate(model, tokens, mask, key if turn == 0 else jax.random.fold_in(key, turn), one)
         response, lengths = np.asarray(samples.response), np.asarray(samples.lengths)
-        generated += int(lengths[~cut].sum())
+        generated += int(lengths[:len(live)].sum())
         texts = decode_responses(tokenizer, response, lengths, sampling.eos_ids)
-        for r, reply in enumerate(texts):
-            ids = response[r, :lengths[r]].tolist()
-            ended = bool(lengths[r]) and ids[-1] in sampling.eos_ids
-            if not cut[r]:
-                replies[r].append(reply)
-            cut[r] |= not ended
-            histories[r] = histories[r] + ids
-            if turn < limits.max_turns - 1:
-                observation = [{"role": "user", "content": text}]
-                end_text = tokenizer.decode(ids[-1:]) if ended else ""
-                following = prompt_format.continuation(tokenizer, turns[r], reply, end_text, observation)
-                histories[r] = histories[r] + tokenizer(following, add_special_tokens=False)["input_ids"]
-                turns[r] = [*turns[r], {"role": "assistant", "content": reply}, *observation]
+        going = []
+        for row, (r, reply) in enumerate(zip(live, texts)):
+            ids = response[row, :lengths[row]].tolist()
+            replies[r].append(reply)
+            cut[r] = not (ids and ids[-1] in sampling.eos_ids)
+            if cut[r] or turn == limits.max_turns - 1:
+                continue                                   # cut (or the last turn): the episode ends
+            observation = [{"role": "user", "content": text}]
+            following = prompt_format.continuation(tokenizer, turns[r], reply, tokenizer.decode(ids[-1:]), observation)
+            histories[r] = histories[r] + ids + tokenizer(following, add_special_tokens=False)["input_ids"]
+            turns[r] = [*turns[r], {"role": "assistant", "content": reply}, *observation]
+            going.append(r)
+        live = going
     return {"seconds": time.perf_counter() - start, "prefilled": prefilled, "generated": generated,
             "replies": replies, "cut": int(cut.sum())}
 
 
 SIDES = {"carried": carried, "re-prefilled": reprefilled}
+WIDTH_UNIT = 64                 # the re-prefilled side pads each turn's histories to a multiple of this
+ROW_UNIT = 8                    # and fills its batch up to a multiple of this many rows (copies, unused)
+COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                  "/jax/core/compile/backend_compile_duration")
+COMPILED = {"n": 0, "s": 0.0}
+
+
+def _count_compile(event, duration, **_):
+    if event in COMPILE_EVENTS:
+        COMPILED["s"] += duration
+        COMPILED["n"] += event == COMPILE_EVENTS[-1]
+
+
+jax.monitoring.register_event_duration_secs_listener(_count_compile)
 
 
 def main(argv=None):
@@ -108,6 +134,8 @@ def main(argv=None):
     parser.add_argument("--reply-tokens", type=int, default=64)
     parser.add_argument("--observation", default="Check your answer once more, then give it again.",
                         help="the environment's message after every reply but the last")
+    parser.add_argument("--observation-tokens", type=int, default=32,
+                        help="EpisodeLimits.max_observation_tokens: sizes the carried side's cache")
     parser.add_argument("--rounds", type=int, default=6, help="timed rounds per side (after one compiling round)")
     parser.add_argument("--json", help="save the table and the per-round data here")
     args = parser.parse_args(argv)
@@ -120,26 +148,35 @@ def main(argv=None):
     width = max(map(len, tokenizer(openings, add_special_tokens=prompt_format.special_tokens)["input_ids"]))
     sampling = SamplingConfig(max_new_tokens=args.reply_tokens, temperature=1.0, eos_ids=eos_ids, n=args.samples,
                               pad_id=pad_id(tokenizer))
-    limits = EpisodeLimits(max_turns=args.turns, max_tokens=10 ** 6, max_observation_tokens=256)
+    limits = EpisodeLimits(max_turns=args.turns, max_tokens=10 ** 6, max_observation_tokens=args.observation_tokens)
     setup = (model, tokenizer, prompt_format, examples, sampling, limits, width, args.observation)
     runs = {side: [] for side in SIDES}
     for round_ in range(args.rounds + 1):
         order = list(SIDES) if round_ % 2 == 0 else list(SIDES)[::-1]
         for side in order:
+            compiles, compile_seconds = COMPILED["n"], COMPILED["s"]
             result = SIDES[side](setup, jax.random.key(round_))
+            result["compiled"] = COMPILED["n"] - compiles
+            result["compile_seconds"] = COMPILED["s"] - compile_seconds
+            result["seconds"] -= result["compile_seconds"]
             if round_:
                 runs[side].append(result)
             print(f"round {round_} {side}: {result['seconds']:.2f} s, {result['prefilled']} prefilled, "
-                  f"{result['generated']} generated, {result['cut']} cut", flush=True)
+                  f"{result['generated']} generated, {result['cut']} cut, {result['compiled']} compiled "
+                  f"({result['compile_seconds']:.1f} s, not counted)", flush=True)
     agree = np.mean([a == b for x, y in zip(runs["carried"], runs["re-prefilled"])
                      for a, b in zip(x["replies"], y["replies"])])
     seconds = {side: [r["seconds"] for r in runs[side]] for side in SIDES}
     ratio = median_ratio(seconds["re-prefilled"], seconds["carried"])
     rows = args.prompts * args.samples
+    capacity = width + args.turns * args.reply_tokens + (args.turns - 1) * args.observation_tokens
     table = [f"{rows} episodes ({args.prompts} `word_math` prompts x {args.samples}) of up to {args.turns} replies "
-             f"(at most {args.reply_tokens} tokens each) on `{args.model}`, a fixed observation after each but the "
-             f"last; {args.rounds} timed rounds per side after a compiling one; {agree:.0%} of the episodes' "
-             "replies the same on both sides:", "",
+             f"(at most {args.reply_tokens} tokens each; the carried side's cache {capacity} slots: "
+             f"max_observation_tokens {args.observation_tokens}) on `{args.model}`, a fixed observation after each "
+             f"but the last; {args.rounds} rounds per side after a compiling one, JAX's tracing, lowering and "
+             f"compiling left out of each call ({sum(r['compiled'] for r in runs['re-prefilled'])} programs compiled "
+             f"in the re-prefilled side's timed rounds, {sum(r['compiled'] for r in runs['carried'])} in the "
+             f"carried side's); {agree:.0%} of the episodes' replies the same on both sides:", "",
              "| side | s per batch (median [95% interval]) | tokens prefilled | tokens generated | episodes cut "
              "| re-prefilled / carried |", "|---|---:|---:|---:|---:|---:|"]
     for side in SIDES:
