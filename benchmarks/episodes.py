@@ -41,7 +41,7 @@ from pgjax.agents import Step  # noqa: E402
 from pgjax.models import hf  # noqa: E402
 from pgjax.rewards import make_task  # noqa: E402
 from pgjax.sample import SamplingConfig, generate  # noqa: E402
-from pgjax.train.episodes import EpisodeLimits, opening_turns, run_episodes  # noqa: E402
+from pgjax.train.episodes import EpisodeLimits, opening_ids, opening_turns, run_episodes  # noqa: E402
 from pgjax.train.rollout import decode_responses, left_pad, pad_id, prompt_format_for, stop_tokens  # noqa: E402
 
 
@@ -143,9 +143,7 @@ def main(argv=None):
     prompt_format = prompt_format_for(tokenizer)
     eos_ids, _ = stop_tokens(tokenizer, prompt_format, (args.model,))
     examples = make_task("word_math", digits=2).examples(args.prompts, seed=0)
-    openings = [prompt_format.render_turns(tokenizer, opening_turns(prompt_format, Echo("").reset(e)))
-                for e in examples]
-    width = max(map(len, tokenizer(openings, add_special_tokens=prompt_format.special_tokens)["input_ids"]))
+    width = max(map(len, opening_ids(tokenizer, prompt_format, [Echo("").reset(e) for e in examples])))
     sampling = SamplingConfig(max_new_tokens=args.reply_tokens, temperature=1.0, eos_ids=eos_ids, n=args.samples,
                               pad_id=pad_id(tokenizer))
     limits = EpisodeLimits(max_turns=args.turns, max_tokens=10 ** 6, max_observation_tokens=args.observation_tokens)

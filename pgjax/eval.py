@@ -46,7 +46,7 @@ from pgjax.models import hf
 from pgjax.rewards import RewardError
 from pgjax.sample import Decoding
 from pgjax.train.context import task_context
-from pgjax.train.episodes import episode_limits, opening_turns
+from pgjax.train.episodes import episode_limits, opening_ids
 from pgjax.train import paired
 from pgjax.train.evaluation import BATCH_ROWS, RESAMPLES, STRATA, check_ks, evaluate, strata_of, to_markdown
 from pgjax.train.experiment import PROMPT_KEYS, ConfigError, Experiment, ModelSection, TaskSection, override
@@ -55,7 +55,6 @@ from pgjax.train.rollout import RolloutConfig
 
 # the rollout settings --set takes besides the task's: a multi-turn episode's limits
 EPISODE_SETTINGS = ("rollout.max_turns=", "rollout.max_episode_tokens=", "rollout.max_observation_tokens=")
-UNBOUNDED_PROMPTS = 1 << 30       # no prompt budget to check against: the evaluation sizes its own
 
 def _section(kind, saved: dict):
     """A config section from its saved fields, nested sections included (fields this version does not
@@ -164,9 +163,7 @@ def setup(args: argparse.Namespace) -> dict:
     if prompts < 1:
         raise ValueError(f"--prompts must be >= 1, got {prompts}")
     budgets = _budgets(args.max_new_tokens, run, args.model)
-    exp = dataclasses.replace(exp, eval_prompts=prompts, seed=exp.seed if args.seed is None else args.seed,
-                              # the evaluation widens its prompt width to its prompts (below), episodes' too
-                              rollout=dataclasses.replace(exp.rollout, max_prompt_tokens=UNBOUNDED_PROMPTS))
+    exp = dataclasses.replace(exp, eval_prompts=prompts, seed=exp.seed if args.seed is None else args.seed)
     context = task_context(exp, model_dir, fit_to=run.rollout.max_prompt_tokens if run else None)
     examples = context.eval_examples
     by = STRATA if args.by is None else [tag for tag in args.by.split(",") if tag]
@@ -177,9 +174,7 @@ def setup(args: argparse.Namespace) -> dict:
     if context.environment is None:
         ids = context.prompt_format.token_ids(context.tokenizer, [e["prompt"] for e in examples])
     else:                                   # the episodes' openings: the task's prompts after the tool prompt
-        ids = context.tokenizer([context.prompt_format.render_turns(context.tokenizer, opening_turns(
-            context.prompt_format, context.environment().reset(e))) for e in examples],
-            add_special_tokens=context.prompt_format.special_tokens)["input_ids"]
+        ids = opening_ids(context.tokenizer, context.prompt_format, [context.environment().reset(e) for e in examples])
     # an episode's replies are bounded by the evaluated budget (the largest, for the episode's total)
     limits = episode_limits(dataclasses.replace(exp.rollout, max_new_tokens=max(budgets)))
     policy = hf.load(model_dir, param_dtype=exp.model.param_dtype, compute_dtype=exp.model.compute_dtype)

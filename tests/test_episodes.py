@@ -399,7 +399,7 @@ def test_task_tools_make_a_calculator_environment_scored_by_the_tasks_verifier(t
     short = dataclasses.replace(exp, rollout=dataclasses.replace(exp.rollout, max_prompt_tokens=40))
     with pytest.raises(ConfigError, match="opening messages take up to .* tokens \\(with the tool prompt\\), more than "
                                           "rollout.max_prompt_tokens=40"):
-        task_context(short)                                      # before a run writes anything
+        task_context(short, fit_to=40)                           # the Trainer's check, before a run writes
     from test_environment import TOOL_TEMPLATE
     with_tools = save_tiny_checkpoint(tmp_path / "tools", chat_template=TOOL_TEMPLATE)
     context = task_context(dataclasses.replace(exp, model=ModelSection(path=str(with_tools))))

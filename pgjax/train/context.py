@@ -24,7 +24,7 @@ from pgjax.models import hf
 from pgjax.parallel import multihost
 from pgjax.rewards import (batch_fields, call_reward, described_value, error_text, finite_rewards, make_task, raised_at,
                            reward_name, with_timeout)
-from pgjax.train.episodes import opening_turns
+from pgjax.train.episodes import opening_ids
 from pgjax.train.experiment import ConfigError, Experiment, stream_seed
 from pgjax.train.rollout import PromptFormat, prompt_format_for, stop_tokens
 
@@ -97,7 +97,8 @@ def task_context(exp: Experiment, checkpoint: str | pathlib.Path = "", fit_to: i
     drawn with ``exp.seed``. ``fit_to``: the prompt budget a dataset task's records are fitted to
     before any is drawn (None: not fitted). Every user mistake (an option, a file, a template)
     raises ConfigError; a summary of records left out (``task.skip_invalid``) is printed. With
-    ``task.reward_timeout`` the task is a ``TimedTask``."""
+    ``task.reward_timeout`` the task is a ``TimedTask``. A task with an environment has its episodes'
+    openings checked against ``fit_to`` too (``check_openings``)."""
     t = exp.task
     checkpoint = checkpoint or exp.model.path
     user_code = ":" in t.name           # a user's task by import path: anything it raises is a mistake in it
@@ -129,18 +130,16 @@ def task_context(exp: Experiment, checkpoint: str | pathlib.Path = "", fit_to: i
     if t.reward_timeout:
         task = TimedTask(task, t.reward_timeout)
     environment, prompt_format = environment_factory(exp, task, tokenizer, prompt_format)
-    if environment is not None:
-        in_task(lambda: check_openings(environment, eval_examples, tokenizer, prompt_format,
-                                       exp.rollout.max_prompt_tokens))
+    if environment is not None and fit_to is not None:
+        in_task(lambda: check_openings(environment, eval_examples, tokenizer, prompt_format, fit_to))
     return TaskContext(task, tokenizer, prompt_format, eos_ids, end_id, eval_examples, environment)
 
 
 def check_openings(environment, examples: list[dict], tokenizer, prompt_format: PromptFormat, width: int) -> None:
     """The environment's opening messages for ``examples`` (the tool prompt and the task's prompt)
-    fit ``rollout.max_prompt_tokens``: ValueError naming the longest, before anything is written."""
-    texts = [prompt_format.render_turns(tokenizer, opening_turns(prompt_format, environment().reset(e)))
-             for e in examples]
-    longest = max(len(ids) for ids in tokenizer(texts, add_special_tokens=prompt_format.special_tokens)["input_ids"])
+    fit the prompt budget ``width`` (``task_context``'s ``fit_to``): ValueError naming the longest,
+    before anything is written."""
+    longest = max(map(len, opening_ids(tokenizer, prompt_format, [environment().reset(e) for e in examples])))
     if longest > width:
         raise ValueError(f"the environment's opening messages take up to {longest} tokens (with the tool prompt), "
                          f"more than rollout.max_prompt_tokens={width}: raise it")

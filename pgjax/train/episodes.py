@@ -119,6 +119,13 @@ def opening_turns(prompt_format: PromptFormat, messages: list[dict]) -> list[dic
     return prompt_format.turns("\n\n".join(str(m["content"]) for m in messages))
 
 
+def opening_ids(tokenizer, prompt_format: PromptFormat, openings: list[list[dict]]) -> list[list[int]]:
+    """The token ids the model reads for each of ``openings`` (environments' opening messages,
+    ``opening_turns``): what an episode's prompt is."""
+    texts = [prompt_format.render_turns(tokenizer, opening_turns(prompt_format, messages)) for messages in openings]
+    return tokenizer(texts, add_special_tokens=prompt_format.special_tokens)["input_ids"]
+
+
 def run_episodes(policy: CausalLM, tokenizer, environment: Callable[[], Environment], examples: Sequence[dict],
                  key, sampling: SamplingConfig, limits: EpisodeLimits, prompt_format: PromptFormat,
                  prompt_width: int, mesh: Mesh | None = None) -> Episodes:
@@ -129,14 +136,14 @@ def run_episodes(policy: CausalLM, tokenizer, environment: Callable[[], Environm
     as long as ``generate``'s, the same log-probs to the last bit)."""
     n, rows = sampling.n, len(examples) * sampling.n
     environments = [environment() for _ in range(rows)]
-    episodes = [_Row(opening_turns(prompt_format, env.reset(examples[r // n]))) for r, env in enumerate(environments)]
-    texts = [prompt_format.render_turns(tokenizer, row.turns) for row in episodes]
+    openings = [env.reset(examples[r // n]) for r, env in enumerate(environments)]
+    episodes = [_Row(opening_turns(prompt_format, messages)) for messages in openings]
+    ids = opening_ids(tokenizer, prompt_format, openings)
     for r in range(rows):
-        if texts[r] != texts[r - r % n]:
+        if ids[r] != ids[r - r % n]:
             raise ValueError(f"the environments of example {r // n} opened with different messages; reset(example) "
                              "must depend on the example alone")
-    prompts, prompt_mask = left_pad(tokenizer, tokenizer(texts[::n], add_special_tokens=prompt_format.special_tokens
-                                                         )["input_ids"], prompt_width)
+    prompts, prompt_mask = left_pad(tokenizer, ids[::n], prompt_width)
     capacity = (prompt_width + limits.max_turns * sampling.max_new_tokens
                 + (limits.max_turns - 1) * limits.max_observation_tokens)
     timeline = start(policy, prompts, prompt_mask, n, capacity, mesh)
