@@ -257,52 +257,52 @@ def _per_prompt(examples: list[dict], tags: dict, greedy_correct, sampled: dict 
     return out
 
 
-def _sample_in_batches(policy, tokenizer, examples: list[dict], prompt_width: int, key, sampling, scorers: dict,
-                       mesh, nonfinite: str, prompt_format: PromptFormat, batch_rows: int) -> dict:
-    """``sample_and_score`` of ``examples`` (this process's) in consecutive batches of at most
-    ``batch_rows`` responses (at least one prompt, a multiple of this process's batch devices; the last
-    batch filled up with copies of its first prompt, so one program is compiled, and the copies
-    dropped): each scorer's scores, ``length`` and ``truncated`` of every response in order (row
-    p * n + k: sample k of prompt p). One batch samples with ``key``, batch i of several with
-    ``fold_in(key, i)``."""
+def _in_batches(examples: list[dict], key, n: int, mesh, batch_rows: int, play) -> dict:
+    """``play(batch, key)`` -> ``{name: [rows]}`` over ``examples`` (this process's) in consecutive
+    batches of at most ``batch_rows`` responses (``n`` per prompt; at least one prompt, a multiple of
+    this process's batch devices; the last batch filled up with copies of its first prompt, so one
+    program is compiled, and the copies' rows dropped), joined in order (row p * n + k: response k of
+    prompt p). One batch plays with ``key``, batch i of several with ``fold_in(key, i)``."""
     unit = max(1, batch_shards(mesh) // jax.process_count())
-    size = min(len(examples), max(unit, batch_rows // sampling.n // unit * unit))
+    size = min(len(examples), max(unit, batch_rows // n // unit * unit))
     batches = [examples[i:i + size] for i in range(0, len(examples), size)]
     parts = []
     for i, batch in enumerate(batches):
-        scored = sample_and_score(policy, tokenizer, batch + [batch[0]] * (size - len(batch)), prompt_width,
-                                  key if len(batches) == 1 else jax.random.fold_in(key, i), sampling, scorers,
-                                  mesh, nonfinite, prompt_format)
-        rows = len(batch) * sampling.n
-        parts.append({**{name: np.asarray(x)[:rows] for name, x in scored.scores.items()},
-                      "length": np.asarray(scored.lengths)[:rows], "truncated": np.asarray(scored.truncated)[:rows]})
+        batch_key = key if len(batches) == 1 else jax.random.fold_in(key, i)
+        played = play(batch + [batch[0]] * (size - len(batch)), batch_key)
+        parts.append({name: np.asarray(x)[:len(batch) * n] for name, x in played.items()})
     return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
 
 
-def _episodes_in_batches(policy, tokenizer, examples: list[dict], prompt_width: int, key, sampling, task, mesh,
-                         prompt_format: PromptFormat, batch_rows: int, environment, limits) -> dict:
-    """``_sample_in_batches`` for multi-turn episodes (``episodes.run_episodes`` of ``environment``
+def _sampled(policy, tokenizer, prompt_width: int, sampling, scorers: dict, mesh, nonfinite: str,
+             prompt_format: PromptFormat):
+    """``_in_batches``' play for single responses: ``sample_and_score``'s scores, ``length`` and
+    ``truncated`` of each."""
+    def play(batch, key):
+        scored = sample_and_score(policy, tokenizer, batch, prompt_width, key, sampling, scorers, mesh, nonfinite,
+                                  prompt_format)
+        return {**scored.scores, "length": scored.lengths, "truncated": scored.truncated}
+    return play
+
+
+def _played(policy, tokenizer, prompt_width: int, sampling, task, mesh, prompt_format: PromptFormat, environment,
+            limits):
+    """``_in_batches``' play for multi-turn episodes (``episodes.run_episodes`` of ``environment``
     within ``limits``): per episode ``correct`` (the environment's ``info["correct"]``, 0 where it gave
     none), ``format`` (the task's format reward of the last reply), ``length`` (the policy's tokens),
     ``truncated``, and the episode counts ``turns``, ``calls``, ``valid_calls``, ``episode_tokens``."""
-    unit = max(1, batch_shards(mesh) // jax.process_count())
-    size = min(len(examples), max(unit, batch_rows // sampling.n // unit * unit))
-    batches = [examples[i:i + size] for i in range(0, len(examples), size)]
-    parts, form = [], format_reward(task.format_pattern)
-    for i, batch in enumerate(batches):
-        played = run_episodes(policy, tokenizer, environment, batch + [batch[0]] * (size - len(batch)),
-                              key if len(batches) == 1 else jax.random.fold_in(key, i), sampling, limits,
-                              prompt_format, prompt_width, mesh)
-        rows = len(batch) * sampling.n
-        last = [replies[-1] if replies else "" for replies in played.replies[:rows]]
-        prompts = [e["prompt"] for e in batch for _ in range(sampling.n)]
+    form = format_reward(task.format_pattern)
+
+    def play(batch, key):
+        played = run_episodes(policy, tokenizer, environment, batch, key, sampling, limits, prompt_format,
+                              prompt_width, mesh)
+        last = [replies[-1] if replies else "" for replies in played.replies]
         length = played.mask.sum(1).astype(np.int64)
-        parts.append({"correct": np.nan_to_num(played.correct, nan=0.0)[:rows],
-                      "format": np.asarray(form(prompts, last)), "length": length[:rows],
-                      "truncated": played.truncated[:rows], "turns": played.turns[:rows], "calls": played.calls[:rows],
-                      "valid_calls": played.valid_calls[:rows],
-                      "episode_tokens": (length + played.observation_tokens)[:rows]})
-    return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
+        return {"correct": np.nan_to_num(played.correct, nan=0.0),
+                "format": form([e["prompt"] for e in batch for _ in range(sampling.n)], last), "length": length,
+                "truncated": played.truncated, "turns": played.turns, "calls": played.calls,
+                "valid_calls": played.valid_calls, "episode_tokens": length + played.observation_tokens}
+    return play
 
 
 def evaluate(policy, tokenizer, task, examples: list[dict], *, samples: int, ks=(), decoding: Decoding,
@@ -346,11 +346,10 @@ def evaluate(policy, tokenizer, task, examples: list[dict], *, samples: int, ks=
     greedy_key, sample_key = jax.random.split(key)
 
     def play(key, sampling, scorers):
-        if environment is None:
-            return _sample_in_batches(policy, tokenizer, share, max_prompt_tokens, key, sampling, scorers, mesh,
-                                      nonfinite, prompt_format, batch_rows)
-        return _episodes_in_batches(policy, tokenizer, share, max_prompt_tokens, key, sampling, task, mesh,
-                                    prompt_format, batch_rows, environment, limits)
+        one = (_sampled(policy, tokenizer, max_prompt_tokens, sampling, scorers, mesh, nonfinite, prompt_format)
+               if environment is None else
+               _played(policy, tokenizer, max_prompt_tokens, sampling, task, mesh, prompt_format, environment, limits))
+        return _in_batches(share, key, sampling.n, mesh, batch_rows, one)
     greedy = play(greedy_key, decoding.sampling(eos_ids, pad, greedy=True), {"correct": task.reward_fn})
     greedy_correct = multihost.gather_rows(greedy["correct"] == 1.0, prompts, mesh)
     sampled = None
