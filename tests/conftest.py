@@ -12,6 +12,7 @@ hit is the executable a fresh compilation would give. Off with ``JAX_ENABLE_COMP
 emptied with ``rm -rf ~/.cache/pgjax/jax_compilation``; kept under ``CACHE_LIMIT`` bytes (least recently
 read entries go first).
 """
+import gc
 import hashlib
 import os
 import pathlib
@@ -22,7 +23,7 @@ import pytest
 
 CACHE_LIMIT = 2 << 30
 CACHE_EVENTS = {"/jax/compilation_cache/cache_hits": "hits", "/jax/compilation_cache/cache_misses": "misses"}
-cache_counts = {"hits": 0, "misses": 0, "saved": 0.0}
+cache_counts = {"hits": 0, "misses": 0, "saved": 0.0, "peak_mappings": 0}
 cache_state = {"entries": 0}
 
 
@@ -109,6 +110,36 @@ def pytest_configure(config):
     jax.monitoring.register_event_duration_secs_listener(saved)
 
 
+def memory_mappings() -> int:
+    """The memory mappings this process holds (0 where /proc does not say)."""
+    try:
+        return pathlib.Path(f"/proc/{os.getpid()}/maps").read_text().count("\n")
+    except OSError:
+        return 0
+
+
+def max_map_count() -> str:
+    """The kernel's limit on a process's memory mappings, as /proc says it ("?" where it does not)."""
+    try:
+        return pathlib.Path("/proc/sys/vm/max_map_count").read_text().strip()
+    except OSError:
+        return "?"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After a module's last test (its fixtures torn down), drop the compiled programs JAX holds in
+    memory (``jax.clear_caches``). Each loaded executable keeps a few memory mappings for its
+    JIT-linked code; a worker that kept every program of a few hundred modules reached Linux's
+    default limit of 65,530 mappings per process (``vm.max_map_count``), where LLVM could not map the
+    next program's code and the worker died of a segmentation fault. The next module reads what it
+    needs back from the persistent cache. The peak is reported (``pytest_terminal_summary``)."""
+    if nextitem is None or nextitem.module is not item.module:
+        cache_counts["peak_mappings"] = max(cache_counts["peak_mappings"], memory_mappings())
+        jax.clear_caches()
+        gc.collect()
+
+
 def pytest_sessionfinish(session):
     if hasattr(session.config, "workerinput"):                 # an xdist worker reports to the controller
         session.config.workeroutput["jax_compilation_cache"] = dict(cache_counts)
@@ -116,7 +147,7 @@ def pytest_sessionfinish(session):
 
 def pytest_testnodedown(node, error):
     for key, value in getattr(node, "workeroutput", {}).get("jax_compilation_cache", {}).items():
-        cache_counts[key] += value
+        cache_counts[key] = max(cache_counts[key], value) if key == "peak_mappings" else cache_counts[key] + value
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -127,7 +158,9 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_line(
         f"XLA compilation cache {directory}: {cache_counts['hits']} hits, {cache_counts['misses']} misses in the "
         f"pytest processes ({max(cache_counts['saved'], 0):.0f} s of compiling saved); {entries} entries "
-        f"(+{entries - cache_state['entries']} this run, subprocesses included)")
+        f"(+{entries - cache_state['entries']} this run, subprocesses included); at most "
+        f"{cache_counts['peak_mappings']:,} memory mappings in a test process at a module's end (the limit: "
+        f"vm.max_map_count = {max_map_count()})")
 
 
 @pytest.fixture

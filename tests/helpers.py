@@ -233,7 +233,8 @@ def read_texts(directory) -> dict:
 
 def read_wandb_history(path) -> list[dict]:
     """The history rows of an offline W&B run file: LevelDB-style log blocks of 32 KiB, each record
-    a 7-byte header (crc32, length, type: 1 full, 2 first, 3 middle, 4 last) and a protobuf Record."""
+    a 7-byte header (crc32, length, type: 1 full, 2 first, 3 middle, 4 last; 0 a zeroed rest of the
+    block) and a protobuf Record."""
     from wandb.proto import wandb_internal_pb2
     data, position, pending, rows = pathlib.Path(path).read_bytes(), 7, b"", []   # 7: the ':W&B' file header
     while position + 7 <= len(data):
@@ -242,8 +243,9 @@ def read_wandb_history(path) -> list[dict]:
             continue
         _, length, kind = struct.unpack("<IHB", data[position:position + 7])
         chunk, position = data[position + 7:position + 7 + length], position + 7 + length
-        if kind == 0:
-            break
+        if kind == 0:                                   # a zeroed rest of a block: the next block goes on
+            position += -position % 32768
+            continue
         pending = chunk if kind in (1, 2) else pending + chunk
         if kind in (1, 4):
             record = wandb_internal_pb2.Record()

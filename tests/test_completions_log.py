@@ -202,8 +202,7 @@ def test_completions_every_0_logs_no_completion(tmp_path):
     run = RunDirectory(exp, resume=False)
     run.create()
     run.start(EmitX().tokenizer(), 0)
-    run.log({"step": 0, "eval_accuracy": 0.5})
-    run.log_completions([{"step": 1, "row": 0, "completion": "x"}])
+    run.log({"step": 0, "eval_accuracy": 0.5}, [{"step": 0, "row": 0, "completion": "x"}])
     run.close()
     assert read_records(run.directory) == [{"step": 0, "eval_accuracy": 0.5}]
     assert not (run.directory / "completions.jsonl").exists() and TEXT_TAG not in read_texts(run.directory)
@@ -237,7 +236,7 @@ def test_weights_and_biases_gets_a_table_of_each_steps_rows(tmp_path, monkeypatc
     assert sorted(steps) == [2, 4]
     history = read_wandb_history(glob.glob(f"{directory}/wandb/offline-run-*/*.wandb")[0])
     tables = {row["_step"]: row for row in history if "completions/path" in row}     # the history names the file
-    assert sorted(tables) == [2, 4]
+    assert sorted(tables) == [2, 4], [sorted(row) for row in history]
     assert all(t["completions/_type"] == "table-file" and t["completions/nrows"] == 3 for t in tables.values())
     files = pathlib.Path(glob.glob(f"{directory}/wandb/offline-run-*/files")[0])
     for step, logged in steps.items():

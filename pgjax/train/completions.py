@@ -21,7 +21,7 @@ what the host has after scoring, with no second decode and no scoring but a regu
 
 The pipeline draws the rows when it scores the batch (``sample_rows``; an asynchronous batch in
 flight keeps them in its checkpoint), the trainer adds the advantages after ``Learner.prepare``
-(``with_advantages``) and ``RunDirectory.log_completions`` writes them: completions.jsonl,
+(``with_advantages``) and ``RunDirectory.log`` writes them: completions.jsonl,
 TensorBoard text, a W&B table (``pgjax.train.sinks``). On several processes the rows are drawn
 among process 0's (the others' texts never reach it).
 """

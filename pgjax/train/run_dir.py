@@ -440,24 +440,19 @@ class RunDirectory:
         """The run's metric records so far (``read_records``)."""
         return read_records(self.directory)
 
-    def log(self, record: dict) -> None:
-        """One step's record to every sink (none but on process 0); the first one after ``start``
-        writes what awaited it (``_record_first``)."""
+    def log(self, record: dict, completions: list[dict] = ()) -> None:
+        """One step's record and its logged completions (``pgjax.train.completions``) to every sink,
+        the completions to completions.jsonl too, a line per row (where ``logging.completions_every``
+        logs any; nothing but on process 0); the first call after ``start`` writes what awaited it
+        (``_record_first``)."""
         if self.primary and self.unrecorded:
             self._record_first()
             self.unrecorded = False
-        for sink in self.sinks:
-            sink.log(record)
-
-    def log_completions(self, rows: list[dict]) -> None:
-        """One step's logged completions (``pgjax.train.completions``; after that step's ``log``) to
-        completions.jsonl, a line per row, and to every sink (none but on process 0)."""
-        if not self.primary or not rows or self.completions_file is None:
-            return
-        for row in rows:
+        completions = completions if self.completions_file is not None else ()
+        for row in completions if self.primary else ():
             self.completions_file.log(row)
         for sink in self.sinks:
-            sink.log_completions(rows)
+            sink.log(record, completions)
 
     def export(self, policy) -> None:
         """``final/``: the policy as a Hugging Face checkpoint with the run's tokenizer (with LoRA: the

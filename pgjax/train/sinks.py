@@ -11,8 +11,9 @@ reading them back, and the curves drawn from the records.
                           Weights & Biases run (optional package)
   curves.png              ``plot``: reward / accuracy / length / KL / entropy curves, drawn at the end
 
-A ``Sink`` takes records (``log``: a dict with an int ``step``, numbers, None) and a step's
-completion rows (``log_completions``), and is closed once (``close``). Each opens for a new run or a
+A ``Sink`` takes each step's record (``log``: a dict with an int ``step``, numbers, None) together
+with the completion rows logged at that step, in one call (W&B then writes them in one history row,
+never merged from two), and is closed once (``close``). Each opens for a new run or a
 resumed one: a resume starts after ``start_step``, and what a killed run wrote after that checkpoint
 is dropped (the JSONL files cut, TensorBoard events purged, W&B continuing the same run, which
 ignores re-logged steps). ``read_records`` and ``read_completions`` read the JSONL files back,
@@ -38,13 +39,11 @@ CURVES = (("reward", "reward"), ("accuracy", "sampled accuracy"), ("eval_accurac
 class Sink:
     """One destination of a run's metric records."""
 
-    def log(self, record: dict) -> None:
-        """Write one record: ``{"step": int, key: number or None, ...}`` (numbers may be non-finite)."""
+    def log(self, record: dict, completions: list[dict] = ()) -> None:
+        """Write one record, ``{"step": int, key: number or None, ...}`` (numbers may be non-finite),
+        and the completions logged at its step (``pgjax.train.completions``: dicts of that ``step``;
+        a sink may leave them out)."""
         raise NotImplementedError
-
-    def log_completions(self, rows: list[dict]) -> None:
-        """Write one step's logged completions (``pgjax.train.completions``: dicts of one ``step``);
-        by default nothing."""
 
     def close(self, failed: bool = False) -> None:
         """Flush and release what the sink holds; ``failed``: the run ended with an error."""
@@ -128,7 +127,7 @@ class MetricsFile(Sink):
         if self.path.exists():
             os.truncate(self.path, keep)
 
-    def log(self, record: dict) -> None:
+    def log(self, record: dict, completions: list[dict] = ()) -> None:
         record = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
         with self.path.open("a") as f:
             f.write(json.dumps(record, allow_nan=False) + "\n")
@@ -142,13 +141,11 @@ class TensorBoard(Sink):
         from tensorboardX import SummaryWriter
         self.writer = SummaryWriter(str(directory), purge_step=0 if start_step is None else start_step + 1)
 
-    def log(self, record: dict) -> None:
+    def log(self, record: dict, completions: list[dict] = ()) -> None:
         for key, value in _numbers(record).items():
             self.writer.add_scalar(key, value, record["step"])
-        self.writer.flush()
-
-    def log_completions(self, rows: list[dict]) -> None:
-        self.writer.add_text("completions", markdown_table(rows), rows[0]["step"])
+        if completions:
+            self.writer.add_text("completions", markdown_table(completions), record["step"])
         self.writer.flush()
 
     def close(self, failed: bool = False) -> None:
@@ -173,14 +170,15 @@ class WandB(Sink):
                               "WANDB_MODE=offline, or logging.wandb=false") from None
         id_file.write_text(run_id)
 
-    def log(self, record: dict) -> None:
-        self.run.log(_numbers(record), step=record["step"])
-
-    def log_completions(self, rows: list[dict]) -> None:
-        import wandb
-        columns = table_columns(rows)
-        table = wandb.Table(columns=columns, data=[[row.get(c) for c in columns] for row in rows])
-        self.run.log({"completions": table}, step=rows[0]["step"])
+    def log(self, record: dict, completions: list[dict] = ()) -> None:
+        """The record's numbers and its step's completions as a ``completions`` table, in one
+        ``run.log`` (one history row)."""
+        row = _numbers(record)
+        if completions:
+            import wandb
+            columns = table_columns(completions)
+            row["completions"] = wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in completions])
+        self.run.log(row, step=record["step"])
 
     def close(self, failed: bool = False) -> None:
         self.run.finish(exit_code=1 if failed else 0)
