@@ -171,6 +171,27 @@ class EmitXOneTurn(EmitX):
     environment = OneTurnX
 
 
+TOOL_ALPHABET = "0123456789+-*/^()[]=<>.:,;'?!_ abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ\n"
+
+
+@dataclasses.dataclass(frozen=True)
+class SumWithCalculator:
+    """Sums of two digits (``"3+4"`` -> ``"7"``) for episodes with ``task.tools=calculator``: each
+    example's worked episode calls the calculator on the sum (``tool_calls``), then answers its result."""
+    name: str = "sum_with_calculator"
+    format_pattern: str = r"-?\d+"
+    reward_fn = staticmethod(per_example(lambda prompt, completion, *, target, **_:
+                                         float(completion.strip() == str(target))))
+
+    def tokenizer(self):
+        return char_tokenizer(TOOL_ALPHABET)
+
+    def examples(self, n, seed=0):
+        pairs = np.random.default_rng(seed).integers(0, 10, size=(n, 2))
+        return [{"prompt": f"{a}+{b}", "answer": str(a + b), "target": int(a + b),
+                 "tool_calls": [{"name": "calculator", "arguments": f"{a}+{b}"}]} for a, b in pairs]
+
+
 def p_first_x(policy, tokenizer) -> float:
     tokens, mask = encode_prompts(tokenizer, ["ab"], 4)
     logits = policy(jnp.asarray(tokens), jnp.asarray(mask))[0, -1]

@@ -24,9 +24,9 @@ CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def chatml_tokenizer(template=CHATML):
-    """A character tokenizer with ChatML's two special tokens (and an <eos> that is not the end of turn)."""
-    chars = "0123456789+-=? abcdefghijklmnopqrstuvwxyz\n"
+def chatml_tokenizer(template=CHATML, chars="0123456789+-=? abcdefghijklmnopqrstuvwxyz\n"):
+    """A character tokenizer of ``chars`` with ChatML's two special tokens (and an <eos> that is not the
+    end of turn)."""
     vocab = {"<pad>": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate(chars)}}
     tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<pad>"))
     tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Split("", "isolated")

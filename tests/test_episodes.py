@@ -21,7 +21,7 @@ from pgjax import core
 from pgjax.agents import Calculator
 from pgjax.agents.environment import Step, ToolEnvironment
 from pgjax.sample import SamplingConfig, generate
-from pgjax.train.episodes import CUT_MARK, EpisodeLimits, run_episodes
+from pgjax.train.episodes import CUT_MARK, EpisodeLimits, episode_limits, run_episodes
 from pgjax.train.rollout import PromptFormat, decode_responses, encode_prompts
 from test_chat_prompts import chatml_tokenizer
 from test_sampler import forward, sharp_model
@@ -248,6 +248,102 @@ def test_a_tool_environment_runs_in_episodes(setup):
     episodes = play(setup, environment, key=8, width=400)
     assert all(e in ("done", "turns", "tokens", "truncated") for e in episodes.ended)
     assert (episodes.valid_calls <= episodes.calls).all()
+
+
+# ---------------------------------------------------------------- worked episodes (the warm start's demonstrations)
+
+WORKED = [{"prompt": "what is 12*7", "answer": "84", "target": "84",
+           "tool_calls": [{"name": "calculator", "arguments": "12*7"}]},
+          {"prompt": "what is 3", "answer": "3", "target": "3"}]               # no call: the answer alone
+WORKED_LIMITS = EpisodeLimits(max_turns=2, max_tokens=90, max_observation_tokens=48)
+
+
+def worked_episodes(examples=WORKED, limits=WORKED_LIMITS, reply_tokens=40, environment=None):
+    from helpers import TOOL_ALPHABET
+    from pgjax.train.sft import episode_demonstrations
+    tokenizer = chatml_tokenizer(chars=TOOL_ALPHABET)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    environment = environment or (lambda: ToolEnvironment([Calculator()], lambda e, reply: float(reply == e["target"])))
+    return tokenizer, end, episode_demonstrations(tokenizer, environment, examples, 400, limits, reply_tokens, CHAT,
+                                                  end)
+
+
+def test_a_worked_episode_is_the_templates_conversation_with_only_the_replies_trained():
+    """The warm start's demonstration of a tool episode: the opening left-padded, then the call, the
+    calculator's real result as the template renders it, and the answer; the mask 1 on the two
+    replies and their ends of turn, 0 on the observation and the template's tokens between them."""
+    from pgjax.agents import TaggedCalls
+    tokenizer, end, (tokens, attention, mask) = worked_episodes()
+    assert tokens.shape == attention.shape == (2, 490) and mask.shape == (2, 90)
+    turns = [{"role": "system", "content": TaggedCalls().tool_prompt([Calculator()])},
+             {"role": "user", "content": "what is 12*7"},
+             {"role": "assistant", "content": "<calculator>12*7</calculator>"},
+             {"role": "user", "content": "<result>84</result>"}, {"role": "assistant", "content": "84"}]
+    assert tokenizer.decode(tokens[0][attention[0] > 0]) + "\n" == tokenizer.apply_chat_template(turns, tokenize=False)
+    assert tokenizer.decode(tokens[0, 400:][mask[0] > 0]) == "<calculator>12*7</calculator><|im_end|>84<|im_end|>"
+    assert tokenizer.decode(tokens[1, 400:][mask[1] > 0]) == "3<|im_end|>" == tokenizer.decode(tokens[1, 400:][
+        attention[1, 400:] > 0])
+    assert (mask <= attention[:, 400:]).all() and (attention[:, :400].sum(1) > 300).all()   # the tool prompt
+
+
+def test_json_calls_write_what_they_parse():
+    from pgjax.agents import JsonCalls, TaggedCalls
+    from pgjax.agents.environment import ToolCall
+    call = ToolCall("calculator", "2 * (3 + 4)")
+    for convention in (JsonCalls(), TaggedCalls()):
+        assert convention.parse(convention.write(call, Calculator()), [Calculator()]) == ([call], [])
+
+
+def test_a_demonstration_that_does_not_play_out_is_an_error():
+    wrong = [{**WORKED[0], "answer": "85"}]
+    with pytest.raises(ValueError, match="example 0's demonstration \\(2 replies\\) does not end its episode correct"):
+        worked_episodes(wrong)
+    with pytest.raises(ValueError, match="reply 1 of 2: it takes 30 tokens with its end, more than 20 a turn"):
+        worked_episodes(reply_tokens=20)
+    with pytest.raises(ValueError, match="reply 2 of 2: the episode ended before it \\(max_turns is 1\\)"):
+        worked_episodes(limits=dataclasses.replace(WORKED_LIMITS, max_turns=1))
+    with pytest.raises(ValueError, match="reply 2 of 2: the episode ended before it \\(the observation passes its 60 "):
+        worked_episodes(limits=dataclasses.replace(WORKED_LIMITS, max_tokens=60))
+    with pytest.raises(ValueError, match="reply 2 of 2: the episode passes its 70 tokens"):
+        worked_episodes(limits=dataclasses.replace(WORKED_LIMITS, max_tokens=70))
+    with pytest.raises(ValueError, match="the example's tool call .* is not"):
+        worked_episodes([{**WORKED[0], "tool_calls": [{"name": "python", "arguments": "print(1)"}]}])
+    with pytest.raises(ValueError, match="Scripted has no demonstration\\(example\\)"):
+        worked_episodes(environment=Scripted)
+
+
+def test_a_warm_start_on_worked_episodes_teaches_the_tool_convention(tmp_path):
+    """task.tools=calculator with a warm start: the Trainer's supervised steps run on worked episodes, and
+    the tiny model, which never calls the calculator before, calls it (validly) in every greedy episode
+    after 60 steps; a budget too small for the demonstrations is a configuration error up front."""
+    from helpers import tiny_experiment
+    from pgjax.train.experiment import ConfigError, TaskSection, WarmStartSection
+    from pgjax.train.optim import OptimConfig
+    from pgjax.train.trainer import Trainer
+    exp = tiny_experiment(tmp_path, task=TaskSection(name="helpers:SumWithCalculator", tools="calculator"),
+                          warm_start=WarmStartSection(steps=60, batch_size=8, optim=OptimConfig(lr=1e-2)))
+    exp = dataclasses.replace(exp, rollout=dataclasses.replace(exp.rollout, max_prompt_tokens=360, max_new_tokens=32,
+                                                               max_turns=2, max_observation_tokens=24))
+    trainer = Trainer(exp)
+    examples = trainer.task.examples(16, seed=99)
+
+    def greedy_episodes():
+        sampling = SamplingConfig(max_new_tokens=32, eos_ids=tuple(trainer.context.eos_ids), n=1, greedy=True)
+        return run_episodes(trainer.policy, trainer.tokenizer, trainer.context.environment, examples,
+                            jax.random.key(0), sampling, episode_limits(exp.rollout), trainer.context.prompt_format,
+                            360)
+    assert greedy_episodes().calls.sum() == 0
+    trainer.warm_start()
+    after = greedy_episodes()
+    assert (after.calls == 1).all() and (after.valid_calls == 1).all() and (after.turns == 2).all()
+    short = dataclasses.replace(exp, rollout=dataclasses.replace(exp.rollout, max_new_tokens=16))
+    with pytest.raises(ConfigError, match="warm_start.steps=60 \\(rollout.max_new_tokens=16, max_turns=2, max_episode_"
+                                          "tokens=0\\): example 0's demonstration, reply 1 of 2: it takes 29 tokens"):
+        Trainer(short)
+    game = dataclasses.replace(exp, task=TaskSection(name="helpers:EmitXGame"), rollout=dataclasses.replace(
+        exp.rollout, max_prompt_tokens=4, max_new_tokens=3))
+    with pytest.raises(ConfigError, match="warm_start.steps=60 .*: XGame has no demonstration\\(example\\)"):
+        Trainer(game)
 
 
 def test_a_lora_policy_plays_the_episodes_of_its_merged_weights(setup):

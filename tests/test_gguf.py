@@ -770,6 +770,24 @@ def test_smollm_one_rl_step_end_to_end(smollm):
     assert np.isfinite(record["policy_loss"]) and np.isfinite(record["entropy"]) and 0 < record["length"] <= 12
 
 
+@pytest.mark.slow
+def test_smollm_tool_experiment_warm_starts_and_plays_calculator_episodes(smollm):
+    """experiments/smollm2_tools.py on the real model and tokenizer: its worked episodes fit its limits
+    (the Trainer plays the held-out ones before anything runs), a warm-start step and an RL step on
+    calculator episodes give finite losses, and the records count the episodes' turns and calls."""
+    from pgjax.train import experiment as experiment_lib
+    from pgjax.train.trainer import Trainer
+    root = pathlib.Path(__file__).parent.parent
+    exp = experiment_lib.override(experiment_lib.load(root / "experiments" / "smollm2_tools.py"), [
+        f"model.path={smollm[0]}", "prompts_per_step=2", "rollout.samples_per_prompt=2", "update.micro_batches=1",
+        "eval_prompts=4", "steps=1", "warm_start.steps=1", "warm_start.batch_size=2"])
+    trainer = Trainer(exp)
+    trainer.warm_start()
+    record = trainer.step()
+    assert record["step"] == 1 and record["skipped_updates"] == 0 and np.isfinite(record["policy_loss"])
+    assert 1 <= record["turns"] <= 3 and record["calls"] >= 0 and record["episode_tokens"] >= record["length"]
+
+
 # --------------------------------------------------------------------------------------- Gemma 3 270M (slow)
 
 # plain text: the base model has no chat template

@@ -239,11 +239,21 @@ def templates_of(prompt: str, templates) -> list[str]:
 
 
 def test_training_examples_are_those_drawn_before_the_held_out_splits():
-    """held_out="none" draws exactly what WordMathTask drew before held-out phrasings and the kind tag existed
-    (the SHA-256 of those examples, computed then)."""
-    examples = [{k: v for k, v in e.items() if k != "kind"} for e in R.WordMathTask(digits=3).examples(500, seed=1)]
+    """held_out="none" draws exactly what WordMathTask drew before held-out phrasings, the kind tag and the
+    worked episode's tool call existed (the SHA-256 of those examples, computed then)."""
+    examples = [{k: v for k, v in e.items() if k not in ("kind", "tool_calls")}
+                for e in R.WordMathTask(digits=3).examples(500, seed=1)]
     digest = hashlib.sha256(json.dumps(examples).encode()).hexdigest()
     assert digest == "4b65e57026bbfaec9b661602893053b76308d0dea1ef2482a1763e95a6cf3866"
+
+
+def test_each_examples_calculator_call_computes_its_target():
+    from pgjax.agents import Calculator
+    calculator = Calculator()
+    for held_out in ("none", "both"):
+        for e in R.WordMathTask(digits=4, held_out=held_out).examples(300, seed=2):
+            (call,) = e["tool_calls"]
+            assert call["name"] == "calculator" and calculator(call["arguments"]).text == str(e["target"])
 
 
 def test_training_never_draws_a_held_out_template_and_the_held_out_split_draws_only_those():

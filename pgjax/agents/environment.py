@@ -5,6 +5,10 @@ An environment is any object with
     reset(example: dict) -> list[dict]           # the episode's opening messages ({"role", "content"})
     step(reply: str) -> Step                      # the policy's reply to the turn -> what happens next
 
+and, for a supervised warm start on worked episodes (``pgjax.train.sft``), optionally
+
+    demonstration(example: dict) -> list[str]     # the replies of a worked episode, in order
+
 One environment plays one episode (one row of a rollout; ``pgjax.train.episodes`` makes one per row
 from a factory). ``Step.observation`` is the messages the environment answers with (rendered by the
 chat template and appended to the model's input: the policy never trains on them) or None when it
@@ -68,6 +72,8 @@ class CallFormat(Protocol):
 
     def parse(self, reply: str, tools: Sequence[Tool]) -> tuple[list[ToolCall], list[str]]: ...
 
+    def write(self, call: ToolCall, tool: Tool) -> str: ...
+
     def result(self, text: str) -> str: ...
 
 
@@ -94,6 +100,10 @@ class TaggedCalls:
         errors = [f"error: <{name}> is not closed with </{name}>" for name in dict.fromkeys(opened)
                   if opened.count(name) > sum(call.name == name for call in calls)]
         return calls, errors
+
+    def write(self, call: ToolCall, tool: Tool) -> str:
+        """The call as the policy writes it, which ``parse`` reads back."""
+        return f"<{call.name}>{call.arguments}</{call.name}>"
 
     def result(self, text: str) -> str:
         return f"<result>{text}</result>"
@@ -140,6 +150,12 @@ class JsonCalls:
             errors.append("error: <tool_call> is not closed with </tool_call>")
         return calls, errors
 
+    def write(self, call: ToolCall, tool: Tool) -> str:
+        """The call as the policy writes it, which ``parse`` reads back (the argument under ``tool``'s
+        parameter)."""
+        return "<tool_call>" + json.dumps({"name": call.name, "arguments": {tool.parameter: call.arguments}}) \
+            + "</tool_call>"
+
     def result(self, text: str) -> str:
         return text
 
@@ -173,6 +189,23 @@ class ToolEnvironment:
         prompt = self.calls.tool_prompt(self.tools)
         return ([{"role": "system", "content": prompt}] if prompt else []) + [
             {"role": "user", "content": str(example["prompt"])}]
+
+    def demonstration(self, example: dict) -> list[str]:
+        """The replies of a worked episode of ``example`` (a warm start's demonstration): one writing
+        its ``tool_calls`` (``{"name", "arguments"}`` each) in this environment's convention, then its
+        ``answer``; the answer alone where it has no calls. ValueError for a call of a tool this
+        environment lacks, or an example without an answer."""
+        if not isinstance(example.get("answer"), str):
+            raise ValueError("a demonstration needs the example's 'answer' (a string): the final reply")
+        by_name = {tool.name: tool for tool in self.tools}
+        written = []
+        for call in example.get("tool_calls", []):
+            tool = by_name.get(call.get("name")) if isinstance(call, dict) else None
+            if tool is None or not isinstance(call.get("arguments"), str):
+                raise ValueError(f"the example's tool call {call!r} is not {{'name': one of {sorted(by_name)}, "
+                                 "'arguments': text}")
+            written.append(self.calls.write(ToolCall(call["name"], call["arguments"]), tool))
+        return (["\n".join(written)] if written else []) + [example["answer"]]
 
     def step(self, reply: str) -> Step:
         if self.example is None:

@@ -151,7 +151,8 @@ class WordMathTask:
 
     Example: ``{"prompt": "What is 23 + 48? Put your final answer within \\boxed{}.",
     "answer": "23 + 48 = 71. The answer is \\boxed{71}.", "target": 71, "difficulty": 2, "op": "+",
-    "kind": "expression"}``.
+    "kind": "expression", "tool_calls": [{"name": "calculator", "arguments": "23 + 48"}]}``; ``tool_calls``
+    is the worked episode's call with ``task.tools=calculator`` (``ToolEnvironment.demonstration``).
     """
 
     digits: int = 2
@@ -208,4 +209,5 @@ class WordMathTask:
         question = template.format(a=a, b=b, sym=SYMBOLS[op], name=name)
         return {"prompt": f"{question} {INSTRUCTION}",
                 "answer": f"{a} {SYMBOLS[op]} {b} = {value}. The answer is \\boxed{{{value}}}.",
-                "target": value, "difficulty": difficulty, "op": op, "kind": kind}
+                "target": value, "difficulty": difficulty, "op": op, "kind": kind,
+                "tool_calls": [{"name": "calculator", "arguments": f"{a} {op} {b}"}]}

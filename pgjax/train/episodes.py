@@ -164,7 +164,7 @@ def run_episodes(policy: CausalLM, tokenizer, environment: Callable[[], Environm
         blocks = {}
         for r, row in enumerate(episodes):
             if row.ended is None:
-                observation = _take_turn(row, environments[r], tokenizer, prompt_format, sampling, limits,
+                observation = _take_turn(row, environments[r], tokenizer, prompt_format, sampling.eos_ids, limits,
                                          response[r, :lengths[r]], logq[r, :lengths[r]], logp[r, :lengths[r]],
                                          bool(ended[r]), last_turn=turn == limits.max_turns - 1)
                 if observation is not None:
@@ -181,13 +181,13 @@ def run_episodes(policy: CausalLM, tokenizer, environment: Callable[[], Environm
     return _assemble(episodes, prompts.repeat(n, axis=0), prompt_mask.repeat(n, axis=0), prefilled)
 
 
-def _take_turn(row: _Row, environment: Environment, tokenizer, prompt_format: PromptFormat, sampling: SamplingConfig,
+def _take_turn(row: _Row, environment: Environment, tokenizer, prompt_format: PromptFormat, eos_ids,
                limits: EpisodeLimits, ids, logq, logp, ended: bool, last_turn: bool) -> np.ndarray | None:
-    """Record the row's reply, step its environment, and return the observation's token ids to
-    append (None: the episode ended)."""
+    """Record the row's reply (``ids``, ending the turn if ``ended`` with one of ``eos_ids``), step its
+    environment, and return the observation's token ids to append (None: the episode ended)."""
     row.segments.append(("policy", ids, logq, logp))
     row.used += len(ids)
-    closing = ended and len(ids) and int(ids[-1]) in sampling.eos_ids
+    closing = ended and len(ids) and int(ids[-1]) in eos_ids
     reply = tokenizer.decode(ids[:-1] if closing else ids)
     reply_end = tokenizer.decode(ids[-1:]) if closing else ""
     row.replies.append(reply)
@@ -274,6 +274,56 @@ def _assemble(episodes: list[_Row], prompts: np.ndarray, prompt_mask: np.ndarray
                     replies=[row.replies for row in episodes], prefill_tokens=prefilled)
 
 
+def demonstrated_episodes(tokenizer, environment: Callable[[], Environment], examples: Sequence[dict],
+                          limits: EpisodeLimits, prompt_format: PromptFormat, prompt_width: int, end_id: int,
+                          reply_tokens: int) -> Episodes:
+    """Each example's worked episode, one row each: its environment's ``demonstration(example)``
+    replies played in turn as ``run_episodes`` plays sampled ones (each reply tokenized and closed with
+    ``end_id``, the observations rendered, cut and counted alike), laid out as ``Episodes`` (log-probs
+    0). ValueError for an environment without ``demonstration``, a reply longer than
+    ``reply_tokens``, and a demonstration that does not end its episode (done, and correct where the
+    environment says) within ``limits``."""
+    environments = [environment() for _ in examples]
+    openings = [env.reset(example) for env, example in zip(environments, examples)]
+    prompts, prompt_mask = left_pad(tokenizer, opening_ids(tokenizer, prompt_format, openings), prompt_width)
+    episodes = [_Row(opening_turns(prompt_format, messages)) for messages in openings]
+    for index, (row, env, example) in enumerate(zip(episodes, environments, examples)):
+        if not callable(getattr(env, "demonstration", None)):
+            raise ValueError(f"{type(env).__name__} has no demonstration(example): a warm start on episodes needs "
+                             "the replies of a worked episode (docs/agents.md)")
+        replies = env.demonstration(example)
+        for turn, reply in enumerate(replies):
+            ids = np.asarray(tokenizer(reply, add_special_tokens=False)["input_ids"] + [end_id], np.int32)
+            problem = _unplayable(row, len(ids), limits, reply_tokens)
+            if problem:
+                raise ValueError(f"example {index}'s demonstration, reply {turn + 1} of {len(replies)}: {problem}")
+            zeros = np.zeros(len(ids), np.float32)
+            _take_turn(row, env, tokenizer, prompt_format, (end_id,), limits, ids, zeros, zeros, ended=True,
+                       last_turn=turn == limits.max_turns - 1)
+        if row.ended != "done" or row.correct < 1.0:
+            raise ValueError(f"example {index}'s demonstration ({len(replies)} replies) does not end its episode "
+                             + ("correct" if row.ended == "done" else f"within {limits}"))
+    return _assemble(episodes, prompts, prompt_mask, int(prompt_mask.sum()))
+
+
+def _unplayable(row: _Row, length: int, limits: EpisodeLimits, reply_tokens: int) -> str | None:
+    """Why a demonstrated reply of ``length`` tokens cannot be the row's next one (None: it can)."""
+    if row.ended:
+        why = {"done": "the environment ended it", "turns": f"max_turns is {limits.max_turns}",
+               "tokens": f"the observation passes its {limits.max_tokens} tokens"}[row.ended]
+        return f"the episode ended before it ({why})"
+    if length > reply_tokens:
+        return f"it takes {length} tokens with its end, more than {reply_tokens} a turn"
+    if row.used + length > limits.max_tokens:
+        return f"the episode passes its {limits.max_tokens} tokens"
+    return None
+
+
+def widened(x: np.ndarray, width: int) -> np.ndarray:
+    """``x`` [R, N] right-padded with zeros, or cut, to ``width`` columns."""
+    return np.pad(x, ((0, 0), (0, max(width - x.shape[1], 0))))[:, :width]
+
+
 def episode_limits(config: RolloutConfig) -> EpisodeLimits:
     """A training rollout's limits (``RolloutConfig``'s ``max_turns``, ``episode_budget()``,
     ``max_observation_tokens``)."""
@@ -302,10 +352,7 @@ def episode_rollout(episodes: Episodes, examples: list[dict], tokenizer, config:
     ``completion``."""
     k, budget = config.samples_per_prompt, config.episode_budget()
     width = episodes.tokens.shape[1] - episodes.mask.shape[1]
-
-    def widened(x):
-        return np.pad(x, ((0, 0), (0, max(budget - x.shape[1], 0))))[:, :budget]
-    tokens, attention = (np.concatenate([x[:, :width], widened(x[:, width:])], axis=1)
+    tokens, attention = (np.concatenate([x[:, :width], widened(x[:, width:], budget)], axis=1)
                          for x in (episodes.tokens, episodes.attention_mask))
     keep = np.ones(len(episodes.returns), bool)
     if config.mask_truncated:
@@ -313,8 +360,9 @@ def episode_rollout(episodes: Episodes, examples: list[dict], tokenizer, config:
     if config.filter_equal_groups:
         groups = episodes.returns.reshape(-1, k)
         keep &= np.repeat(groups.max(1) > groups.min(1), k)
-    host = to_global({"tokens": tokens, "attention_mask": attention, "mask": widened(episodes.mask) * keep[:, None],
-                      "rewards": widened(episodes.rewards), "behaviour_logp": widened(episodes.logprobs)}, mesh)
+    columns = {"mask": episodes.mask * keep[:, None], "rewards": episodes.rewards, "behaviour_logp": episodes.logprobs}
+    host = to_global({"tokens": tokens, "attention_mask": attention,
+                      **{name: widened(x, budget) for name, x in columns.items()}}, mesh)
     rollout = Rollout(tokens=host["tokens"], attention_mask=host["attention_mask"],
                       batch=core.Batch(mask=host["mask"], rewards=host["rewards"], logp=None,
                                        behaviour_logp=host["behaviour_logp"], group_size=k))

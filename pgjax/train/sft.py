@@ -4,6 +4,11 @@
 
 over the demonstration tokens (the answer and its end token: EOS, or the chat
 template's end of turn) of each batch, the prompt given. One jitted AdamW step per batch.
+
+With an environment (multi-turn episodes) a demonstration is a worked episode
+(``episode_demonstrations``): the environment's ``demonstration(example)`` replies
+played through it, and m_bt is 1 on the replies' tokens alone, the observations
+and the template's tokens between turns context, as in the RL loss (docs/agents.md).
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ import optax
 from flax import nnx
 
 from pgjax.models.scoring import response_logprobs
+from pgjax.train.episodes import EpisodeLimits, demonstrated_episodes, widened
 from pgjax.train.rollout import PLAIN, PromptFormat, encode_prompts, pad_id
 
 
@@ -36,6 +42,21 @@ def demonstrations(tokenizer, examples: list[dict], prompt_width: int, response_
         response[row, :len(ids)], mask[row, :len(ids)] = ids, 1
     return (np.concatenate([prompt_tokens, response], 1), np.concatenate([prompt_mask, mask], 1),
             mask.astype(np.float32))
+
+
+def episode_demonstrations(tokenizer, environment, examples: list[dict], prompt_width: int, limits: EpisodeLimits,
+                           reply_tokens: int, prompt_format: PromptFormat, end_id: int):
+    """``demonstrations``' tokens, attention_mask [B, W + N] and mask [B, N] (N = ``limits.max_tokens``)
+    of the examples' worked episodes (``episodes.demonstrated_episodes``): the opening left-padded to W,
+    then the replies, each closed with ``end_id``, and the observations between them; the mask 1 on
+    the replies' tokens only."""
+    episodes = demonstrated_episodes(tokenizer, environment, examples, limits, prompt_format, prompt_width, end_id,
+                                     reply_tokens)
+    width, budget = prompt_width, limits.max_tokens
+    tokens, attention = (np.concatenate([x[:, :width], widened(x[:, width:], budget)], axis=1)
+                         for x in (episodes.tokens, episodes.attention_mask))
+    tokens[attention == 0] = pad_id(tokenizer)
+    return tokens.astype(np.int32), attention.astype(np.int32), widened(episodes.mask, budget).astype(np.float32)
 
 
 @partial(jax.jit, static_argnames=("graphdef", "optimizer", "mesh"), donate_argnames=("params", "opt_state"))

@@ -49,7 +49,7 @@ from pgjax.train.records import RECORD_KEYS, step_record
 from pgjax.train.rollout import encode_prompts
 from pgjax.train.checkpoints import Checkpoints
 from pgjax.train.run_dir import RunDirectory
-from pgjax.train.sft import demonstrations, sft_step
+from pgjax.train.sft import demonstrations, episode_demonstrations, sft_step
 
 
 class Callback:
@@ -127,11 +127,25 @@ class Trainer:
                 raise ConfigError(f"task.name={exp.task.name!r}: its examples have no 'answer', which the warm start "
                                   f"(warm_start.steps={exp.warm_start.steps}) trains on as demonstrations; set "
                                   "warm_start.steps=0")
+            r = exp.rollout
+            setting = (f"warm_start.steps={exp.warm_start.steps} (rollout.max_new_tokens={r.max_new_tokens}, max_turns="
+                       f"{r.max_turns}, max_episode_tokens={r.max_episode_tokens})" if context.environment
+                       else f"rollout.max_new_tokens={r.max_new_tokens}")
             try:
-                demonstrations(context.tokenizer, examples, exp.rollout.max_prompt_tokens, exp.rollout.max_new_tokens,
-                               context.prompt_format, context.end_id)
+                self._demonstrations(examples)
             except ValueError as error:
-                raise ConfigError(f"rollout.max_new_tokens={exp.rollout.max_new_tokens}: {error}") from None
+                raise ConfigError(f"{setting}: {error}") from None
+
+    def _demonstrations(self, examples: list[dict]):
+        """The warm start's batch of ``examples``: tokens, attention_mask, mask (``sft.demonstrations``, or
+        with an environment its worked episodes, ``sft.episode_demonstrations``)."""
+        exp, context = self.exp, self.context
+        if context.environment is None:
+            return demonstrations(context.tokenizer, examples, exp.rollout.max_prompt_tokens,
+                                  exp.rollout.max_new_tokens, context.prompt_format, context.end_id)
+        return episode_demonstrations(context.tokenizer, context.environment, examples, exp.rollout.max_prompt_tokens,
+                                      episode_limits(exp.rollout), exp.rollout.max_new_tokens, context.prompt_format,
+                                      context.end_id)
 
     def _policy(self) -> CausalLM:
         """The checkpoint at ``model.path``, else a new model of the section's architecture."""
@@ -168,9 +182,7 @@ class Trainer:
         opt_state = optimizer.init(params)
         for step in range(ws.steps):
             examples = self.task.examples(ws.batch_size, seed=stream_seed(exp.seed, "warm_start", step))
-            batch = demonstrations(self.tokenizer, multihost.process_share(examples, self.mesh),
-                                   exp.rollout.max_prompt_tokens, exp.rollout.max_new_tokens,
-                                   self.context.prompt_format, self.context.end_id)
+            batch = self._demonstrations(multihost.process_share(examples, self.mesh))
             params, opt_state, loss = sft_step(self.learner.graphdef, optimizer, params, opt_state, frozen,
                                                *multihost.to_global(batch, self.mesh), mesh=self.mesh)
             if (step % 50 == 0 or step == ws.steps - 1) and multihost.is_primary():
@@ -339,9 +351,7 @@ class Trainer:
         """``record`` and the step's logged ``completions`` to ``run``, then its checkpoint (so that
         a resume, which drops what was logged after its checkpoint, never repeats nor loses a line)."""
         if run is not None:
-            run.log(record)
-            if completions:
-                run.log_completions(completions)
+            run.log(record, completions or ())
             if checkpoint:
                 self.save(run.checkpoints)
 
