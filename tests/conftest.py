@@ -130,7 +130,7 @@ def max_map_count() -> str:
 def pytest_runtest_teardown(item, nextitem):
     """After a module's last test (its fixtures torn down), drop the compiled programs JAX holds in
     memory (``jax.clear_caches``). Each loaded executable keeps a few memory mappings for its
-    JIT-linked code; a worker that kept every program of a few hundred modules reached Linux's
+    JIT-linked code; a worker that kept every program of the modules it ran reached Linux's
     default limit of 65,530 mappings per process (``vm.max_map_count``), where LLVM could not map the
     next program's code and the worker died of a segmentation fault. The next module reads what it
     needs back from the persistent cache. The peak is reported (``pytest_terminal_summary``)."""
