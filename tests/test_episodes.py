@@ -312,6 +312,7 @@ def test_a_demonstration_that_does_not_play_out_is_an_error():
         worked_episodes(environment=Scripted)
 
 
+@pytest.mark.slow
 def test_a_warm_start_on_worked_episodes_teaches_the_tool_convention(tmp_path):
     """task.tools=calculator with a warm start: the Trainer's supervised steps run on worked episodes, and
     the tiny model, which never calls the calculator before, calls it (validly) in every greedy episode
