@@ -18,7 +18,9 @@ there (0.004 with 2-digit operands, docs/real_models.md), so a group of 8 holds 
 half the time, where 4 samples of the 2-digit mix rarely give a group anything to compare. The
 per-step records log the mean response length of correct and incorrect answers
 (``length_correct``, ``length_incorrect``), the length bias the paper describes: GRPO's 1/|o|
-normalisation favours short correct and long incorrect answers, Dr. GRPO removes it.
+normalisation favours short correct and long incorrect answers, Dr. GRPO removes it. The learning
+rate is 2e-6: at 1e-5 the first run made the model worse (docs/real_models.md). Seeds and the paired
+evaluation against the base model: ``experiments/gemma3_seeds.py``.
 """
 from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
 from pgjax.train.learner import UpdateConfig
@@ -34,5 +36,5 @@ def experiment() -> Experiment:
                          prompt_template="Question: {prompt}\nAnswer:", stop_text="\\n"),
         rollout=RolloutConfig(samples_per_prompt=8, max_prompt_tokens=96, max_new_tokens=64, temperature=0.7),
         update=UpdateConfig(epochs=1, minibatches=1, micro_batches=2, chunk_size=256, temperature=0.7),
-        optim=OptimConfig(lr=1e-5, warmup_steps=3, weight_decay=0.0, max_grad_norm=1.0),
+        optim=OptimConfig(lr=2e-6, warmup_steps=3, weight_decay=0.0, max_grad_norm=1.0),
         warm_start=WarmStartSection(steps=0), eval_every=10, eval_prompts=64, checkpoint_every=10)

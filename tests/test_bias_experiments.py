@@ -84,7 +84,6 @@ def test_off_policy_smoke_run_logs_mismatch_and_a_second_run_keeps_the_finished_
     assert summary["s0"]["mismatch_abs"]["mean"] < 1e-5          # same weights, same precision: round-off
     assert "| s2_clip_mu |" in (tmp_path / "out" / "off_policy.md").read_text()
     saved = (tmp_path / "out" / "summary.json").read_text()
-    import shutil
     shutil.rmtree(tmp_path / "runs")
     assert json.dumps(op.main(argv)) == json.dumps(summary)      # nothing trained again (NaN-safe compare)
     assert not (tmp_path / "runs").exists()
@@ -169,82 +168,3 @@ def test_smollm2_off_policy_reads_the_truncation_of_old_and_new_reports(monkeypa
     assert new == {"value": 0.25, "ci95": [0.125, 0.375]}
     old = {"value": 0.4, "ci95": [0.3, 0.5], "interval": "wilson"}
     assert sp.truncation({"truncation_rate": old}) is old
-
-
-def _fake_report(greedy, sampled_correct, samples: int, budget: int) -> dict:
-    """A ``pgjax.eval --json`` report of one budget on four fixed prompts (what ``paired`` reads)."""
-    from pgjax.train.evaluation import outcome_metrics
-    correct = np.array([[i < c for i in range(samples)] for c in sampled_correct])
-    sampled = {"correct": correct, "format": correct, "finished": np.ones_like(correct),
-               "length": np.full(correct.shape, 10)}
-    return {"prompts": 4, "samples": samples, "decoding": {"max_new_tokens": budget},
-            "metrics": outcome_metrics(np.array(greedy, bool), sampled, (1,), 10_000, 0),
-            "per_prompt": {"prompt": ["p0", "p1", "p2", "p3"], "greedy_correct": list(greedy),
-                           "sampled_correct": list(sampled_correct), "sampled_finished": [samples] * 4}}
-
-
-def lines_of(plan: str) -> dict:
-    """``{job: status}`` of ``smollm2_seeds.plan``'s lines."""
-    return {line.split()[0]: line.split(None, 1)[1] for line in plan.splitlines() if not line.startswith("left")}
-
-
-def test_smollm2_seeds_runs_each_missing_job_once_and_reports_the_paired_tables(tmp_path, monkeypatch):
-    study = _load("smollm2_seeds")
-    runs, out, calls = tmp_path / "runs", tmp_path / "out", []
-    arguments = ["--runs", str(runs), "--out", str(out)]
-
-    real_run = subprocess.run
-
-    def run(command, check, **options):
-        if command[:2] != [sys.executable, "-m"]:          # not the study's (matplotlib's fc-list, say)
-            return real_run(command, check=check, **options)
-        calls.append(command[2:])
-        if command[2] == "pgjax.run":
-            directory = pathlib.Path(next(a for a in command if a.startswith("run_dir=")).split("=", 1)[1])
-            (directory / "final").mkdir(parents=True)
-            (directory / "metrics.jsonl").write_text('{"step": 0, "eval_accuracy": 0.3}\n'
-                                                     '{"step": 40, "eval_accuracy": 0.5}\n')
-        else:
-            trained = command[3] != "models/smollm2-135m-instruct"
-            report = _fake_report([1, 1, 1, 0] if trained else [0, 1, 0, 0], [4, 3, 2, 1] if trained else [1, 1, 0, 0],
-                                  4, 64)
-            pathlib.Path(command[-1]).write_text(json.dumps(report))
-
-    monkeypatch.setattr(study.subprocess, "run", run)
-    assert len(study.jobs()) == 9 + 10 * 3 + 2 + 3 and "missing" in study.plan(study.jobs(), runs, out)
-    with pytest.raises(SystemExit, match="no final policy: run train:dr_grpo:0 first"):
-        study.main(["--jobs", "eval:dr_grpo_s0:none", *arguments])
-    (runs / "dr_grpo_s0" / "checkpoints" / "10").mkdir(parents=True)            # interrupted: resumed
-    study.main(["--jobs", "train:dr_grpo:0", "eval:base:none", "eval:dr_grpo_s0:none", *arguments])
-    text = (out / "smollm2_seeds.md").read_text()
-    train, base, trained = calls
-    assert train[-1] == "--resume" and "seed=0" in train and f"run_dir={runs / 'dr_grpo_s0'}" in train
-    assert "model.path=models/smollm2-135m-instruct" in train          # --base-model, from any directory
-    for evaluation in (base, trained):
-        assert evaluation[evaluation.index("--seed") + 1] == "1000" and "task.held_out=none" in evaluation
-        assert evaluation[evaluation.index("--prompts") + 1] == "256"
-    assert base[1:4] == ["models/smollm2-135m-instruct", "--task", "word_math"]
-    assert trained[1] == str(runs / "dr_grpo_s0")
-    assert "| dr_grpo - base | greedy_accuracy | +0.500 |" in text and "training phrasings" in text
-    assert (out / "smollm2_seeds.png").stat().st_size > 5000
-    calls.clear()
-    study.main(["--jobs", "train:dr_grpo:0", "eval:base:none", "eval:dr_grpo_s0:none", *arguments])
-    assert calls == []                                  # every output exists: nothing runs again
-    lines = lines_of(study.plan(study.jobs(), runs, out))
-    assert lines["eval:base:none"] == "done" and lines["eval:grpo_s1:templates"] == "missing (~6 min)"
-    (runs / "grpo_s0").mkdir()                          # still training: not in the curves yet
-    (runs / "grpo_s0" / "metrics.jsonl").write_text('{"step": 0, "eval_accuracy": 0.3}\n')
-    study.main(["--report", *arguments])
-    assert study.curves(out) == {"dr_grpo": {0: [(0, 0.3), (40, 0.5)]}}
-    # RUNS is gone (a new machine) and OUT is kept: the run counts as trained while nothing needs its
-    # policy, its curve still plots, and a job that needs the policy says to train it again
-    shutil.rmtree(runs)
-    assert lines_of(study.plan(study.jobs(), runs, out))["train:dr_grpo:0"] == "missing (~30 min)"   # 2 evals left
-    for job in ("eval:dr_grpo_s0:templates", "eval:dr_grpo_s0:numbers", "budgets:dr_grpo_s0"):
-        study.output(job, runs, out).parent.mkdir(exist_ok=True)
-        shutil.copy(out / "eval" / "dr_grpo_s0_none.json", study.output(job, runs, out))
-    assert lines_of(study.plan(study.jobs(), runs, out))["train:dr_grpo:0"] == "done"
-    study.run_job("train:dr_grpo:0", runs, out, "experiments/smollm2_math.py", "models/smollm2-135m-instruct")
-    assert calls == [] and study.curves(out) == {"dr_grpo": {0: [(0, 0.3), (40, 0.5)]}}
-    with pytest.raises(SystemExit, match="no final policy: run train:grpo:1 first"):
-        study.main(["--jobs", "passk:grpo_s1", *arguments])

@@ -20,7 +20,7 @@ from pgjax.train.sinks import read_records
 from pgjax.train.trainer import Trainer, train
 
 METRICS = {"greedy_accuracy", "pass@1", "pass@2", "pass@4", "finish_rate", "accuracy_finished", "mean_length",
-           "format_rate"}
+           "length_correct", "length_incorrect", "format_rate"}
 
 
 def brute_force_pass_at_k(n: int, c: int, k: int) -> float:
@@ -134,9 +134,11 @@ def test_outcome_metrics_by_hand():
                "length": np.array([[3, 5, 2, 2], [8, 8, 8, 8], [1, 2, 3, 4]])}
     metrics = evaluation.outcome_metrics(np.array([1, 0, 1], bool), sampled, ks=(1, 2), resamples=500, seed=4)
     assert list(metrics) == ["greedy_accuracy", "pass@1", "pass@2", "finish_rate", "accuracy_finished",
-                             "mean_length", "format_rate"]
+                             "mean_length", "length_correct", "length_incorrect", "format_rate"]
+    # correct responses: lengths 3, 5 (prompt 0) and 1, 3, 4 (prompt 2); the other seven 2, 2, 8 x 4, 2
     want = {"greedy_accuracy": 2 / 3, "pass@1": 5 / 12, "pass@2": (1 - 1 / 6 + 0 + 1) / 3, "finish_rate": 7 / 12,
-            "accuracy_finished": 4 / 7, "mean_length": 54 / 12, "format_rate": 3 / 12}
+            "accuracy_finished": 4 / 7, "mean_length": 54 / 12, "length_correct": 16 / 5,
+            "length_incorrect": 38 / 7, "format_rate": 3 / 12}
     assert {name: m["value"] for name, m in metrics.items()} == pytest.approx(want, abs=1e-15)
     assert metrics["greedy_accuracy"]["interval"] == "wilson"
     assert metrics["greedy_accuracy"]["ci95"] == list(evaluation.wilson_interval(2, 3))
@@ -147,6 +149,11 @@ def test_outcome_metrics_by_hand():
     assert len(ratio) < 500                         # some resamples drew only the prompt that never finishes
     np.testing.assert_allclose(metrics["accuracy_finished"]["ci95"],
                                [hand_percentile(ratio, 2.5), hand_percentile(ratio, 97.5)], atol=1e-13)
+    right = np.array(slow_bootstrap_means(np.array([2, 0, 3]) / 4, 500, 4))
+    right_tokens = np.array(slow_bootstrap_means(np.array([8, 0, 8]) / 4, 500, 4))
+    ratio = [t / r for t, r in zip(right_tokens, right) if r > 0]
+    np.testing.assert_allclose(metrics["length_correct"]["ci95"],
+                               [hand_percentile(ratio, 2.5), hand_percentile(ratio, 97.5)], atol=1e-13)
     lengths = slow_bootstrap_means(np.array([3.0, 8.0, 2.5]), 500, 4)
     np.testing.assert_allclose(metrics["mean_length"]["ci95"],
                                [hand_percentile(lengths, 2.5), hand_percentile(lengths, 97.5)], atol=1e-13)
@@ -154,6 +161,9 @@ def test_outcome_metrics_by_hand():
     unfinished = {**sampled, "finished": np.zeros((3, 4), bool)}
     none = evaluation.outcome_metrics(np.array([1, 0, 1], bool), unfinished, ks=(1,))["accuracy_finished"]
     assert none == {"value": None, "ci95": None, "interval": "bootstrap"}
+    all_right = evaluation.outcome_metrics(np.array([1, 0, 1], bool), {**sampled, "correct": np.ones((3, 4), bool)})
+    assert all_right["length_incorrect"] == {"value": None, "ci95": None, "interval": "bootstrap"}
+    assert all_right["length_correct"]["value"] == 54 / 12
     one = evaluation.outcome_metrics(np.array([1], bool), {k: v[:1] for k, v in sampled.items()}, ks=(1,))
     assert one["pass@1"] == {"value": 0.5, "ci95": None, "interval": "bootstrap"}
 

@@ -16,6 +16,9 @@ examples carry (``STRATA``: ``difficulty``, ``op``, ``kind``; the ``strata`` of 
   accuracy_finished  fraction correct among the sampled responses that finished (None when none did):
                      accuracy separated from the budget
   mean_length        mean sampled response length in tokens (the sampler's ``lengths``: EOS included)
+  length_correct     mean length of the correct sampled responses, and ``length_incorrect`` of the others
+                     (None where there are none): the length bias the paper describes, GRPO's 1/|o|
+                     favouring short correct and long incorrect answers
   format_rate        fraction of sampled responses the task's ``format_pattern`` fully matches
 
 Which 95% interval goes with which metric:
@@ -25,7 +28,8 @@ Which 95% interval goes with which metric:
     metric. Each of ``RESAMPLES`` (10,000) resamples draws the prompts with replacement (a prompt's N
     responses move together, so prompts that differ in difficulty widen the interval as they should),
     recomputes the metric (accuracy_finished as the ratio of the resampled means of correct-and-finished
-    and finished; resamples where nothing finished are left out) and the interval is the 2.5th to
+    and finished, the lengths of correct and incorrect responses likewise; resamples where the
+    denominator is 0 are left out) and the interval is the 2.5th to
     97.5th percentile of the resampled values. The resamples come from ``np.random.default_rng(seed)``
     with ``bootstrap_seed`` (default 0), so an evaluation's intervals are reproducible. Where every
     prompt has the same value (say, no correct response at all) every resample does too and the
@@ -167,8 +171,10 @@ def outcome_metrics(greedy_correct, sampled: dict | None, ks=(1,), resamples: in
         return metrics
     correct, finished = np.asarray(sampled["correct"], bool), np.asarray(sampled["finished"], bool)
     columns = {f"pass@{k}": pass_at_k(correct.shape[1], correct.sum(1), k) for k in ks}
+    length = np.asarray(sampled["length"], np.float64)
     columns |= {"finish_rate": finished.mean(1), "finished_correct": (correct & finished).mean(1),
-                "mean_length": np.asarray(sampled["length"], np.float64).mean(1),
+                "mean_length": length.mean(1), "correct": correct.mean(1), "incorrect": (~correct).mean(1),
+                "correct_tokens": (length * correct).mean(1), "incorrect_tokens": (length * ~correct).mean(1),
                 "format_rate": np.asarray(sampled["format"], bool).mean(1)}
     values = {name: float(column.mean()) for name, column in columns.items()}
     draws = dict.fromkeys(columns)
@@ -176,14 +182,11 @@ def outcome_metrics(greedy_correct, sampled: dict | None, ks=(1,), resamples: in
         draws = dict(zip(columns, bootstrap_means(np.stack(list(columns.values()), 1), resamples, seed).T))
     for name in (*(f"pass@{k}" for k in ks), "finish_rate"):
         metrics[name] = _bootstrapped(values[name], draws[name])
-    ratio = None
-    if draws["finish_rate"] is not None:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.where(draws["finish_rate"] > 0, draws["finished_correct"] / draws["finish_rate"], np.nan)
-    metrics["accuracy_finished"] = _bootstrapped(
-        values["finished_correct"] / values["finish_rate"] if finished.any() else None, ratio)
-    for name in ("mean_length", "format_rate"):
-        metrics[name] = _bootstrapped(values[name], draws[name])
+    metrics["accuracy_finished"] = _ratio(values, draws, "finished_correct", "finish_rate")
+    metrics["mean_length"] = _bootstrapped(values["mean_length"], draws["mean_length"])
+    metrics["length_correct"] = _ratio(values, draws, "correct_tokens", "correct")
+    metrics["length_incorrect"] = _ratio(values, draws, "incorrect_tokens", "incorrect")
+    metrics["format_rate"] = _bootstrapped(values["format_rate"], draws["format_rate"])
     if "calls" in sampled:
         metrics.update(_episode_metrics(sampled, resamples, seed))
     return metrics
@@ -204,12 +207,19 @@ def _episode_metrics(sampled: dict, resamples: int, seed: int) -> dict:
         draws = dict(zip(columns, bootstrap_means(np.stack(list(columns.values()), 1), resamples, seed).T))
     out = {name: _bootstrapped(values[name], draws[name]) for name in ("call_rate", "mean_turns",
                                                                        "mean_episode_tokens")}
-    ratio = None
-    if draws["calls"] is not None:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.where(draws["calls"] > 0, draws["valid"] / draws["calls"], np.nan)
-    out["valid_call_rate"] = _bootstrapped(values["valid"] / values["calls"] if calls.any() else None, ratio)
+    out["valid_call_rate"] = _ratio(values, draws, "valid", "calls")
     return out
+
+
+def _ratio(values: dict, draws: dict, numerator: str, denominator: str) -> dict:
+    """The ratio of two means over prompts, ``values[numerator] / values[denominator]`` (None where the
+    denominator is 0), with the percentile interval of the same ratio over the resamples ``draws``
+    (resamples whose denominator is 0 left out)."""
+    ratio = None
+    if draws[denominator] is not None:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(draws[denominator] > 0, draws[numerator] / draws[denominator], np.nan)
+    return _bootstrapped(values[numerator] / values[denominator] if values[denominator] > 0 else None, ratio)
 
 
 def _plain(value):
@@ -375,7 +385,8 @@ def budgets_of(report: dict) -> list[dict]:
 
 
 LABELS = {"greedy_accuracy": "greedy", "finish_rate": "finished", "accuracy_finished": "accuracy if finished",
-          "mean_length": "length", "format_rate": "format"}
+          "mean_length": "length", "format_rate": "format",
+          "length_correct": "length if correct", "length_incorrect": "length if wrong"}
 INTERVALS = {"wilson": "Wilson score interval (one 0/1 outcome per prompt)",
              "bootstrap": "percentile bootstrap over prompts ({resamples} resamples, seed {seed}; a prompt's "
                           "responses are resampled together)"}
@@ -385,7 +396,7 @@ def _cell(name: str, metric: dict) -> str:
     """``value [low, high]`` (lengths to 0.1, the rest to 0.001; ``-`` where undefined)."""
     if metric["value"] is None:
         return "-"
-    digits = 1 if name == "mean_length" else 3
+    digits = 1 if "length" in name else 3
     interval = "" if metric["ci95"] is None else " [{:.{d}f}, {:.{d}f}]".format(*metric["ci95"], d=digits)
     return f"{metric['value']:.{digits}f}{interval}"
 

@@ -179,7 +179,7 @@ def to_markdown(comparison: dict) -> str:
     names = list(dict.fromkeys(n for m in models.values() for n in m["metrics"]))
     rows = ["| model | runs | budget | " + " | ".join(names) + " |", "|---|---:|---:|" + "---:|" * len(names)]
     for label, m in models.items():
-        cells = " | ".join(_spread(m["metrics"][n], 1 if n == "mean_length" else 3) if n in m["metrics"] else "-"
+        cells = " | ".join(_spread(m["metrics"][n], 1 if "length" in n else 3) if n in m["metrics"] else "-"
                            for n in names)
         rows.append(f"| {label} | {len(m['runs'])} | {', '.join(map(str, m['budgets']))} | {cells} |")
     rows += ["", "| B - A | metric | mean difference | 95% CI (paired bootstrap) | p (exact sign-flip) |",

@@ -1,0 +1,321 @@
+"""Studies: one experiment trained by several methods over several seeds, every trained run and every
+reference checkpoint evaluated by ``python -m pgjax.eval`` on the same prompts, and the evaluations
+compared in pairs (``pgjax.train.paired``), run as jobs that survive the end of a session.
+
+A study file (``experiments/smollm2_seeds.py``, ``experiments/gemma3_seeds.py``) defines a ``Study``
+and calls ``main(STUDY)``; its command line:
+
+    python experiments/STUDY.py --plan       # each job: done or missing, and its estimated minutes
+    python experiments/STUDY.py              # runs every missing job, in order
+    python experiments/STUDY.py --jobs train:dr_grpo:0 eval:base:none      # only these
+    python experiments/STUDY.py --report     # the tables and the plot from what exists
+
+The jobs, in order:
+
+- ``train:METHOD:SEED``: ``python -m pgjax.run EXPERIMENT`` from ``--base-model`` with ``seed=SEED``
+  and the method's overrides, into ``RUNS/METHOD_sSEED`` (resumed when it has checkpoints);
+- ``KIND:MODEL[:VARIANT]``, one per ``Evaluation``: ``python -m pgjax.eval`` of a reference (the base
+  checkpoint with the reference's task arguments) or of a trained run (whose ``experiment.json``
+  gives its task), with the evaluation's arguments and the variant's, into ``OUT/KIND/MODEL[_VARIANT].json``.
+
+Every job writes one file and is skipped when that file exists. ``OUT`` is committed and ``RUNS`` is
+not: a training job also copies its run's ``metrics.jsonl`` to ``OUT/records/RUN/``, and a run whose
+record is kept counts as trained unless a job still to run needs its policy.
+
+``--report`` writes ``OUT/NAME.md`` (per paired evaluation and variant: each method's spread across
+seeds and the paired statistics of every pair of models; each unpaired evaluation's table) and
+``OUT/NAME.png`` (each method's greedy evaluation accuracy in training against step: the mean over
+its seeds and the min-max band, from the kept records).
+"""
+import argparse
+import json
+import pathlib
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pgjax.train import paired
+from pgjax.train.evaluation import budgets_of
+from pgjax.train.evaluation import to_markdown as evaluation_table
+from pgjax.train.sinks import read_records
+
+NO_VARIANT = {"": ()}
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One kind of evaluation job: ``pgjax.eval MODEL *arguments *variants[v] --json OUT/kind/MODEL_v.json``
+    for each model of ``models`` (None: every reference and trained run) and each variant.
+
+    ``paired``: the report compares the models in pairs per variant (same prompts: the arguments must
+    fix ``--seed`` and ``--prompts``); otherwise it shows each model's own evaluation table (budgets,
+    pass@k). ``titles``: each variant's section title; ``minutes``: the estimated time of one job."""
+    kind: str
+    arguments: tuple[str, ...]
+    minutes: float
+    variants: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: dict(NO_VARIANT))
+    titles: Mapping[str, str] = field(default_factory=dict)
+    models: tuple[str, ...] | None = None
+    paired: bool = True
+
+    def __post_init__(self):
+        if ":" in self.kind or self.kind == "train" or any(":" in v or "_" in v for v in self.variants):
+            raise ValueError(f"evaluation {self.kind!r}: its kind may not be 'train' or hold ':', nor a variant "
+                             f"':' or '_' (job names and output files are built from them), got {list(self.variants)}")
+        if not self.variants:
+            raise ValueError(f"evaluation {self.kind!r} has no variants (NO_VARIANT for one without)")
+
+    def title(self, variant: str) -> str:
+        """The report's heading of ``variant``."""
+        return self.titles.get(variant, f"{self.kind} {variant}".strip())
+
+
+@dataclass(frozen=True)
+class Study:
+    """``methods``: ``{method: --set overrides of the experiment}``, each trained once per seed;
+    ``references``: ``{name: pgjax.eval arguments after the base checkpoint}`` (its task options: a
+    reference has no experiment.json); ``train_minutes``: the estimated time of one training job, and
+    ``machine`` the machine those estimates come from."""
+    name: str
+    experiment: str
+    base_model: str
+    methods: Mapping[str, tuple[str, ...]]
+    seeds: tuple[int, ...]
+    references: Mapping[str, tuple[str, ...]]
+    evaluations: tuple[Evaluation, ...]
+    train_minutes: float
+    machine: str
+    curve_title: str = ""
+
+    def __post_init__(self):
+        clashes = set(self.references) & {self.run_name(m, s) for m in self.methods for s in self.seeds}
+        kinds = [e.kind for e in self.evaluations]
+        if clashes or len(set(kinds)) != len(kinds) or not self.references:
+            raise ValueError(f"study {self.name}: needs a reference, distinct evaluation kinds ({kinds}) and no "
+                             f"reference named like a trained run ({sorted(clashes)})")
+
+    @staticmethod
+    def run_name(method: str, seed: int) -> str:
+        """The directory (under RUNS) and model name of ``method``'s run with ``seed``."""
+        return f"{method}_s{seed}"
+
+    def trained(self) -> list[str]:
+        """Every trained run's name, method by method."""
+        return [self.run_name(m, s) for m in self.methods for s in self.seeds]
+
+    def models(self) -> list[str]:
+        """The references, then every trained run."""
+        return [*self.references, *self.trained()]
+
+    def evaluation(self, kind: str) -> Evaluation:
+        return next(e for e in self.evaluations if e.kind == kind)
+
+    def jobs(self) -> list[str]:
+        """Every job of the study, in the order it runs: training, then each evaluation in turn."""
+        jobs = [f"train:{m}:{s}" for m in self.methods for s in self.seeds]
+        for e in self.evaluations:
+            jobs += [f"{e.kind}:{model}" + (f":{v}" if v else "") for model in (e.models or self.models())
+                     for v in e.variants]
+        return jobs
+
+    def trained_by(self, job: str) -> str:
+        """The run that training job ``job`` (``train:METHOD:SEED``) writes."""
+        _, method, seed = job.split(":")
+        return self.run_name(method, int(seed))
+
+    def output(self, job: str, runs: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
+        """The file whose existence means ``job`` is done (for a training job, its policy)."""
+        kind, *rest = job.split(":")
+        if kind == "train":
+            return runs / self.trained_by(job) / "final"
+        return out / kind / ("_".join(rest) + ".json")
+
+    def policy_users(self, model: str) -> list[str]:
+        """The jobs that read trained run ``model``'s final policy."""
+        return [job for job in self.jobs() if not job.startswith("train:") and job.split(":")[1] == model]
+
+    def done(self, job: str, runs: pathlib.Path, out: pathlib.Path) -> bool:
+        """Whether ``job`` has nothing left to do: its output exists, or, for a training job whose policy
+        is gone with an earlier session's RUNS, every job reading the policy is done (without a kept
+        record the run is missing from the curves, which ``plan`` says, but training it again would
+        give a different run than the one evaluated)."""
+        if self.output(job, runs, out).exists():
+            return True
+        if not job.startswith("train:"):
+            return False
+        return all(self.output(j, runs, out).exists() for j in self.policy_users(self.trained_by(job)))
+
+    def command(self, job: str, runs: pathlib.Path, out: pathlib.Path, base_model: str) -> list[str]:
+        """The command line of ``job``."""
+        kind, *rest = job.split(":")
+        if kind == "train":
+            method, seed = rest[0], int(rest[1])
+            directory = runs / self.run_name(method, seed)
+            sets = [f"run_dir={directory}", f"seed={seed}", f"model.path={base_model}", *self.methods[method]]
+            resume = ["--resume"] if any((directory / "checkpoints").glob("*")) else []
+            return [sys.executable, "-m", "pgjax.run", self.experiment, "--no-progress",
+                    *[arg for s in sets for arg in ("--set", s)], *resume]
+        evaluation, model = self.evaluation(kind), rest[0]
+        variant = evaluation.variants[rest[1] if len(rest) > 1 else ""]
+        target = [base_model, *self.references[model]] if model in self.references else [str(runs / model)]
+        return [sys.executable, "-m", "pgjax.eval", *target, *map(str, evaluation.arguments), *map(str, variant),
+                "--json", str(self.output(job, runs, out))]
+
+    def run_job(self, job: str, runs: pathlib.Path, out: pathlib.Path, base_model: str) -> None:
+        """Run ``job`` unless it is ``done``; a trained run's evaluation waits for its training, and a
+        finished training keeps its record."""
+        if self.done(job, runs, out):
+            return
+        kind, model = job.split(":")[:2]
+        if kind != "train" and model not in self.references and not (runs / model / "final").exists():
+            method, seed = model.rsplit("_s", 1)
+            raise SystemExit(f"{job}: {runs / model} has no final policy: run train:{method}:{seed} first")
+        self.output(job, runs, out).parent.mkdir(parents=True, exist_ok=True)
+        command = self.command(job, runs, out, base_model)
+        print(f"{job}: {' '.join(command)}", flush=True)
+        subprocess.run(command, check=True)
+        if kind == "train":
+            keep_record(self.trained_by(job), runs, out)
+
+    def minutes(self, job: str) -> float:
+        kind = job.split(":")[0]
+        return self.train_minutes if kind == "train" else self.evaluation(kind).minutes
+
+    def plan(self, selected: list[str], runs: pathlib.Path, out: pathlib.Path) -> str:
+        """One line per job (done, or missing with its estimated minutes) and the total left."""
+        lines, left = [], 0.0
+        for job in selected:
+            finished = self.done(job, runs, out)
+            left += 0 if finished else self.minutes(job)
+            status = "done" if finished else f"missing (~{self.minutes(job):g} min)"
+            if finished and job.startswith("train:") and not kept_record(self.trained_by(job), out).exists():
+                status += " (its record is not kept: the curves leave it out)"
+            lines.append(f"{job:36s} {status}")
+        return "\n".join(lines + [f"left: ~{left / 60:.1f} h on {self.machine}"])
+
+    def paired_report(self, evaluation: Evaluation, variant: str, runs: pathlib.Path, out: pathlib.Path) -> str | None:
+        """``pgjax.eval compare``'s tables for one evaluation and variant: the references and each method
+        with the seeds evaluated so far; None unless a reference and one other model are evaluated."""
+        suffix = f":{variant}" if variant else ""
+        found = {ref: [self.output(f"{evaluation.kind}:{ref}{suffix}", runs, out)] for ref in self.references}
+        found.update({m: [self.output(f"{evaluation.kind}:{self.run_name(m, s)}{suffix}", runs, out)
+                          for s in self.seeds] for m in self.methods})
+        groups = {label: [paired.load_evaluation(p) for p in paths if p.exists()] for label, paths in found.items()}
+        groups = {label: reports for label, reports in groups.items() if reports}
+        if not set(groups) & set(self.references) or len(groups) < 2:
+            return None
+        return paired.to_markdown(paired.compare(groups))
+
+    def curves(self, out: pathlib.Path) -> dict:
+        """``{method: {seed: [(step, greedy eval accuracy)]}}`` of the runs whose records are kept."""
+        found = {}
+        for method in self.methods:
+            for seed in self.seeds:
+                path = kept_record(self.run_name(method, seed), out)
+                if not path.exists():
+                    continue
+                points = [(r["step"], r["eval_accuracy"]) for r in read_records(path.parent)
+                          if r.get("eval_accuracy") is not None]
+                if points:
+                    found.setdefault(method, {})[seed] = points
+        return found
+
+    def report(self, runs: pathlib.Path, out: pathlib.Path) -> str | None:
+        """The study's markdown (written to ``OUT/NAME.md``) and plot, from the outputs that exist; None
+        while no table has its models evaluated (a paired one needs a reference and another model)."""
+        sections = []
+        for evaluation in self.evaluations:
+            for variant in evaluation.variants:
+                if evaluation.paired:
+                    table = self.paired_report(evaluation, variant, runs, out)
+                    if table:
+                        sections.append(f"### {evaluation.title(variant)}\n\n{table}")
+                    continue
+                for model in evaluation.models or self.models():
+                    path = self.output(f"{evaluation.kind}:{model}" + (f":{variant}" if variant else ""), runs, out)
+                    if path.exists():
+                        table = evaluation_table(budgets_of(json.loads(path.read_text())))
+                        sections.append(f"### {evaluation.title(variant)}: {model}\n\n{table}")
+        for model in self.trained():
+            if not kept_record(model, out).exists():
+                keep_record(model, runs, out)
+        found = self.curves(out)
+        if found:
+            plot(found, out / f"{self.name}.png", self.curve_title or self.name)
+        if not sections:
+            return None
+        text = "\n\n".join(sections)
+        (out / f"{self.name}.md").write_text(text + "\n")
+        return text
+
+
+def kept_record(model: str, out: pathlib.Path) -> pathlib.Path:
+    """The committed copy of trained run ``model``'s metrics.jsonl."""
+    return out / "records" / model / "metrics.jsonl"
+
+
+def keep_record(model: str, runs: pathlib.Path, out: pathlib.Path) -> None:
+    """Copy finished run ``model``'s metrics.jsonl to ``kept_record`` (a run still training is left out:
+    its partial curve would pull the mean of its later steps towards the other seeds')."""
+    source = runs / model / "metrics.jsonl"
+    if (runs / model / "final").is_dir() and source.exists():
+        kept_record(model, out).parent.mkdir(parents=True, exist_ok=True)
+        kept_record(model, out).write_bytes(source.read_bytes())
+
+
+def plot(found: dict, path: pathlib.Path, title: str) -> None:
+    """Greedy eval accuracy against step: per method the mean over its seeds and the min-max band."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for method, by_seed in found.items():
+        steps = sorted({step for points in by_seed.values() for step, _ in points})
+        values = np.array([[dict(points).get(step, np.nan) for step in steps] for points in by_seed.values()])
+        seeds = f"{len(by_seed)} seed{'s' * (len(by_seed) > 1)}"
+        line, = ax.plot(steps, np.nanmean(values, axis=0), marker="o", label=f"{method} ({seeds})")
+        ax.fill_between(steps, np.nanmin(values, axis=0), np.nanmax(values, axis=0), color=line.get_color(),
+                        alpha=0.15)
+    ax.set_xlabel("RL step")
+    ax.set_ylabel("greedy accuracy, the run's eval prompts")
+    ax.set_title(f"{title}: mean and min-max over seeds", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def main(study: Study, argv=None, description: str | None = None) -> None:
+    """The study file's command line (module docstring)."""
+    parser = argparse.ArgumentParser(description=description or __doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", nargs="+", metavar="JOB", help="these jobs only, in this order (default: all)")
+    parser.add_argument("--plan", action="store_true", help="list the jobs, done or missing, and stop")
+    parser.add_argument("--report", action="store_true", help="run nothing: the tables and the plot only")
+    parser.add_argument("--runs", default=f"runs/{study.name}", help="folder of the runs' directories")
+    parser.add_argument("--out", default=f"experiments/results/{study.name}")
+    parser.add_argument("--base-model", default=study.base_model, help="the checkpoint every method starts from")
+    args = parser.parse_args(argv)
+    runs, out = pathlib.Path(args.runs), pathlib.Path(args.out)
+    selected = args.jobs or study.jobs()
+    unknown = [job for job in selected if job not in study.jobs()]
+    if unknown:
+        raise SystemExit(f"unknown jobs {unknown}; the study's jobs: {' '.join(study.jobs())}")
+    if args.plan:
+        print(study.plan(selected, runs, out))
+        return
+    if not args.report:
+        for job in selected:
+            study.run_job(job, runs, out, args.base_model)
+    out.mkdir(parents=True, exist_ok=True)
+    text = study.report(runs, out)
+    if text is None:
+        nothing = (f"nothing to report yet under {out}: a paired table needs a reference and another model "
+                   f"evaluated (--plan lists what is missing)")
+        if args.report:
+            raise SystemExit(nothing)
+        text = nothing
+    print(text)

@@ -1,0 +1,177 @@
+"""``pgjax.study``: jobs run once each and resume across sessions, a run's evaluations wait for its
+training, a study whose RUNS is gone keeps what it kept, reports pair every model on the same prompts;
+the study files (experiments/smollm2_seeds.py, experiments/gemma3_seeds.py) build the commands they
+document. ``subprocess.run`` is replaced: nothing trains or evaluates here."""
+import importlib.util
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from pgjax import study as studies
+
+EXPERIMENTS = pathlib.Path(__file__).parent.parent / "experiments"
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _fake_report(greedy, sampled_correct, samples: int, budget: int) -> dict:
+    """A ``pgjax.eval --json`` report of one budget on four fixed prompts (what ``paired`` reads)."""
+    from pgjax.train.evaluation import outcome_metrics
+    correct = np.array([[i < c for i in range(samples)] for c in sampled_correct])
+    sampled = {"correct": correct, "format": correct, "finished": np.ones_like(correct),
+               "length": np.full(correct.shape, 10)}
+    return {"prompts": 4, "samples": samples, "decoding": {"max_new_tokens": budget, "temperature": 0.7},
+            "bootstrap": {"resamples": 10_000, "seed": 0}, "strata": {},
+            "metrics": outcome_metrics(np.array(greedy, bool), sampled, (1,), 10_000, 0),
+            "per_prompt": {"prompt": ["p0", "p1", "p2", "p3"], "greedy_correct": list(greedy),
+                           "sampled_correct": list(sampled_correct), "sampled_finished": [samples] * 4}}
+
+
+def lines_of(plan: str) -> dict:
+    """``{job: status}`` of ``Study.plan``'s lines."""
+    return {line.split()[0]: line.split(None, 1)[1] for line in plan.splitlines() if not line.startswith("left")}
+
+
+def fake_subprocess(monkeypatch, base_model: str) -> list:
+    """Replace ``pgjax.study``'s ``subprocess.run``: training makes ``final/`` and a two-point record,
+    evaluation writes a report (the base model's worse than a trained run's); returns the calls."""
+    calls, real_run = [], subprocess.run
+
+    def run(command, check, **options):
+        if command[:2] != [sys.executable, "-m"]:          # not the study's (matplotlib's fc-list, say)
+            return real_run(command, check=check, **options)
+        calls.append(command[2:])
+        if command[2] == "pgjax.run":
+            directory = pathlib.Path(next(a for a in command if a.startswith("run_dir=")).split("=", 1)[1])
+            (directory / "final").mkdir(parents=True)
+            (directory / "metrics.jsonl").write_text('{"step": 0, "eval_accuracy": 0.3}\n'
+                                                     '{"step": 40, "eval_accuracy": 0.5}\n')
+        else:
+            trained = command[3] != base_model
+            report = _fake_report([1, 1, 1, 0] if trained else [0, 1, 0, 0], [4, 3, 2, 1] if trained else [1, 1, 0, 0],
+                                  4, 64)
+            pathlib.Path(command[-1]).write_text(json.dumps(report))
+
+    monkeypatch.setattr(studies.subprocess, "run", run)
+    return calls
+
+
+def test_smollm2_seeds_runs_each_missing_job_once_and_reports_the_paired_tables(tmp_path, monkeypatch):
+    study = _load("smollm2_seeds").STUDY
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    arguments = ["--runs", str(runs), "--out", str(out)]
+    main = lambda argv: studies.main(study, argv)      # noqa: E731
+    calls = fake_subprocess(monkeypatch, "models/smollm2-135m-instruct")
+    assert len(study.jobs()) == 9 + 10 * 3 + 2 + 3 and "missing" in study.plan(study.jobs(), runs, out)
+    with pytest.raises(SystemExit, match="no final policy: run train:dr_grpo:0 first"):
+        main(["--jobs", "eval:dr_grpo_s0:none", *arguments])
+    with pytest.raises(SystemExit, match="unknown jobs"):
+        main(["--jobs", "eval:dr_grpo_s7:none", *arguments])
+    (runs / "dr_grpo_s0" / "checkpoints" / "10").mkdir(parents=True)            # interrupted: resumed
+    main(["--jobs", "train:dr_grpo:0", "eval:base:none", "eval:dr_grpo_s0:none", *arguments])
+    text = (out / "smollm2_seeds.md").read_text()
+    train, base, trained = calls
+    assert train[-1] == "--resume" and "seed=0" in train and f"run_dir={runs / 'dr_grpo_s0'}" in train
+    assert "model.path=models/smollm2-135m-instruct" in train          # --base-model, from any directory
+    for evaluation in (base, trained):
+        assert evaluation[evaluation.index("--seed") + 1] == "1000" and "task.held_out=none" in evaluation
+        assert evaluation[evaluation.index("--prompts") + 1] == "256"
+    assert base[1:4] == ["models/smollm2-135m-instruct", "--task", "word_math"]
+    assert trained[1] == str(runs / "dr_grpo_s0")
+    assert "| dr_grpo - base | greedy_accuracy | +0.500 |" in text and "training phrasings" in text
+    assert (out / "smollm2_seeds.png").stat().st_size > 5000
+    calls.clear()
+    main(["--jobs", "train:dr_grpo:0", "eval:base:none", "eval:dr_grpo_s0:none", *arguments])
+    assert calls == []                                  # every output exists: nothing runs again
+    lines = lines_of(study.plan(study.jobs(), runs, out))
+    assert lines["eval:base:none"] == "done" and lines["eval:grpo_s1:templates"] == "missing (~6 min)"
+    (runs / "grpo_s0").mkdir()                          # still training: not in the curves yet
+    (runs / "grpo_s0" / "metrics.jsonl").write_text('{"step": 0, "eval_accuracy": 0.3}\n')
+    main(["--report", *arguments])
+    assert study.curves(out) == {"dr_grpo": {0: [(0, 0.3), (40, 0.5)]}}
+    # RUNS is gone (a new machine) and OUT is kept: the run counts as trained while nothing needs its
+    # policy, its curve still plots, and a job that needs the policy says to train it again
+    shutil.rmtree(runs)
+    assert lines_of(study.plan(study.jobs(), runs, out))["train:dr_grpo:0"] == "missing (~30 min)"   # 2 evals left
+    for job in ("eval:dr_grpo_s0:templates", "eval:dr_grpo_s0:numbers", "budgets:dr_grpo_s0"):
+        study.output(job, runs, out).parent.mkdir(exist_ok=True)
+        shutil.copy(out / "eval" / "dr_grpo_s0_none.json", study.output(job, runs, out))
+    assert lines_of(study.plan(study.jobs(), runs, out))["train:dr_grpo:0"] == "done"
+    study.run_job("train:dr_grpo:0", runs, out, "models/smollm2-135m-instruct")
+    assert calls == [] and study.curves(out) == {"dr_grpo": {0: [(0, 0.3), (40, 0.5)]}}
+    with pytest.raises(SystemExit, match="no final policy: run train:grpo:1 first"):
+        main(["--jobs", "passk:grpo_s1", *arguments])
+    # a run evaluated everywhere whose record was never kept is done, and the plan says it has no curve
+    (kept := studies.kept_record("dr_grpo_s0", out)).unlink()
+    assert lines_of(study.plan(study.jobs(), runs, out))["train:dr_grpo:0"] == (
+        "done (its record is not kept: the curves leave it out)")
+    assert not kept.exists() and study.curves(out) == {}
+
+
+def test_gemma3_seeds_evaluates_the_base_model_through_the_experiments_prompt_template(tmp_path, monkeypatch, capsys):
+    """The base model has no experiment.json: its evaluation carries the experiment's task options, so
+    its prompts, template and stop are the trained runs' (escapes as ``--set`` gives them)."""
+    from pgjax.train.experiment import load as load_experiment
+    study = _load("gemma3_seeds").STUDY
+    calls = fake_subprocess(monkeypatch, "models/gemma3-270m")
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    studies.main(study, ["--jobs", "eval:base:numbers", "--runs", str(runs), "--out", str(out)])
+    (base,) = calls
+    sets = dict(base[i + 1].split("=", 1) for i, a in enumerate(base) if a == "--set")
+    task = load_experiment(EXPERIMENTS / "gemma3_math.py").task
+    assert sets["task.prompt_template"] == task.prompt_template.replace("\n", "\\n")
+    assert sets["task.stop_text"] == task.stop_text and sets["task.held_out"] == "numbers"
+    assert (sets["task.digits"], sets["task.ops"], sets["task.chat_template"]) == (str(task.digits), task.ops,
+                                                                                   task.chat_template)
+    assert study.jobs()[:6] == [f"train:{m}:{s}" for m in ("dr_grpo", "grpo") for s in (0, 1, 2)]
+    assert len(study.jobs()) == 6 + 7 * 3
+    # one model evaluated: nothing to pair yet, so no report; asked for one, the study says so
+    assert "nothing to report yet" in capsys.readouterr().out and not (out / "gemma3_seeds.md").exists()
+    with pytest.raises(SystemExit, match="nothing to report yet"):
+        studies.main(study, ["--report", "--runs", str(runs), "--out", str(out)])
+
+
+def test_an_unpaired_evaluation_tables_each_model_and_a_variantless_job_has_no_suffix(tmp_path, monkeypatch):
+    study = studies.Study(
+        name="s", experiment="e.py", base_model="ckpt", methods={"m": ()}, seeds=(0,),
+        references={"base": ("--task", "t")},
+        evaluations=(studies.Evaluation("budgets", ("--prompts", 4), minutes=1, paired=False,
+                                        titles={"": "response budgets"}),),
+        train_minutes=2, machine="here")
+    assert study.jobs() == ["train:m:0", "budgets:base", "budgets:m_s0"]
+    calls = fake_subprocess(monkeypatch, "ckpt")
+    studies.main(study, ["--jobs", "budgets:base", "--runs", str(tmp_path / "r"), "--out", str(tmp_path / "o")])
+    assert calls[0] == ["pgjax.eval", "ckpt", "--task", "t", "--prompts", "4",
+                        "--json", str(tmp_path / "o/budgets/base.json")]
+    assert "### response budgets: base" in (tmp_path / "o" / "s.md").read_text()
+    assert study.plan(study.jobs(), tmp_path / "r", tmp_path / "o").splitlines()[-1] == "left: ~0.1 h on here"
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"references": {"m_s0": ()}}, "no reference named like a trained run"),
+    ({"references": {}}, "needs a reference"),
+    ({"evaluations": (studies.Evaluation("eval", (), 1),) * 2}, "distinct evaluation kinds"),
+])
+def test_a_study_that_would_clash_is_refused(change, message):
+    settings = dict(name="s", experiment="e.py", base_model="ckpt", methods={"m": ()}, seeds=(0,),
+                    references={"base": ()}, evaluations=(studies.Evaluation("eval", (), 1),), train_minutes=1,
+                    machine="x")
+    with pytest.raises(ValueError, match=message):
+        studies.Study(**{**settings, **change})
+
+
+@pytest.mark.parametrize("kind, variants", [("train", {"": ()}), ("a:b", {"": ()}), ("eval", {"held_out": ()}),
+                                            ("eval", {})])
+def test_an_evaluation_whose_names_would_break_job_names_is_refused(kind, variants):
+    with pytest.raises(ValueError, match="evaluation"):
+        studies.Evaluation(kind, (), 1, variants=variants)
