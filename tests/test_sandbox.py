@@ -4,6 +4,7 @@ policy gets) and without it, the operating-system layers alone (Landlock, seccom
 the rlimits), to show those hold by themselves. The containment is checked from outside the sandbox:
 the file is not there, the server got no connection, the process is alive, the run ended in time."""
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -27,11 +28,31 @@ LAYERS_HERE = layers_here()
 needs_layers = pytest.mark.skipif(not all(LAYERS_HERE.get(layer) for layer in LAYERS if layer != "signals"),
                                   reason=f"this machine lacks sandbox layers: {LAYERS_HERE}")
 pytestmark = needs_layers
-HOOK = pytest.mark.parametrize("hook", [True, False], ids=["hook", "os-layers-only"])
 
 
-def run(code: str, hook: bool, **limits):
-    sandbox = PythonSandbox(audit_hook=hook, **{**QUICK, **limits})
+def unprivileged() -> dict | None:
+    """How a root test process runs the programs as nobody (``user=65534``, through user namespaces of
+    their own: the path a trainer that is not root takes): with an interpreter that user can reach,
+    pgjax's own or the system's; None when this process is not root or no interpreter is reachable."""
+    if os.geteuid() != 0:
+        return None                     # the suite already runs the programs as a user that is not root
+    for python in (sys.executable, "/usr/bin/python3"):
+        real = os.path.realpath(python)
+        if os.path.isfile(real) and sandbox_module.unsearchable_by(real, 65534, 65534) is None:
+            return {"user": 65534, "python": python}
+    return None
+
+
+NOBODY = unprivileged()
+as_nobody = pytest.mark.skipif(NOBODY is None, reason="not root, or no interpreter reachable by user 65534")
+HOOK = pytest.mark.parametrize("hook, who", [(True, None), (False, None), pytest.param(True, "nobody", marks=as_nobody),
+                                             pytest.param(False, "nobody", marks=as_nobody)],
+                               ids=["hook", "os-layers-only", "hook-as-nobody", "os-layers-only-as-nobody"])
+
+
+def run(code: str, hook: bool, who: str | None = None, **limits):
+    identity = NOBODY if who == "nobody" else {}
+    sandbox = PythonSandbox(audit_hook=hook, **identity, **{**QUICK, **limits})
     result = sandbox.run(code)
     return result, observation(result, sandbox)
 
@@ -65,29 +86,29 @@ def test_an_error_shows_the_programs_own_traceback_only():
     "import os\nos.chdir('/')\nopen(TARGET.lstrip('/'), 'w')",
     "import shutil\nshutil.copy('main.py', TARGET)",
 ], ids=["open", "os.open", "symlink", "rename", "chdir", "shutil"])
-def test_writes_outside_the_directory_are_refused(tmp_path, code, hook):
+def test_writes_outside_the_directory_are_refused(tmp_path, code, hook, who):
     target = tmp_path / "escaped"
-    _, seen = run(f"TARGET = {str(target)!r}\n{code}", hook)
+    _, seen = run(f"TARGET = {str(target)!r}\n{code}", hook, who)
     assert not target.exists() and not seen.ok
     assert ("sandbox: " in seen.text) if hook else ("PermissionError" in seen.text or "OSError" in seen.text)
 
 
 @HOOK
 @pytest.mark.parametrize("path", ["/etc/passwd", "/proc/{ppid}/environ", "{repo}/pyproject.toml", "/root"])
-def test_reads_outside_the_directory_and_the_interpreter_are_refused(path, hook):
+def test_reads_outside_the_directory_and_the_interpreter_are_refused(path, hook, who):
     path = path.format(ppid=os.getpid(), repo=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     reader = "import os\nprint(os.listdir(P))" if path == "/root" else "print(open(P).read()[:20])"
-    _, seen = run(f"P = {path!r}\n{reader}", hook)
+    _, seen = run(f"P = {path!r}\n{reader}", hook, who)
     assert not seen.ok and "PermissionError" in seen.text
     assert ("sandbox: reading" in seen.text) if hook else ("Permission denied" in seen.text)
 
 
 @HOOK
-def test_the_parents_environment_is_not_visible(monkeypatch, hook):
+def test_the_parents_environment_is_not_visible(monkeypatch, hook, who):
     monkeypatch.setenv("PGJAX_SANDBOX_SECRET", "hunter2")
-    _, seen = run("import os\nprint(sorted(os.environ))", hook)
+    _, seen = run("import os\nprint(sorted(os.environ))", hook, who)
     assert seen.ok and seen.text == "['HOME', 'LANG', 'PATH', 'TMPDIR']"
-    _, seen = run(f"print(open('/proc/{os.getpid()}/environ').read())", hook)     # the parent's, from /proc
+    _, seen = run(f"print(open('/proc/{os.getpid()}/environ').read())", hook, who)     # the parent's, from /proc
     assert not seen.ok and "hunter2" not in seen.text and "PermissionError" in seen.text
 
 
@@ -106,18 +127,18 @@ def listeners():
 
 
 @HOOK
-def test_the_network_is_unreachable(listeners, hook):
+def test_the_network_is_unreachable(listeners, hook, who):
     tcp, udp = listeners
     code = (f"import socket\ns = socket.create_connection(('127.0.0.1', {tcp.getsockname()[1]}), timeout=2)\n"
             f"print('connected')")
-    _, seen = run(code, hook)
+    _, seen = run(code, hook, who)
     assert not seen.ok and "connected" not in seen.text.splitlines()
     assert "sandbox: importing socket is not allowed" in seen.text if hook else "Error" in seen.text
     with pytest.raises(socket.timeout):
         tcp.accept()
     code = (f"import socket\nu = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
             f"u.sendto(b'leak', ('127.0.0.1', {udp.getsockname()[1]}))\nprint('sent')")
-    _, seen = run(code, hook)
+    _, seen = run(code, hook, who)
     with pytest.raises(socket.timeout):
         udp.recvfrom(16)
     assert not seen.ok and "sent" not in seen.text.splitlines()
@@ -132,18 +153,18 @@ def test_the_network_is_unreachable(listeners, hook):
     ("import os\nos.execv('/bin/sh', ['sh', '-c', 'echo es' + 'caped'])", "os.exec"),
     ("import multiprocessing\np = multiprocessing.Process(target=print)\np.start()", "importing multiprocessing"),
 ], ids=["fork-bomb", "subprocess", "system", "exec", "multiprocessing"])
-def test_no_process_can_be_started(code, refused, hook):
+def test_no_process_can_be_started(code, refused, hook, who):
     start = time.monotonic()
-    _, seen = run(code, hook)
+    _, seen = run(code, hook, who)
     assert time.monotonic() - start < 2.5 and "escaped" not in seen.text
     assert f"sandbox: {refused}" in seen.text if hook else "escaped" not in seen.text
 
 
 @HOOK
-def test_signals_to_processes_outside_are_refused(hook):
+def test_signals_to_processes_outside_are_refused(hook, who):
     victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        _, seen = run(f"import os, signal\nos.kill({victim.pid}, signal.SIGKILL)\nprint('killed')", hook)
+        _, seen = run(f"import os, signal\nos.kill({victim.pid}, signal.SIGKILL)\nprint('killed')", hook, who)
         time.sleep(0.2)
         assert victim.poll() is None and not seen.ok and "PermissionError" in seen.text
     finally:
@@ -153,13 +174,13 @@ def test_signals_to_processes_outside_are_refused(hook):
 
 @pytest.mark.slow
 @HOOK
-def test_an_infinite_loop_stops_at_the_cpu_limit_and_a_sleep_at_the_wall_limit(hook):
+def test_an_infinite_loop_stops_at_the_cpu_limit_and_a_sleep_at_the_wall_limit(hook, who):
     start = time.monotonic()
-    result, seen = run("while True:\n    pass", hook, wall_seconds=20.0)      # CPU time, even on a busy machine
+    result, seen = run("while True:\n    pass", hook, who, wall_seconds=20.0)      # CPU time, even on a busy machine
     assert 0.9 < time.monotonic() - start < 19 and not result.timed_out
     assert seen.text == "error: stopped after 1 s of CPU time (the limit)"
     start = time.monotonic()
-    result, seen = run("import time\nprint('waiting', flush=True)\ntime.sleep(60)", hook)
+    result, seen = run("import time\nprint('waiting', flush=True)\ntime.sleep(60)", hook, who)
     assert result.timed_out and time.monotonic() - start < 4
     assert seen.text == "waiting\nerror: stopped after 3 s (the time limit)" and not seen.ok
 
@@ -167,21 +188,21 @@ def test_an_infinite_loop_stops_at_the_cpu_limit_and_a_sleep_at_the_wall_limit(h
 @HOOK
 @pytest.mark.parametrize("code", ["while True:\n    print('y' * 10000)", "print('z' * 10**8)",
                                   "import sys\nwhile True:\n    sys.stderr.write('e' * 10000)"])
-def test_huge_output_is_cut_and_stops_the_program(code, hook):
+def test_huge_output_is_cut_and_stops_the_program(code, hook, who):
     start = time.monotonic()
-    result, seen = run(code, hook)
+    result, seen = run(code, hook, who)
     assert result.output_exceeded and time.monotonic() - start < 2.5
     assert len(result.stdout) <= 2049 and len(result.stderr) <= 2049          # kept, not accumulated
     assert "error: stopped after printing more than 1048576 bytes" in seen.text and len(seen.text) < 5000
 
 
 @HOOK
-def test_memory_files_and_the_disk_are_bounded(hook):
-    _, seen = run("x = bytearray(2**33)", hook)
+def test_memory_files_and_the_disk_are_bounded(hook, who):
+    _, seen = run("x = bytearray(2**33)", hook, who)
     assert seen.text.endswith("MemoryError")
-    _, seen = run("open('big', 'wb').write(b'0' * (20 << 20))", hook, file_bytes=8 << 20)
+    _, seen = run("open('big', 'wb').write(b'0' * (20 << 20))", hook, who, file_bytes=8 << 20)
     assert "File too large" in seen.text
-    _, seen = run("for i in range(10):\n    open(f'part{i}', 'wb').write(b'0' * (4 << 20))", hook)
+    _, seen = run("for i in range(10):\n    open(f'part{i}', 'wb').write(b'0' * (4 << 20))", hook, who)
     assert "No space left on device" in seen.text                   # 16 MiB of tmpfs in all
 
 
@@ -229,3 +250,62 @@ def test_bad_limits_are_errors(field, value):
 def test_a_signal_ending_the_program_is_named():
     _, seen = run("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)", hook=False)
     assert seen.text.startswith("error: killed by SIGSEGV") and not seen.ok
+
+
+@as_nobody
+def test_a_root_process_runs_the_programs_as_the_user_it_names_with_every_layer():
+    """``user=65534`` from root: the program runs as nobody, which sets up the namespaces in a user
+    namespace of its own (the path any process that is not root takes), and every layer holds."""
+    sandbox = PythonSandbox(**NOBODY, **QUICK)
+    result = sandbox.run("import os\nopen('mine', 'w').write('x')\nprint(os.geteuid(), os.getegid(), "
+                         "os.stat('mine').st_uid, sorted(os.listdir('.')))")
+    assert result.stdout.decode() == "65534 65534 65534 ['main.py', 'mine']\n", result.stderr
+    assert all(result.layers[layer] for layer in LAYERS)
+    assert sandbox.parent_directory() in ("/var/tmp", "/dev/shm", tempfile.gettempdir())
+
+
+def test_the_interpreter_and_the_user_are_checked_when_the_sandbox_is_built(tmp_path):
+    with pytest.raises(ValueError, match="PythonSandbox.python must be an executable file"):
+        PythonSandbox(python=str(tmp_path / "no-python"))
+    if os.geteuid() != 0:
+        with pytest.raises(ValueError, match="needs root"):
+            PythonSandbox(user=65534)
+        return
+    for bad in (0, -3, True, "nobody"):
+        with pytest.raises(ValueError, match="PythonSandbox.user must be a user id > 0"):
+            PythonSandbox(user=bad)
+    closed = tmp_path / "closed"
+    (closed / "bin").mkdir(parents=True)
+    interpreter = closed / "bin" / "python3"
+    shutil.copy("/bin/true", interpreter)                  # checked by its path only: it never runs here
+    closed.chmod(0o700)
+    with pytest.raises(ValueError, match=f"cannot reach the interpreter {interpreter}: .* is not searchable"):
+        PythonSandbox(user=65534, python=str(interpreter))
+    # the permission bits of the user's class: the owner's here, others' for nobody above
+    uid, gid = os.getuid(), os.getgid()
+    assert sandbox_module.unsearchable_by(str(interpreter), uid, gid) is None
+    closed.chmod(0o670)
+    assert sandbox_module.unsearchable_by(str(interpreter), uid, gid) == str(closed)
+    closed.chmod(0o700)
+
+
+def test_another_interpreter_reads_its_own_installation():
+    here = sandbox_module.read_roots()
+    assert os.path.dirname(os.path.realpath(sys.executable)) in here and "/usr/lib" in here
+    if os.path.isfile("/usr/bin/python3"):
+        system = sandbox_module.read_roots("/usr/bin/python3")
+        assert os.path.dirname(os.path.realpath("/usr/bin/python3")) in system
+        result = PythonSandbox(python="/usr/bin/python3", **QUICK).run("import sys\nprint(sys.executable)")
+        assert result.stdout.decode().strip() == os.path.realpath("/usr/bin/python3")
+
+
+def test_the_loader_of_an_executable_is_read_from_its_program_headers():
+    """``elf_loader`` against ``readelf -l``'s "Requesting program interpreter" where binutils exist."""
+    loader = sandbox_module.elf_loader(os.path.realpath(sys.executable))
+    assert loader is None or os.path.isfile(loader)
+    assert sandbox_module.elf_loader(__file__) is None
+    if shutil.which("readelf"):
+        listed = subprocess.run(["readelf", "-l", os.path.realpath(sys.executable)], capture_output=True, text=True)
+        named = [line.split(":", 1)[1].strip(" ]") for line in listed.stdout.splitlines()
+                 if "program interpreter" in line]
+        assert [loader] == [os.path.realpath(n) for n in named]

@@ -67,11 +67,17 @@ def enter_namespaces(libc, config: dict) -> dict:
     TCP or UDP), and a new mount namespace in which the sandbox's directory becomes a tmpfs of
     ``config["disk_bytes"]`` (no devices, set-user-id or executables): everything the program writes
     counts against it, and it vanishes with the process. ``main.py`` is copied into it, and the process
-    moves into it. A process that is not root enters a new user namespace first, which permits both.
-    Returns which took hold."""
-    user = 0 if os.geteuid() == 0 else CLONE_NEWUSER
+    moves into it. A process that is not root enters a new user namespace first, which permits both,
+    and maps its own user and group into it (``map_own_ids``). Returns which took hold."""
+    uid, gid = os.geteuid(), os.getegid()
+    user = 0 if uid == 0 else CLONE_NEWUSER
     if libc.unshare(user | CLONE_NEWNET | CLONE_NEWNS) != 0:
-        return {"network": libc.unshare(user | CLONE_NEWNET) == 0, "disk": False}
+        entered = libc.unshare(user | CLONE_NEWNET) == 0
+        if entered and user:
+            map_own_ids(uid, gid)
+        return {"network": entered, "disk": False}
+    if user:
+        map_own_ids(uid, gid)
     directory = config["dir"]
     with open(os.path.join(directory, "main.py"), "rb") as file:
         program = file.read()
@@ -85,11 +91,25 @@ def enter_namespaces(libc, config: dict) -> dict:
     return {"network": True, "disk": mounted}
 
 
+def map_own_ids(uid: int, gid: int) -> None:
+    """In a user namespace just entered, map user ``uid`` and group ``gid`` to themselves (the only
+    mapping an unprivileged process may write, after refusing ``setgroups``). Unmapped, the process's
+    ids are the overflow id 65534 inside, and the kernel refuses to create a file it would own
+    (EOVERFLOW): writing ``main.py`` into the tmpfs failed before this."""
+    with open("/proc/self/setgroups", "w") as file:
+        file.write("deny")
+    for name, own in (("uid_map", uid), ("gid_map", gid)):
+        with open(f"/proc/self/{name}", "w") as file:
+            file.write(f"{own} {own} 1")
+
+
 def landlock(libc, config: dict) -> dict:
-    """Restrict the file system to reading (and executing) ``config["read_roots"]`` and files
-    ``config["read_files"]``, reading and writing ``config["write_files"]`` and everything in the
-    sandbox's directory; from ABI 4 on, refuse every TCP bind and connect; from ABI 6 on, scope abstract
-    UNIX sockets and signals to this process. Returns which parts took hold."""
+    """Restrict the file system to reading ``config["read_roots"]`` and files ``config["read_files"]``,
+    executing only ``config["exec_files"]`` (the interpreter and its ELF loader: no other program can
+    replace the process), reading and writing ``config["write_files"]`` and everything in the sandbox's
+    directory (a tmpfs mounted without execution); from ABI 4 on, refuse every TCP bind and connect;
+    from ABI 6 on, scope abstract UNIX sockets and signals to this process. Returns which parts took
+    hold."""
     import ctypes
 
     class RulesetAttr(ctypes.Structure):
@@ -113,7 +133,8 @@ def landlock(libc, config: dict) -> dict:
         return {"filesystem": False, "tcp": False, "signals": False}
     file_rights = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | (FS_TRUNCATE if abi >= 3 else 0) | (
         FS_IOCTL_DEV if abi >= 5 else 0)
-    rules = ([(path, FS_READ_FILE | FS_READ_DIR | FS_EXECUTE) for path in config["read_roots"]]
+    rules = ([(path, FS_READ_FILE | FS_READ_DIR) for path in config["read_roots"]]
+             + [(path, FS_READ_FILE | FS_EXECUTE) for path in config["exec_files"]]
              + [(path, FS_READ_FILE) for path in config["read_files"]]
              + [(path, file_rights & ~FS_EXECUTE) for path in config["write_files"]] + [(config["dir"], handled)])
     for path, rights in rules:

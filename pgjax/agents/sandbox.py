@@ -1,16 +1,17 @@
 """A Python tool for agents: the model's program runs in a confined child process.
 
 ``PythonSandbox()(code)`` writes ``code`` to ``main.py`` in a fresh temporary directory and runs it
-with the interpreter pgjax runs on, isolated (``-I -S``: no site-packages, no ``PYTHON*`` variables),
-in a new session, with an empty environment but ``PATH``, ``HOME``, ``TMPDIR`` and ``LANG``, and
-nothing on standard input. ``pgjax.agents.confine`` confines the child before any of the program runs
-(the layers, what each guarantees and what none does: docs/agents.md "The Python sandbox"):
+with the interpreter pgjax runs on (or ``python``; as user ``user`` when pgjax runs as root),
+isolated (``-I -S``: no site-packages, no ``PYTHON*`` variables), in a new session, with an empty
+environment but ``PATH``, ``HOME``, ``TMPDIR`` and ``LANG``, and nothing on standard input.
+``pgjax.agents.confine`` confines the child before any of the program runs (the layers, what each
+guarantees and what none does: docs/agents.md "The Python sandbox"):
 
 - ``limits``: CPU seconds, address space, file size, open files (rlimits);
 - ``network``: a new network namespace, with no route anywhere;
 - ``disk``: the directory is a tmpfs of ``disk_bytes`` in a mount namespace of the child's own;
 - ``filesystem``: Landlock: read only the interpreter's installation and the system's libraries,
-  write only the temporary directory;
+  execute only the interpreter and its loader, write only the temporary directory;
 - ``tcp`` and ``signals``: Landlock refuses TCP bind / connect (ABI 4) and signals to processes outside
   the sandbox (ABI 6);
 - ``processes``: a seccomp filter refuses every new process (threads are allowed);
@@ -28,12 +29,16 @@ unless the sandbox is built with ``allow_weaker=True``, which runs with the laye
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import pathlib
+import pwd
 import selectors
 import shutil
 import signal
+import stat
+import struct
 import subprocess
 import sys
 import sysconfig
@@ -67,13 +72,65 @@ class SandboxRun:
     seconds: float
 
 
-def read_roots() -> list[str]:
+SYSTEM_LIBRARIES = ("/usr/lib", "/usr/lib64", "/lib", "/lib64")
+# what an interpreter reports of its own installation (for ``read_roots`` of another interpreter)
+INSTALLATION = ("import json, os, sys, sysconfig; print(json.dumps([sys.base_prefix, sys.base_exec_prefix, "
+                "sysconfig.get_paths()['stdlib'], sysconfig.get_paths()['platstdlib'], "
+                "os.path.dirname(os.path.realpath(sys.executable))]))")
+
+
+@functools.lru_cache(maxsize=8)
+def read_roots(interpreter: str = "") -> list[str]:
     """What a sandboxed interpreter may read: its installation (``sys.base_prefix``, the standard
-    library's real locations, the directory of its executable) and the system's shared libraries."""
-    paths = {sys.base_prefix, sys.base_exec_prefix, sysconfig.get_paths()["stdlib"],
-             sysconfig.get_paths()["platstdlib"], os.path.dirname(os.path.realpath(sys.executable)),
-             "/usr/lib", "/usr/lib64", "/lib", "/lib64"}
-    return sorted(os.path.realpath(p) for p in paths if os.path.exists(p))
+    library's real locations, the directory of its executable) and the system's shared libraries.
+    ``interpreter``: another Python than pgjax's own ("": pgjax's), asked for its installation."""
+    if interpreter and os.path.realpath(interpreter) != os.path.realpath(sys.executable):
+        asked = subprocess.run([interpreter, "-I", "-S", "-c", INSTALLATION], capture_output=True, text=True,
+                               timeout=30)
+        if asked.returncode != 0:
+            raise SandboxUnavailable(f"the sandbox's interpreter {interpreter} does not run: {asked.stderr.strip()}")
+        paths = set(json.loads(asked.stdout))
+    else:
+        paths = {sys.base_prefix, sys.base_exec_prefix, sysconfig.get_paths()["stdlib"],
+                 sysconfig.get_paths()["platstdlib"], os.path.dirname(os.path.realpath(sys.executable))}
+    return sorted(os.path.realpath(p) for p in paths | set(SYSTEM_LIBRARIES) if os.path.exists(p))
+
+
+def elf_loader(executable: str) -> str | None:
+    """The real path of the program interpreter (``PT_INTERP``, the dynamic loader the kernel runs
+    first) an ELF ``executable`` names; None for a static or non-ELF file."""
+    with open(executable, "rb") as file:
+        header = file.read(64)
+        if header[:4] != b"\x7fELF":
+            return None
+        wide, order = header[4] == 2, "<" if header[5] == 1 else ">"
+        offset, entry_size, entries = (struct.unpack_from(order + "Q", header, 32)[0] if wide else
+                                       struct.unpack_from(order + "I", header, 28)[0],
+                                       *struct.unpack_from(order + "HH", header, 54 if wide else 42))
+        for index in range(entries):
+            file.seek(offset + index * entry_size)
+            entry = file.read(entry_size)
+            if struct.unpack_from(order + "I", entry, 0)[0] == 3:                       # PT_INTERP
+                start, size = (struct.unpack_from(order + "QQQQ", entry, 8)[0::3] if wide else
+                               struct.unpack_from(order + "IIII", entry, 4)[0::3])
+                file.seek(start)
+                return os.path.realpath(file.read(size).rstrip(b"\0").decode())
+    return None
+
+
+def unsearchable_by(path: str, uid: int, gid: int) -> str | None:
+    """The first directory on the way to ``path`` (itself included, if a directory) that user ``uid``
+    of group ``gid`` may not search, by its permission bits; None if the whole way is open."""
+    parts = pathlib.Path(path).parts
+    for depth in range(1, len(parts) + 1):
+        directory = os.path.join(*parts[:depth])
+        if not os.path.isdir(directory):
+            break
+        info = os.stat(directory)
+        bit = (stat.S_IXUSR if info.st_uid == uid else stat.S_IXGRP if info.st_gid == gid else stat.S_IXOTH)
+        if not info.st_mode & bit:
+            return directory
+    return None
 
 
 def confine_source() -> str:
@@ -87,7 +144,13 @@ class PythonSandbox:
     """The Python tool (module docstring). Limits: ``cpu_seconds`` of CPU (SIGXCPU, then SIGKILL a
     second later), ``wall_seconds`` of wall time, ``memory_bytes`` of address space, ``file_bytes`` per
     file written, ``disk_bytes`` in all (the tmpfs, which is memory), ``open_files`` descriptors;
-    ``output_bytes``: what the policy sees of each stream."""
+    ``output_bytes``: what the policy sees of each stream.
+
+    ``python``: the interpreter programs run on ("": the one pgjax runs on; another, say, with the
+    packages the task's programs need); the program may read its installation. ``user``: a process
+    running as root runs the programs as this user id instead (its group: the user's, else the same
+    number), which then enters a user namespace of its own to set up the namespaces (a root
+    container's trainer, say, with ``user=65534``, nobody); the interpreter must be reachable by it."""
 
     cpu_seconds: int = 5
     wall_seconds: float = 10.0
@@ -98,6 +161,8 @@ class PythonSandbox:
     output_bytes: int = 2048
     allow_weaker: bool = False
     audit_hook: bool = True         # False only to test the OS layers alone
+    python: str = ""
+    user: int | None = None
     name: str = "python"
     description: str = "runs a Python 3 program (standard library only, no files outside its directory, " \
                        "no network) and returns what it prints"
@@ -111,10 +176,47 @@ class PythonSandbox:
         if self.memory_bytes < 64 << 20:
             raise ValueError(f"PythonSandbox.memory_bytes must be at least 64 MiB (the interpreter's own "
                              f"address space), got {self.memory_bytes}")
+        if self.python and not (os.path.isfile(self.python) and os.access(self.python, os.X_OK)):
+            raise ValueError(f"PythonSandbox.python must be an executable file, got {self.python!r}")
+        if self.user is not None:
+            if os.geteuid() != 0:
+                raise ValueError(f"PythonSandbox(user={self.user}) switches user, which needs root; a process "
+                                 f"that is not root runs the programs as itself")
+            if not isinstance(self.user, int) or isinstance(self.user, bool) or self.user <= 0:
+                raise ValueError(f"PythonSandbox.user must be a user id > 0 (not root), got {self.user!r}")
+            closed = unsearchable_by(self.interpreter(), self.user, self.group())
+            if closed:
+                raise ValueError(f"PythonSandbox(user={self.user}) cannot reach the interpreter "
+                                 f"{self.interpreter()}: {closed} is not searchable by that user; pass "
+                                 f"python= an interpreter it can run (e.g. /usr/bin/python3)")
+            self.parent_directory()
+
+    def interpreter(self) -> str:
+        """The real path of the interpreter programs run on."""
+        return os.path.realpath(self.python or sys.executable)
+
+    def parent_directory(self) -> str:
+        """Where each call's directory is made: the temporary directory, or under ``user`` the first of
+        it, /var/tmp and /dev/shm that the user can reach (ValueError if none)."""
+        if self.user is None:
+            return tempfile.gettempdir()
+        candidates = dict.fromkeys((tempfile.gettempdir(), "/var/tmp", "/dev/shm"))
+        for candidate in candidates:
+            if os.path.isdir(candidate) and unsearchable_by(candidate, self.user, self.group()) is None:
+                return candidate
+        raise ValueError(f"PythonSandbox(user={self.user}): none of {', '.join(candidates)} is searchable by that "
+                         f"user, so it could not reach its working directory; set TMPDIR to one it can")
+
+    def group(self) -> int:
+        """The group id programs run with under ``user``: the user's own group, else the same number."""
+        try:
+            return pwd.getpwuid(self.user).pw_gid
+        except KeyError:
+            return self.user
 
     def run(self, code: str) -> SandboxRun:
         """Run ``code`` confined; raises ``SandboxUnavailable`` if a required layer cannot be set up."""
-        directory = tempfile.mkdtemp(prefix="pgjax-sandbox-")
+        directory = tempfile.mkdtemp(prefix="pgjax-sandbox-", dir=self.parent_directory())
         try:
             pathlib.Path(directory, "main.py").write_text(code, encoding="utf-8")
             return self._run_in(directory)
@@ -131,16 +233,23 @@ class PythonSandbox:
         config = {"dir": directory, "cpu_seconds": self.cpu_seconds, "memory_bytes": self.memory_bytes,
                   "file_bytes": self.file_bytes, "disk_bytes": self.disk_bytes, "open_files": self.open_files,
                   "report_fd": report_write,
-                  "read_roots": read_roots(), "read_files": ["/etc/ld.so.cache", "/dev/urandom"],
+                  "read_roots": read_roots(self.python),
+                  "exec_files": [path for path in (self.interpreter(), elf_loader(self.interpreter())) if path],
+                  "read_files": ["/etc/ld.so.cache", "/dev/urandom"],
                   "write_files": ["/dev/null"], "audit": self.audit_hook, "source": source,
                   "require": [] if self.allow_weaker else [layer for layer in LAYERS if layer != "signals"]}
         environment = {"PATH": "/usr/bin:/bin", "HOME": directory, "TMPDIR": directory, "LANG": "C.UTF-8"}
-        interpreter = os.path.realpath(sys.executable)
+        identity = {}
+        if self.user is not None:
+            identity = {"user": self.user, "group": self.group(), "extra_groups": []}
+            for path in (directory, os.path.join(directory, "main.py")):
+                os.chown(path, self.user, self.group())
         start = time.monotonic()
         try:
-            child = subprocess.Popen([interpreter, "-I", "-S", "-c", source, json.dumps(config)], cwd=directory,
-                                     env=environment, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, pass_fds=(report_write,), start_new_session=True)
+            child = subprocess.Popen([self.interpreter(), "-I", "-S", "-c", source, json.dumps(config)],
+                                     cwd=directory, env=environment, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, pass_fds=(report_write,), start_new_session=True,
+                                     **identity)
         finally:
             os.close(report_write)
         with os.fdopen(report_read, "rb") as report:
