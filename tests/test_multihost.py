@@ -1,7 +1,9 @@
 """One experiment file on 1 device, on 8 simulated devices, and on 2 processes x 4 devices
 (``jax.distributed`` on localhost with CPU collectives): the same metrics and parameters; a
 checkpoint written by the 2-process run restores in 1 process and continues identically; the
-2-process run logs the completions of process 0's rows, those of the 1-device run."""
+2-process run logs the completions of process 0's rows, those of the 1-device run. Multi-turn
+episodes with the calculator (a warm start on worked episodes, then RL and its evaluation) on 2
+processes give the 1-device metrics too."""
 import json
 import os
 import pathlib
@@ -36,11 +38,27 @@ def experiment():
                       optim=OptimConfig(lr=1e-2, eps=1e-3),
                       rollout=RolloutConfig(samples_per_prompt=4, max_prompt_tokens=8, max_new_tokens=6))
 """
+TOOLS_EXPERIMENT = """
+from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
+from pgjax.train.optim import OptimConfig
+from pgjax.train.rollout import RolloutConfig
+
+def experiment():
+    return Experiment(name="multihost_tools", algorithm="grpo", steps=2, prompts_per_step=8, eval_every=1,
+                      eval_prompts=16, checkpoint_every=2,
+                      task=TaskSection(name="helpers:SumWithCalculator", tools="calculator"),
+                      model=ModelSection(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2, head_dim=16),
+                      warm_start=WarmStartSection(steps=60, batch_size=8, optim=OptimConfig(lr=1e-2, eps=1e-3)),
+                      optim=OptimConfig(lr=1e-2, eps=1e-3),
+                      rollout=RolloutConfig(samples_per_prompt=4, max_prompt_tokens=360, max_new_tokens=32,
+                                            max_turns=2, max_observation_tokens=24))
+"""
 ROOT = pathlib.Path(__file__).parent.parent
 
 
 def launch(file, directory, devices: int, *extra, process: int | None = None):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu",
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", "JAX_PLATFORMS": "cpu",
            "XLA_FLAGS": simulated_devices(devices)}
     env.pop("JAX_COORDINATOR_ADDRESS", None)
     log = open(pathlib.Path(directory).parent / f"{pathlib.Path(directory).name}-{process or 0}.log", "w")
@@ -120,3 +138,29 @@ def test_one_experiment_file_on_one_device_eight_devices_and_two_processes(tmp_p
     for a, b in zip(got, want, strict=True):
         assert {k: v for k, v in a.items() if k != "advantage"} == {k: v for k, v in b.items() if k != "advantage"}
         assert a["advantage"] == pytest.approx(b["advantage"], rel=1e-3, abs=1e-5)
+
+
+def two_processes(file, directory, *extra):
+    """``file`` on 2 processes x 4 simulated devices (fsdp 2), each process half the batch's rows."""
+    port = free_port()
+    return [launch(file, directory, 4, *extra, "--set", "mesh.fsdp=2",
+                   "--set", f"distributed.coordinator_address=127.0.0.1:{port}", "--set", "distributed.num_processes=2",
+                   "--set", f"distributed.process_id={i}", process=i) for i in range(2)]
+
+
+@pytest.mark.slow
+def test_multi_turn_tool_episodes_on_two_processes_give_the_one_device_metrics(tmp_path):
+    """Each process plays its own rows' episodes; the processes agree on when the turns end and on
+    each observation block's width and the batch's trimmed width (otherwise they would call different
+    collectives, and hang). From a warm start on worked episodes (so the tiny model calls the
+    calculator), 2 more warm-start steps (the demonstrations split over the processes), then 2 RL
+    steps with greedy evaluations: the 1-device run's records, calls and turns exactly."""
+    file = tmp_path / "tools.py"
+    file.write_text(TOOLS_EXPERIMENT)
+    finish(launch(file, tmp_path / "warm", 1, "--set", "steps=0"))
+    warm = ("--set", f"model.path={tmp_path / 'warm' / 'final'}", "--set", "warm_start.steps=2",
+            "--set", "warm_start.optim.lr=1e-4")           # a small step: the model keeps calling the tool
+    finish(launch(file, tmp_path / "single", 1, *warm), *two_processes(file, tmp_path / "two", *warm))
+    reference = metrics(tmp_path / "single")
+    assert len(reference) == 3 and reference[1]["calls"] > 0.5 and reference[1]["turns"] > 1.5
+    assert_same_metrics(metrics(tmp_path / "two"), reference)

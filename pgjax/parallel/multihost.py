@@ -67,6 +67,11 @@ def initialize(config: DistributedConfig = DistributedConfig(), environ=os.envir
     pid = config.process_id if config.process_id >= 0 else environ.get("JAX_PROCESS_ID")
     jax.distributed.initialize(coordinator_address=config.coordinator_address or None, num_processes=num,
                                process_id=None if pid is None else int(pid))
+    if jax.process_count() > 1 and jax.default_backend() == "cpu":
+        # Every process reads the persistent cache, which holds process 0's executables; on CPU a process
+        # that runs another's hangs in its first cross-process collective (seen with a warm cache:
+        # docs/scaling.md), so CPU runs of several processes compile afresh
+        jax.config.update("jax_enable_compilation_cache", False)
     return True
 
 
@@ -79,6 +84,14 @@ def barrier(name: str) -> None:
     """Wait until every process reaches the barrier ``name`` (nothing to wait for with one process)."""
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices(name)
+
+
+def largest(value: int, mesh: Mesh | None) -> int:
+    """The largest of every process's ``value`` (this process's own with one process or no mesh): what
+    host-side loops agree on before a collective, so that every process calls it, with one shape."""
+    if mesh is None or jax.process_count() == 1:
+        return int(value)
+    return int(np.max(multihost_utils.process_allgather(np.asarray(value, np.int64))))
 
 
 def process_rows(rows: int, mesh: Mesh) -> slice:

@@ -39,7 +39,7 @@ from jax.sharding import Mesh
 from pgjax.core import token_logprobs
 from pgjax.models.transformer import CausalLM
 from pgjax.parallel.mesh import batch_shards, check_divisible_rows, constrain
-from pgjax.parallel.multihost import to_global
+from pgjax.parallel.multihost import process_rows, to_global
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -420,8 +420,12 @@ def append(model: CausalLM, timeline: Timeline, tokens, mask, mesh: Mesh | None 
     block. The cursor moves O slots. This is what carries a multi-turn rollout across turns: the
     environment's tokens go in once, never the whole history again."""
     tokens, mask = np.asarray(tokens), np.asarray(mask)
-    if tokens.shape != mask.shape or tokens.shape[0] != timeline.key_mask.shape[0]:
-        raise ValueError(f"tokens and mask must both be [R={timeline.key_mask.shape[0]}, O]; got {tokens.shape} "
+    rows = timeline.key_mask.shape[0]
+    if mesh is not None:                    # this process's rows of the timeline's (global) ones
+        mine = process_rows(rows, mesh)
+        rows = mine.stop - mine.start
+    if tokens.shape != mask.shape or tokens.shape[0] != rows:
+        raise ValueError(f"tokens and mask must both be [R={rows}, O] (this process's rows); got {tokens.shape} "
                          f"and {mask.shape}")
     if (np.diff(mask, axis=1) < 0).any() or not np.isin(mask, (0, 1)).all():
         raise ValueError("each row's appended block must be left-padded: its mask is 0...0 1...1")

@@ -31,7 +31,7 @@ from jax.sharding import Mesh
 from pgjax import core
 from pgjax.agents.environment import Environment, Step
 from pgjax.models.transformer import CausalLM
-from pgjax.parallel.multihost import to_global, to_host
+from pgjax.parallel.multihost import largest, to_global, to_host
 from pgjax.rewards import Conversation
 from pgjax.sample.sampler import SamplingConfig, append, decode_turn, start
 from pgjax.train.learner import Rollout
@@ -133,7 +133,10 @@ def run_episodes(policy: CausalLM, tokenizer, environment: Callable[[], Environm
     ``environment()``; ``sampling.max_new_tokens`` bounds each reply and ``sampling.eos_ids`` end a
     turn. Turn t draws with ``key`` folded with t (turn 0 with ``key`` itself, so a one-turn episode
     samples what ``generate`` does: the same tokens, and with ``limits.max_turns`` = 1, whose cache is
-    as long as ``generate``'s, the same log-probs to the last bit)."""
+    as long as ``generate``'s, the same log-probs to the last bit). On a ``mesh`` over several
+    processes ``examples`` are this process's share: it plays its own rows, and the processes agree
+    (``multihost.largest``) on whether a turn is left and on each observation block's width, so all
+    call the same compiled decode and append."""
     n, rows = sampling.n, len(examples) * sampling.n
     environments = [environment() for _ in range(rows)]
     openings = [env.reset(examples[r // n]) for r, env in enumerate(environments)]
@@ -154,7 +157,7 @@ def run_episodes(policy: CausalLM, tokenizer, environment: Callable[[], Environm
         for row, budget in zip(episodes, budgets):
             if not row.ended and budget <= 0:
                 row.ended = "tokens"
-        if not any(row.ended is None for row in episodes):
+        if not largest(any(row.ended is None for row in episodes), mesh):      # every process's rows
             break
         timeline, out = decode_turn(policy, timeline, key if turn == 0 else jax.random.fold_in(key, turn),
                                     np.where([row.ended is None for row in episodes], budgets, 0), sampling, mesh)
@@ -169,8 +172,9 @@ def run_episodes(policy: CausalLM, tokenizer, environment: Callable[[], Environm
                                          bool(ended[r]), last_turn=turn == limits.max_turns - 1)
                 if observation is not None:
                     blocks[r] = observation
-        if blocks:
-            width = min(-(-max(map(len, blocks.values())) // BLOCK_UNIT) * BLOCK_UNIT, limits.max_observation_tokens)
+        longest = largest(max(map(len, blocks.values()), default=0), mesh)    # one shape on every process
+        if longest:
+            width = min(-(-longest // BLOCK_UNIT) * BLOCK_UNIT, limits.max_observation_tokens)
             tokens, mask = np.full((rows, width), pad_id(tokenizer), np.int32), np.zeros((rows, width), np.int32)
             for r, ids in blocks.items():
                 tokens[r, width - len(ids):], mask[r, width - len(ids):] = ids, 1
@@ -367,8 +371,8 @@ def episode_rollout(episodes: Episodes, examples: list[dict], tokenizer, config:
                       batch=core.Batch(mask=host["mask"], rewards=host["rewards"], logp=None,
                                        behaviour_logp=host["behaviour_logp"], group_size=k))
     lengths = np.asarray(attention[:, width:].sum(1))              # gap-free: the episode's last column + 1
-    if config.trim_padding:
-        rollout = trim_padding(rollout, lengths)
+    if config.trim_padding:            # to the longest episode of every process's rows: one shape everywhere
+        rollout = trim_padding(rollout, np.array([largest(lengths.max(initial=0), mesh)]))
     texts = [tokenizer.decode(row[width:width + n]) for row, n in zip(tokens, lengths)]
     correct = np.nan_to_num(episodes.correct, nan=0.0)
     stats = {"reward": episodes.returns, "correct": correct, "length": episodes.mask.sum(1).astype(np.int32),
