@@ -37,7 +37,8 @@ STUDY = study.Study(
         variants={split: ("--set", f"task.held_out={split}") for split in TITLES},
         titles={s: f"{t} (`task.held_out={s}`)" for s, t in TITLES.items()}),),
     train_minutes=15, machine="the 2-core AMD EPYC of docs/real_models.md",
-    curve_title="Gemma 3 270M (base) on word_math")
+    curve_title="Gemma 3 270M (base) on word_math",
+    record_metrics=("accuracy", "length", "length_correct", "length_incorrect", "truncated"))
 
 if __name__ == "__main__":
     study.main(STUDY, description=__doc__)

@@ -78,7 +78,8 @@ class Study:
     """``methods``: ``{method: --set overrides of the experiment}``, each trained once per seed;
     ``references``: ``{name: pgjax.eval arguments after the base checkpoint}`` (its task options: a
     reference has no experiment.json); ``train_minutes``: the estimated time of one training job, and
-    ``machine`` the machine those estimates come from."""
+    ``machine`` the machine those estimates come from. ``record_metrics``: per-step record fields the
+    report tables per method, each window of ``record_window`` steps (``training_table``)."""
     name: str
     experiment: str
     base_model: str
@@ -89,6 +90,8 @@ class Study:
     train_minutes: float
     machine: str
     curve_title: str = ""
+    record_metrics: tuple[str, ...] = ()
+    record_window: int = 10
 
     def __post_init__(self):
         clashes = set(self.references) & {self.run_name(m, s) for m in self.methods for s in self.seeds}
@@ -223,6 +226,33 @@ class Study:
                     found.setdefault(method, {})[seed] = points
         return found
 
+    def training_table(self, out: pathlib.Path) -> str | None:
+        """Per method and window of ``record_window`` steps, each of ``record_metrics`` averaged over the
+        window's steps (steps where it is undefined left out) in each seed's kept record, then the mean
+        and the min-max over the seeds; and the greedy evaluation at the window's last step. None
+        without ``record_metrics`` or kept records."""
+        rows = []
+        for method in self.methods:
+            records = {seed: read_records(kept_record(self.run_name(method, seed), out).parent)
+                       for seed in self.seeds if kept_record(self.run_name(method, seed), out).exists()}
+            if not records:
+                continue
+            last = max(r["step"] for rs in records.values() for r in rs)
+            for start in range(1, last + 1, self.record_window):
+                end = min(start + self.record_window - 1, last)
+                cells = []
+                for name in (*self.record_metrics, "eval_accuracy"):
+                    per_seed = [_window_mean(rs, name, end if name == "eval_accuracy" else start, end)
+                                for rs in records.values()]
+                    cells.append(_spread_cell([v for v in per_seed if v is not None], name))
+                rows.append(f"| {method} | {len(records)} | {start}-{end} | " + " | ".join(cells) + " |")
+        if not self.record_metrics or not rows:
+            return None
+        names = [*self.record_metrics, "greedy eval at the window's end"]
+        return "\n".join([f"| method | seeds | steps | {' | '.join(names)} |", "|---|---:|---|" + "---:|" * len(names),
+                          *rows, "", f"Each cell: the mean over seeds of the seed's mean over the window's steps "
+                          f"(min-max over seeds in brackets), from the kept records in {out / 'records'}."])
+
     def report(self, runs: pathlib.Path, out: pathlib.Path) -> str | None:
         """The study's markdown (written to ``OUT/NAME.md``) and plot, from the outputs that exist; None
         while no table has its models evaluated (a paired one needs a reference and another model)."""
@@ -245,11 +275,30 @@ class Study:
         found = self.curves(out)
         if found:
             plot(found, out / f"{self.name}.png", self.curve_title or self.name)
+        training = self.training_table(out)
+        if training:
+            sections.append(f"### training, per {self.record_window} steps\n\n{training}")
         if not sections:
             return None
         text = "\n\n".join(sections)
         (out / f"{self.name}.md").write_text(text + "\n")
         return text
+
+
+def _window_mean(records: list[dict], name: str, start: int, end: int) -> float | None:
+    """The mean of ``name`` over the records of steps ``start``..``end`` that define it (None: none do)."""
+    values = [r[name] for r in records if start <= r["step"] <= end and r.get(name) is not None
+              and np.isfinite(r[name])]
+    return float(np.mean(values)) if values else None
+
+
+def _spread_cell(values: list[float], name: str) -> str:
+    """``mean [min, max]`` (one value: itself; none: ``-``); lengths to 0.1, the rest to 0.001."""
+    if not values:
+        return "-"
+    digits = 1 if "length" in name else 3
+    mean = f"{np.mean(values):.{digits}f}"
+    return mean if len(values) == 1 else f"{mean} [{min(values):.{digits}f}, {max(values):.{digits}f}]"
 
 
 def kept_record(model: str, out: pathlib.Path) -> pathlib.Path:

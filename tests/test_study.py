@@ -2,6 +2,7 @@
 training, a study whose RUNS is gone keeps what it kept, reports pair every model on the same prompts;
 the study files (experiments/smollm2_seeds.py, experiments/gemma3_seeds.py) build the commands they
 document. ``subprocess.run`` is replaced: nothing trains or evaluates here."""
+import dataclasses
 import importlib.util
 import json
 import pathlib
@@ -175,3 +176,27 @@ def test_a_study_that_would_clash_is_refused(change, message):
 def test_an_evaluation_whose_names_would_break_job_names_is_refused(kind, variants):
     with pytest.raises(ValueError, match="evaluation"):
         studies.Evaluation(kind, (), 1, variants=variants)
+
+
+def test_the_training_table_averages_each_window_then_the_seeds(tmp_path):
+    """Two seeds, windows of 2 steps: seed 0's accuracy 0.2, 0.4 | 0.6 and seed 1's 0.4, null | 0.8
+    give 0.3 and 0.4 (mean 0.35 [0.3, 0.4]) for steps 1-2, and 0.6, 0.8 for step 3; the greedy
+    evaluation is the one at the window's last step."""
+    study = studies.Study(
+        name="s", experiment="e.py", base_model="ckpt", methods={"m": ()}, seeds=(0, 1), references={"base": ()},
+        evaluations=(studies.Evaluation("eval", (), 1),), train_minutes=1, machine="x",
+        record_metrics=("accuracy", "length"), record_window=2)
+    out = tmp_path / "out"
+    rows = {0: [(0, None, None, 0.1), (1, 0.2, 10, None), (2, 0.4, 12, 0.5), (3, 0.6, 14, 0.7)],
+            1: [(0, None, None, 0.1), (1, 0.4, 20, None), (2, None, 20, 0.3), (3, 0.8, 30, 0.9)]}
+    for seed, steps in rows.items():
+        path = studies.kept_record(f"m_s{seed}", out)
+        path.parent.mkdir(parents=True)
+        path.write_text("".join(json.dumps({"step": step, "accuracy": accuracy, "length": length,
+                                            "eval_accuracy": evaluation}) + "\n"
+                                for step, accuracy, length, evaluation in steps))
+    table = study.training_table(out).splitlines()
+    assert table[0] == "| method | seeds | steps | accuracy | length | greedy eval at the window's end |"
+    assert table[2] == "| m | 2 | 1-2 | 0.350 [0.300, 0.400] | 15.5 [11.0, 20.0] | 0.400 [0.300, 0.500] |"
+    assert table[3] == "| m | 2 | 3-3 | 0.700 [0.600, 0.800] | 22.0 [14.0, 30.0] | 0.800 [0.700, 0.900] |"
+    assert dataclasses.replace(study, record_metrics=()).training_table(out) is None
