@@ -10,6 +10,7 @@ import importlib.util
 import json
 import pathlib
 import struct
+import subprocess
 import sys
 
 import jax
@@ -36,10 +37,39 @@ from pgjax.train.rollout import RolloutConfig, encode_prompts
 XLA_COLLECTIVE_HANG = "Termination timeout for"
 
 
+def fake_commands(calls: list, trained, evaluated):
+    """A stand-in for ``subprocess.run`` in the study scripts' tests: each ``python -m pgjax.run`` /
+    ``pgjax.eval`` command is appended to ``calls`` (without ``python -m``) and handed to
+    ``trained(run_dir, command)`` / ``evaluated(command)``, which write what the real one would; any
+    other command (matplotlib's fc-list, say) really runs."""
+    real_run = subprocess.run
+
+    def run(command, check, **options):
+        if command[:2] != [sys.executable, "-m"]:
+            return real_run(command, check=check, **options)
+        calls.append(command[2:])
+        if command[2] == "pgjax.run":
+            directory = pathlib.Path(next(a for a in command if a.startswith("run_dir=")).split("=", 1)[1])
+            trained(directory, command)
+        else:
+            evaluated(command)
+    return run
+
+
 def load_benchmark(name: str):
-    """``benchmarks/<name>.py`` imported as a module, its folder on ``sys.path`` while it loads (for
-    the sibling modules it imports)."""
-    folder = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
+    """``benchmarks/<name>.py`` imported as a module (``load_script``)."""
+    return load_script("benchmarks", name)
+
+
+def load_experiment_script(name: str):
+    """``experiments/<name>.py`` imported as a module (``load_script``)."""
+    return load_script("experiments", name)
+
+
+def load_script(folder: str, name: str):
+    """``<folder>/<name>.py`` of the repository imported as a module, its folder on ``sys.path`` while
+    it loads (for the sibling modules it imports)."""
+    folder = pathlib.Path(__file__).resolve().parents[1] / folder
     spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(folder))

@@ -3,24 +3,16 @@ experiments/off_policy.py) run end to end in their smoke setting and write metri
 a study run again keeps the seeds it already has; the per-difficulty weights agree with a
 hand-computed example; the real-model off-policy script (experiments/smollm2_off_policy.py) trains
 and evaluates only what is missing and tables what the runs recorded."""
-import importlib.util
 import json
 import pathlib
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+from helpers import fake_commands, load_experiment_script
+
 EXPERIMENTS = pathlib.Path(__file__).parent.parent / "experiments"
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_bucket_measures_match_a_hand_computed_example():
@@ -28,7 +20,7 @@ def test_bucket_measures_match_a_hand_computed_example():
     group 2 (d=2): (2, 0, [0, 0]), (2, 0, [0, 0]); group 3 (d=3): (3, 1, [2, 0]), (3, 1, [0, -1]).
     sum |c|: d1 = 2, d2 = 0, d3 = 3 of 5; accuracy .5, 0, 1; group 2 all wrong, group 3 all right;
     one group (group 1, weight 2) has k = 1 correct response of 2."""
-    db = _load("difficulty_bias")
+    db = load_experiment_script("difficulty_bias")
     weights = np.array([[.5, .5], [-1, 0], [0, 0], [0, 0], [2, 0], [0, -1]])
     got = db.bucket_measures(weights, np.array([1, 0, 0, 0, 1, 1.0]), np.array([1, 1, 2, 2, 3, 3]), 2)
     want = {"weight_1": 2.0, "weight_2": 0.0, "weight_3": 3.0, "weight_share_1": 0.4, "weight_share_2": 0.0,
@@ -40,7 +32,7 @@ def test_bucket_measures_match_a_hand_computed_example():
 
 
 def test_weight_per_group_prediction_is_k_times_k_minus_k_or_its_square_root():
-    db = _load("difficulty_bias")
+    db = load_experiment_script("difficulty_bias")
     assert db.predicted_weight_per_group(1, 8, divide_by_std=False) == pytest.approx(7 / 16)
     assert db.predicted_weight_per_group(1, 8, divide_by_std=True) == pytest.approx((7 / 16) ** 0.5)
     assert db.predicted_weight_per_group(4, 8, divide_by_std=True) == pytest.approx(1.0)
@@ -48,7 +40,7 @@ def test_weight_per_group_prediction_is_k_times_k_minus_k_or_its_square_root():
 
 @pytest.mark.slow
 def test_length_bias_smoke_run_writes_its_metrics_table_and_plot(tmp_path):
-    lb = _load("length_bias")
+    lb = load_experiment_script("length_bias")
     summary = lb.main(["--smoke", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
     assert set(summary) == {"grpo", "std_only", "length_only", "dr_grpo"}
     saved = json.loads((tmp_path / "out" / "summary.json").read_text())
@@ -63,7 +55,7 @@ def test_length_bias_smoke_run_writes_its_metrics_table_and_plot(tmp_path):
 
 @pytest.mark.slow
 def test_difficulty_bias_smoke_run_logs_per_difficulty_weights(tmp_path):
-    db = _load("difficulty_bias")
+    db = load_experiment_script("difficulty_bias")
     db.main(["--smoke", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
     record = json.loads((tmp_path / "runs" / "std" / "seed0" / "metrics.jsonl").read_text().splitlines()[-1])
     for d in (1, 2, 3):
@@ -74,7 +66,7 @@ def test_difficulty_bias_smoke_run_logs_per_difficulty_weights(tmp_path):
 
 @pytest.mark.slow
 def test_off_policy_smoke_run_logs_mismatch_and_a_second_run_keeps_the_finished_seed(tmp_path):
-    op = _load("off_policy")
+    op = load_experiment_script("off_policy")
     op.VARIANTS = {name: op.VARIANTS[name] for name in ("s0", "s1_token_tis", "s2_clip_mu")}   # of the 12
     argv = ["--smoke", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out")]
     summary = op.main(argv)
@@ -98,29 +90,23 @@ def _fake_smollm2_step(step: int) -> dict:
 
 def _fake_smollm2_subprocess(calls):
     """Stands in for ``pgjax.run`` (a two-step run: final/ and metrics.jsonl) and ``pgjax.eval`` (a JSON)."""
-    real_run = subprocess.run
+    def trained(directory, command):
+        (directory / "final").mkdir(parents=True)
+        records = [{"step": 0, "eval_accuracy": 0.3}, _fake_smollm2_step(1), _fake_smollm2_step(2),
+                   {"step": 2, "eval_accuracy": 0.5}]
+        (directory / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
 
-    def run(command, check, **options):
-        if command[:2] != [sys.executable, "-m"]:          # not the study's (matplotlib's fc-list, say)
-            return real_run(command, check=check, **options)
-        calls.append(command[2:])
-        if command[2] == "pgjax.run":
-            directory = pathlib.Path(next(a for a in command if a.startswith("run_dir=")).split("=", 1)[1])
-            (directory / "final").mkdir(parents=True)
-            records = [{"step": 0, "eval_accuracy": 0.3}, _fake_smollm2_step(1), _fake_smollm2_step(2),
-                       {"step": 2, "eval_accuracy": 0.5}]
-            (directory / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-        else:
-            metric = {"value": 0.5, "ci95": [0.4, 0.6]}
-            metrics = {key: metric for key in ("greedy_accuracy", "pass@1", "pass@8", "truncation_rate")}
-            pathlib.Path(command[-1]).write_text(json.dumps(
-                {"metrics": {**metrics, "mean_length": {"value": 20.0, "ci95": [18.0, 22.0]}}}))
-    return run
+    def evaluated(command):
+        metric = {"value": 0.5, "ci95": [0.4, 0.6]}
+        metrics = {key: metric for key in ("greedy_accuracy", "pass@1", "pass@8", "truncation_rate")}
+        pathlib.Path(command[-1]).write_text(json.dumps(
+            {"metrics": {**metrics, "mean_length": {"value": 20.0, "ci95": [18.0, 22.0]}}}))
+    return fake_commands(calls, trained, evaluated)
 
 
 def test_smollm2_off_policy_trains_and_evaluates_only_what_is_missing_and_tables_the_records(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(EXPERIMENTS))                 # its sibling import, as when run as a script
-    sp = _load("smollm2_off_policy")
+    sp = load_experiment_script("smollm2_off_policy")
     runs, out, calls = tmp_path / "runs", tmp_path / "out", []
     with pytest.raises(SystemExit, match="no variant has both a final policy"):
         sp.main(["--report", "--runs", str(runs), "--out", str(out)])
@@ -163,7 +149,7 @@ def test_a_study_keeps_only_seeds_every_variant_finished_under_the_same_settings
 def test_smollm2_off_policy_reads_the_truncation_of_old_and_new_reports(monkeypatch):
     """Reports before the finish rate hold ``truncation_rate``; newer ones ``finish_rate``, its complement."""
     monkeypatch.syspath_prepend(str(EXPERIMENTS))
-    sp = _load("smollm2_off_policy")
+    sp = load_experiment_script("smollm2_off_policy")
     new = sp.truncation({"finish_rate": {"value": 0.75, "ci95": [0.625, 0.875], "interval": "bootstrap"}})
     assert new == {"value": 0.25, "ci95": [0.125, 0.375]}
     old = {"value": 0.4, "ci95": [0.3, 0.5], "interval": "wilson"}

@@ -3,26 +3,17 @@ training, a study whose RUNS is gone keeps what it kept, reports pair every mode
 the study files (experiments/smollm2_seeds.py, experiments/gemma3_seeds.py) build the commands they
 document. ``subprocess.run`` is replaced: nothing trains or evaluates here."""
 import dataclasses
-import importlib.util
 import json
 import pathlib
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+from helpers import fake_commands, load_experiment_script
 from pgjax import study as studies
 
 EXPERIMENTS = pathlib.Path(__file__).parent.parent / "experiments"
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _fake_report(greedy, sampled_correct, samples: int, budget: int) -> dict:
@@ -46,29 +37,24 @@ def lines_of(plan: str) -> dict:
 def fake_subprocess(monkeypatch, base_model: str) -> list:
     """Replace ``pgjax.study``'s ``subprocess.run``: training makes ``final/`` and a two-point record,
     evaluation writes a report (the base model's worse than a trained run's); returns the calls."""
-    calls, real_run = [], subprocess.run
+    calls = []
 
-    def run(command, check, **options):
-        if command[:2] != [sys.executable, "-m"]:          # not the study's (matplotlib's fc-list, say)
-            return real_run(command, check=check, **options)
-        calls.append(command[2:])
-        if command[2] == "pgjax.run":
-            directory = pathlib.Path(next(a for a in command if a.startswith("run_dir=")).split("=", 1)[1])
-            (directory / "final").mkdir(parents=True)
-            (directory / "metrics.jsonl").write_text('{"step": 0, "eval_accuracy": 0.3}\n'
-                                                     '{"step": 40, "eval_accuracy": 0.5}\n')
-        else:
-            trained = command[3] != base_model
-            report = _fake_report([1, 1, 1, 0] if trained else [0, 1, 0, 0], [4, 3, 2, 1] if trained else [1, 1, 0, 0],
-                                  4, 64)
-            pathlib.Path(command[-1]).write_text(json.dumps(report))
+    def trained(directory, command):
+        (directory / "final").mkdir(parents=True)
+        (directory / "metrics.jsonl").write_text('{"step": 0, "eval_accuracy": 0.3}\n'
+                                                 '{"step": 40, "eval_accuracy": 0.5}\n')
 
-    monkeypatch.setattr(studies.subprocess, "run", run)
+    def evaluated(command):
+        better = command[3] != base_model
+        report = _fake_report([1, 1, 1, 0] if better else [0, 1, 0, 0], [4, 3, 2, 1] if better else [1, 1, 0, 0], 4, 64)
+        pathlib.Path(command[-1]).write_text(json.dumps(report))
+
+    monkeypatch.setattr(studies.subprocess, "run", fake_commands(calls, trained, evaluated))
     return calls
 
 
 def test_smollm2_seeds_runs_each_missing_job_once_and_reports_the_paired_tables(tmp_path, monkeypatch):
-    study = _load("smollm2_seeds").STUDY
+    study = load_experiment_script("smollm2_seeds").STUDY
     runs, out = tmp_path / "runs", tmp_path / "out"
     arguments = ["--runs", str(runs), "--out", str(out)]
     main = lambda argv: studies.main(study, argv)      # noqa: E731
@@ -123,7 +109,7 @@ def test_gemma3_seeds_evaluates_the_base_model_through_the_experiments_prompt_te
     """The base model has no experiment.json: its evaluation carries the experiment's task options, so
     its prompts, template and stop are the trained runs' (escapes as ``--set`` gives them)."""
     from pgjax.train.experiment import load as load_experiment
-    study = _load("gemma3_seeds").STUDY
+    study = load_experiment_script("gemma3_seeds").STUDY
     calls = fake_subprocess(monkeypatch, "models/gemma3-270m")
     runs, out = tmp_path / "runs", tmp_path / "out"
     studies.main(study, ["--jobs", "eval:base:numbers", "--runs", str(runs), "--out", str(out)])
