@@ -68,9 +68,10 @@ def initialize(config: DistributedConfig = DistributedConfig(), environ=os.envir
     jax.distributed.initialize(coordinator_address=config.coordinator_address or None, num_processes=num,
                                process_id=None if pid is None else int(pid))
     if jax.process_count() > 1 and jax.default_backend() == "cpu":
-        # Every process reads the persistent cache, which holds process 0's executables; on CPU a process
-        # that runs another's hangs in its first cross-process collective (seen with a warm cache:
-        # docs/scaling.md), so CPU runs of several processes compile afresh
+        # JAX's persistent cache is written by process 0 and read by every process; on CPU, with it warm,
+        # a 2-process run hung in its first cross-process decode every time, and never with it cold or
+        # off (the cause inside XLA not pinned down: docs/scaling.md), so CPU runs of several processes
+        # compile afresh
         jax.config.update("jax_enable_compilation_cache", False)
     return True
 
