@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pgjax.train import paired
-from pgjax.train.evaluation import budgets_of
+from pgjax.train.evaluation import budgets_of, digits_of
 from pgjax.train.evaluation import to_markdown as evaluation_table
 from pgjax.train.sinks import read_records
 
@@ -120,7 +120,7 @@ class Study:
         """Every job of the study, in the order it runs: training, then each evaluation in turn."""
         jobs = [f"train:{m}:{s}" for m in self.methods for s in self.seeds]
         for e in self.evaluations:
-            jobs += [f"{e.kind}:{model}" + (f":{v}" if v else "") for model in (e.models or self.models())
+            jobs += [job_name(e.kind, model, v) for model in (e.models or self.models())
                      for v in e.variants]
         return jobs
 
@@ -202,9 +202,8 @@ class Study:
     def paired_report(self, evaluation: Evaluation, variant: str, runs: pathlib.Path, out: pathlib.Path) -> str | None:
         """``pgjax.eval compare``'s tables for one evaluation and variant: the references and each method
         with the seeds evaluated so far; None unless a reference and one other model are evaluated."""
-        suffix = f":{variant}" if variant else ""
-        found = {ref: [self.output(f"{evaluation.kind}:{ref}{suffix}", runs, out)] for ref in self.references}
-        found.update({m: [self.output(f"{evaluation.kind}:{self.run_name(m, s)}{suffix}", runs, out)
+        found = {ref: [self.output(job_name(evaluation.kind, ref, variant), runs, out)] for ref in self.references}
+        found.update({m: [self.output(job_name(evaluation.kind, self.run_name(m, s), variant), runs, out)
                           for s in self.seeds] for m in self.methods})
         groups = {label: [paired.load_evaluation(p) for p in paths if p.exists()] for label, paths in found.items()}
         groups = {label: reports for label, reports in groups.items() if reports}
@@ -265,7 +264,7 @@ class Study:
                         sections.append(f"### {evaluation.title(variant)}\n\n{table}")
                     continue
                 for model in evaluation.models or self.models():
-                    path = self.output(f"{evaluation.kind}:{model}" + (f":{variant}" if variant else ""), runs, out)
+                    path = self.output(job_name(evaluation.kind, model, variant), runs, out)
                     if path.exists():
                         table = evaluation_table(budgets_of(json.loads(path.read_text())))
                         sections.append(f"### {evaluation.title(variant)}: {model}\n\n{table}")
@@ -285,6 +284,11 @@ class Study:
         return text
 
 
+def job_name(kind: str, model: str, variant: str = "") -> str:
+    """An evaluation job's name: ``KIND:MODEL``, with ``:VARIANT`` where it has one."""
+    return f"{kind}:{model}" + (f":{variant}" if variant else "")
+
+
 def _window_mean(records: list[dict], name: str, start: int, end: int) -> float | None:
     """The mean of ``name`` over the records of steps ``start``..``end`` that define it (None: none do)."""
     values = [r[name] for r in records if start <= r["step"] <= end and r.get(name) is not None
@@ -296,7 +300,7 @@ def _spread_cell(values: list[float], name: str) -> str:
     """``mean [min, max]`` (one value: itself; none: ``-``); lengths to 0.1, the rest to 0.001."""
     if not values:
         return "-"
-    digits = 1 if "length" in name else 3
+    digits = digits_of(name)
     mean = f"{np.mean(values):.{digits}f}"
     return mean if len(values) == 1 else f"{mean} [{min(values):.{digits}f}, {max(values):.{digits}f}]"
 

@@ -392,11 +392,16 @@ INTERVALS = {"wilson": "Wilson score interval (one 0/1 outcome per prompt)",
                           "responses are resampled together)"}
 
 
+def digits_of(name: str) -> int:
+    """Decimals a table shows of metric ``name``: lengths (tokens) to 0.1, rates to 0.001."""
+    return 1 if "length" in name else 3
+
+
 def _cell(name: str, metric: dict) -> str:
     """``value [low, high]`` (lengths to 0.1, the rest to 0.001; ``-`` where undefined)."""
     if metric["value"] is None:
         return "-"
-    digits = 1 if "length" in name else 3
+    digits = digits_of(name)
     interval = "" if metric["ci95"] is None else " [{:.{d}f}, {:.{d}f}]".format(*metric["ci95"], d=digits)
     return f"{metric['value']:.{digits}f}{interval}"
 

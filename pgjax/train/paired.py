@@ -28,7 +28,8 @@ import pathlib
 
 import numpy as np
 
-from pgjax.train.evaluation import RESAMPLES, bootstrap_means, budgets_of, integer_array, percentile_interval
+from pgjax.train.evaluation import (RESAMPLES, bootstrap_means, budgets_of, digits_of, integer_array,
+                                    percentile_interval)
 
 # metric: (the per-prompt count of successes in a report's per_prompt, the trials per run per prompt)
 PAIRED = {"greedy_accuracy": ("greedy_correct", lambda ev: 1), "pass@1": ("sampled_correct", lambda ev: ev["samples"]),
@@ -179,7 +180,7 @@ def to_markdown(comparison: dict) -> str:
     names = list(dict.fromkeys(n for m in models.values() for n in m["metrics"]))
     rows = ["| model | runs | budget | " + " | ".join(names) + " |", "|---|---:|---:|" + "---:|" * len(names)]
     for label, m in models.items():
-        cells = " | ".join(_spread(m["metrics"][n], 1 if "length" in n else 3) if n in m["metrics"] else "-"
+        cells = " | ".join(_spread(m["metrics"][n], digits_of(n)) if n in m["metrics"] else "-"
                            for n in names)
         rows.append(f"| {label} | {len(m['runs'])} | {', '.join(map(str, m['budgets']))} | {cells} |")
     rows += ["", "| B - A | metric | mean difference | 95% CI (paired bootstrap) | p (exact sign-flip) |",
