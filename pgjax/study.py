@@ -12,8 +12,9 @@ and calls ``main(STUDY)``; its command line:
 
 The jobs, in order:
 
-- ``train:METHOD:SEED``: ``python -m pgjax.run EXPERIMENT`` from ``--base-model`` with ``seed=SEED``
-  and the method's overrides, into ``RUNS/METHOD_sSEED`` (resumed when it has checkpoints);
+- ``train:METHOD:SEED``: ``python -m pgjax.run EXPERIMENT`` from ``--base-model`` (or, for a method
+  that ``continues`` another, from that method's run of the same seed) with ``seed=SEED`` and the
+  method's overrides, into ``RUNS/METHOD_sSEED`` (resumed when it has checkpoints);
 - ``KIND:MODEL[:VARIANT]``, one per ``Evaluation``: ``python -m pgjax.eval`` of a reference (the base
   checkpoint with the reference's task arguments) or of a trained run (whose ``experiment.json``
   gives its task), with the evaluation's arguments and the variant's, into ``OUT/KIND/MODEL[_VARIANT].json``.
@@ -79,7 +80,10 @@ class Study:
     ``references``: ``{name: pgjax.eval arguments after the base checkpoint}`` (its task options: a
     reference has no experiment.json); ``train_minutes``: the estimated time of one training job, and
     ``machine`` the machine those estimates come from. ``record_metrics``: per-step record fields the
-    report tables per method, each window of ``record_window`` steps (``training_table``)."""
+    report tables per method, each window of ``record_window`` steps (``training_table``).
+    ``continues``: ``{method: earlier method}``: each seed's run of the method starts from the final
+    policy of the earlier method's run of the same seed, not from the base model (a warm start
+    shared by the methods compared after it)."""
     name: str
     experiment: str
     base_model: str
@@ -92,8 +96,14 @@ class Study:
     curve_title: str = ""
     record_metrics: tuple[str, ...] = ()
     record_window: int = 10
+    continues: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
+        order = list(self.methods)
+        wrong = {m: e for m, e in self.continues.items() if m not in order or e not in order[:order.index(m)]}
+        if wrong:
+            raise ValueError(f"study {self.name}: a method continues an earlier method of the study, got {wrong} "
+                             f"(methods in order: {order})")
         clashes = set(self.references) & {self.run_name(m, s) for m in self.methods for s in self.seeds}
         kinds = [e.kind for e in self.evaluations]
         if clashes or len(set(kinds)) != len(kinds) or not self.references:
@@ -136,9 +146,16 @@ class Study:
             return runs / self.trained_by(job) / "final"
         return out / kind / ("_".join(rest) + ".json")
 
+    def starting_run(self, job: str) -> str | None:
+        """The trained run whose final policy training job ``job`` starts from (None: the base model)."""
+        _, method, seed = job.split(":")
+        return self.run_name(self.continues[method], int(seed)) if method in self.continues else None
+
     def policy_users(self, model: str) -> list[str]:
-        """The jobs that read trained run ``model``'s final policy."""
-        return [job for job in self.jobs() if not job.startswith("train:") and job.split(":")[1] == model]
+        """The jobs that read trained run ``model``'s final policy: its evaluations and the training jobs
+        that continue it."""
+        return [job for job in self.jobs() if (self.starting_run(job) if job.startswith("train:")
+                                               else job.split(":")[1]) == model]
 
     def done(self, job: str, runs: pathlib.Path, out: pathlib.Path) -> bool:
         """Whether ``job`` has nothing left to do: its output exists, or, for a training job whose policy
@@ -149,7 +166,7 @@ class Study:
             return True
         if not job.startswith("train:"):
             return False
-        return all(self.output(j, runs, out).exists() for j in self.policy_users(self.trained_by(job)))
+        return all(self.done(j, runs, out) for j in self.policy_users(self.trained_by(job)))
 
     def command(self, job: str, runs: pathlib.Path, out: pathlib.Path, base_model: str) -> list[str]:
         """The command line of ``job``."""
@@ -157,7 +174,9 @@ class Study:
         if kind == "train":
             method, seed = rest[0], int(rest[1])
             directory = runs / self.run_name(method, seed)
-            sets = [f"run_dir={directory}", f"seed={seed}", f"model.path={base_model}", *self.methods[method]]
+            start = self.starting_run(job)
+            start = str(runs / start / "final") if start else base_model
+            sets = [f"run_dir={directory}", f"seed={seed}", f"model.path={start}", *self.methods[method]]
             resume = ["--resume"] if any((directory / "checkpoints").glob("*")) else []
             return [sys.executable, "-m", "pgjax.run", self.experiment, "--no-progress",
                     *[arg for s in sets for arg in ("--set", s)], *resume]
@@ -173,9 +192,10 @@ class Study:
         if self.done(job, runs, out):
             return
         kind, model = job.split(":")[:2]
-        if kind != "train" and model not in self.references and not (runs / model / "final").exists():
-            method, seed = model.rsplit("_s", 1)
-            raise SystemExit(f"{job}: {runs / model} has no final policy: run train:{method}:{seed} first")
+        needed = self.starting_run(job) if kind == "train" else None if model in self.references else model
+        if needed and not (runs / needed / "final").exists():
+            method, seed = needed.rsplit("_s", 1)
+            raise SystemExit(f"{job}: {runs / needed} has no final policy: run train:{method}:{seed} first")
         self.output(job, runs, out).parent.mkdir(parents=True, exist_ok=True)
         command = self.command(job, runs, out, base_model)
         print(f"{job}: {' '.join(command)}", flush=True)

@@ -56,7 +56,8 @@ def test_every_result_at_a_glance_links_to_the_page_that_backs_it():
 GENERATED = {"algorithm-table": "python -m pgjax.demo --table",
              "audit-table": "python -m pgjax.theory.audit",
              "off-policy-table": "python -m pgjax.theory.off_policy",
-             "masking-table": "python -m pgjax.theory.multiturn"}
+             "masking-table": "python -m pgjax.theory.multiturn",
+             "learned-reward-table": "python -m pgjax.theory.learned_reward"}
 
 
 def _generated(name: str) -> str:
@@ -95,6 +96,13 @@ def test_masking_table_is_the_commands_output(x64):
     from pgjax.theory import multiturn
     assert _generated("masking-table") == multiturn.report().strip(), \
         "the masking table is stale: paste `python -m pgjax.theory.multiturn`"
+
+
+@pytest.mark.slow
+def test_learned_reward_table_is_the_commands_output(x64):
+    from pgjax.theory import learned_reward
+    assert _generated("learned-reward-table") == learned_reward.report().strip(), \
+        "the learned-reward table is stale: paste `python -m pgjax.theory.learned_reward`"
 
 
 def test_training_study_tables_are_the_saved_results():

@@ -186,3 +186,37 @@ def test_the_training_table_averages_each_window_then_the_seeds(tmp_path):
     assert table[2] == "| m | 2 | 1-2 | 0.350 [0.300, 0.400] | 15.5 [11.0, 20.0] | 0.400 [0.300, 0.500] |"
     assert table[3] == "| m | 2 | 3-3 | 0.700 [0.600, 0.800] | 22.0 [14.0, 30.0] | 0.800 [0.700, 0.900] |"
     assert dataclasses.replace(study, record_metrics=()).training_table(out) is None
+
+
+def test_a_method_that_continues_another_starts_from_its_run_of_the_same_seed(tmp_path, monkeypatch):
+    """experiments/smollm2_tools_seeds.py: ``warm_rl`` of seed s starts from ``warm`` of seed s, waits for
+    it, and keeps it needed while ``warm_rl`` is to train; the tool-prompt reference sets the tools."""
+    study = load_experiment_script("smollm2_tools_seeds").STUDY
+    runs, out, base = tmp_path / "runs", tmp_path / "out", "models/smollm2-135m-instruct"
+    calls = fake_subprocess(monkeypatch, base)
+    with pytest.raises(SystemExit, match="train:warm_rl:1: .*warm_s1 has no final policy: run train:warm:1 first"):
+        study.run_job("train:warm_rl:1", runs, out, base)
+    for job in ("train:warm:1", "train:warm_rl:1", "eval:base_tool_prompt"):
+        study.run_job(job, runs, out, base)
+    warm, rl, reference = calls
+    assert f"model.path={base}" in warm and "steps=0" in warm and "warm_start.steps=10" in warm
+    assert f"model.path={runs / 'warm_s1' / 'final'}" in rl and "seed=1" in rl and "warm_start.steps=0" in rl
+    assert rl.index(f"model.path={runs / 'warm_s1' / 'final'}") < rl.index("warm_start.steps=0")
+    assert reference[1] == base and "task.tools=calculator" in reference and "rollout.max_turns=3" in reference
+    assert study.policy_users("warm_s1")[0] == "train:warm_rl:1"
+    # warm_s1's policy is gone with RUNS: it is not done until warm_rl_s1 and every evaluation of both are
+    shutil.rmtree(runs / "warm_s1")
+    assert not study.done("train:warm:1", runs, out)
+    for model in ("warm_s1", "warm_rl_s1"):
+        path = study.output(studies.job_name("eval", model), runs, out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("{}")
+    assert study.done("train:warm:1", runs, out)
+
+
+@pytest.mark.parametrize("continues", [{"m": "m"}, {"m": "later"}, {"gone": "m"}])
+def test_a_method_may_continue_only_an_earlier_method(continues):
+    with pytest.raises(ValueError, match="continues an earlier method"):
+        studies.Study(name="s", experiment="e.py", base_model="ckpt", methods={"m": (), "later": ()}, seeds=(0,),
+                      references={"base": ()}, evaluations=(studies.Evaluation("eval", (), 1),), train_minutes=1,
+                      machine="x", continues=continues)

@@ -73,15 +73,18 @@ def _tuples(num_trajectories: int, k: int) -> np.ndarray:
     return np.stack([g.reshape(-1) for g in grids], axis=1)
 
 
-def _batch(mdp, prompt, rows, logp_all, values_all, greedy, k, behaviour_all=None):
-    """The library's Batch for K responses ``rows`` to ``prompt`` (with mu's log-probs when given)."""
+def _batch(mdp, prompt, rows, logp_all, values_all, greedy, k, behaviour_all=None, reference_all=None):
+    """The library's Batch for K responses ``rows`` to ``prompt`` (with mu's and the reference policy's
+    log-probs when given)."""
     mask = jnp.asarray(mdp_lib.loss_mask(mdp))[rows]
     rewards = jnp.asarray(mdp.outcome_rewards)[prompt, rows] if mdp.outcome \
         else jnp.asarray(mdp.rewards)[prompt, rows]
     values = values_all[prompt][jnp.asarray(mdp.states)[rows]]
     behaviour = None if behaviour_all is None else behaviour_all[prompt, rows]
+    reference = None if reference_all is None else reference_all[prompt, rows]
     return core.Batch(mask=mask, rewards=rewards, logp=logp_all[prompt, rows], values=values,
-                      greedy_rewards=jnp.full((k,), greedy[prompt]), group_size=k, behaviour_logp=behaviour)
+                      greedy_rewards=jnp.full((k,), greedy[prompt]), group_size=k, behaviour_logp=behaviour,
+                      ref_logp=reference)
 
 
 def spec_correction_weights(spec: core.Spec, hp: core.HParams, batch: core.Batch):
@@ -127,19 +130,18 @@ def _moments_fn(mdp, logits_fn, spec: core.Spec, hp: core.HParams, k: int):
     if hit is not None and hit[0] is mdp and hit[1] is logits_fn:
         return hit[2]
 
-    def estimate(th, values_all, greedy, behaviour_all, prompt, rows):
-        def loss(t):
+    def estimate(th, values_all, greedy, behaviour_all, reference_all, prompt, rows):
+        def batch(t):
             logp_all = mdp_lib.loss_logprobs(mdp, logits_fn(t))
-            return core.loss(spec, _batch(mdp, prompt, rows, logp_all, values_all, greedy, k, behaviour_all), hp)[0]
-        logp_all = mdp_lib.loss_logprobs(mdp, logits_fn(th))
-        c = spec_correction_weights(spec, hp, _batch(mdp, prompt, rows, logp_all, values_all, greedy, k, behaviour_all))
+            return _batch(mdp, prompt, rows, logp_all, values_all, greedy, k, behaviour_all, reference_all)
+        c = spec_correction_weights(spec, hp, batch(th))
         sums = jnp.stack([jnp.sum(jnp.asarray(mdp_lib.loss_mask(mdp))[rows]), jnp.sum(c), jnp.sum(c * c)])
-        return -jax.grad(loss)(th).reshape(-1), sums
+        return -jax.grad(lambda t: core.loss(spec, batch(t), hp)[0])(th).reshape(-1), sums
 
     @jax.jit
-    def moments(th, values_all, greedy, behaviour_all, prompt, rows, weights):
-        g, sums = jax.vmap(estimate, in_axes=(None, None, None, None, None, 0))(
-            th, values_all, greedy, behaviour_all, prompt, rows)
+    def moments(th, values_all, greedy, behaviour_all, reference_all, prompt, rows, weights):
+        g, sums = jax.vmap(estimate, in_axes=(None, None, None, None, None, None, 0))(
+            th, values_all, greedy, behaviour_all, reference_all, prompt, rows)
         return weights @ g, weights @ jnp.sum(g * g, axis=1), weights @ sums
 
     if len(_COMPILED) >= 64:
@@ -149,15 +151,18 @@ def _moments_fn(mdp, logits_fn, spec: core.Spec, hp: core.HParams, k: int):
 
 
 def audit(mdp: mdp_lib.TokenMDP, policy, theta, algo: core.Algorithm, hp: core.HParams | None = None,
-          k: int = 2, chunk: int = 4096, state_baseline=None, behaviour_logits=None) -> AuditResult:
+          k: int = 2, chunk: int = 4096, state_baseline=None, behaviour_logits=None,
+          reference_logits=None) -> AuditResult:
     """Exact E[g] and trace E[g g^T] of ``algo``'s gradient estimate with K samples per prompt.
 
     ``policy`` is ``(logits_fn, shape)`` from ``mdp.tabular_policy`` / ``shared_policy``.
     The value baseline b(s_t) is ``state_baseline`` ([P, S]), by default the exact
     V_pi(s_t); ReMax's is the greedy trajectory's reward. ``behaviour_logits`` ([P, S, V]):
     the sampler's policy mu, which draws the responses and gives ``Batch.behaviour_logp``
-    (None: on-policy, mu = pi). The result also holds E[sum_t 1], E[sum_t c_t] and
-    E[sum_t c_t^2] of the correction's token weights (``spec_correction_weights``).
+    (None: on-policy, mu = pi). ``reference_logits`` ([P, S, V]): the reference policy of the spec's
+    KL term (``Batch.ref_logp``; None: none, and the term must be off). The result also holds
+    E[sum_t 1], E[sum_t c_t] and E[sum_t c_t^2] of the correction's token weights
+    (``spec_correction_weights``).
     """
     logits_fn, _ = policy
     hp = algo.hparams if hp is None else hp
@@ -168,6 +173,8 @@ def audit(mdp: mdp_lib.TokenMDP, policy, theta, algo: core.Algorithm, hp: core.H
     greedy = jnp.asarray(mdp_lib.greedy_rewards(mdp, logits))
     sampler = logits if behaviour_logits is None else jnp.asarray(behaviour_logits, theta.dtype)
     behaviour_all = None if behaviour_logits is None else mdp_lib.loss_logprobs(mdp, sampler)
+    reference_all = None if reference_logits is None else \
+        mdp_lib.loss_logprobs(mdp, jnp.asarray(reference_logits, theta.dtype))
     traj_logp = np.asarray(jnp.sum(mdp_lib.step_logprobs(mdp, sampler), axis=2))         # [P, N]
     tuples = _tuples(mdp.num_trajectories, k)
     true_grad = np.asarray(jax.grad(lambda th: mdp_lib.objective(mdp, logits_fn(th)))(theta)).reshape(-1)
@@ -185,7 +192,7 @@ def audit(mdp: mdp_lib.TokenMDP, policy, theta, algo: core.Algorithm, hp: core.H
                 pad = chunk - len(rows)
                 rows = np.concatenate([rows, np.zeros((pad, k), rows.dtype)])
                 w = np.concatenate([w, np.zeros(pad)])
-            m, s, c = moments(theta, values_all, greedy, behaviour_all, p, jnp.asarray(rows),
+            m, s, c = moments(theta, values_all, greedy, behaviour_all, reference_all, p, jnp.asarray(rows),
                               jnp.asarray(w, theta.dtype))
             mean += np.asarray(m)
             second += float(s)
