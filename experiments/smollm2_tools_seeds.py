@@ -35,6 +35,7 @@ STUDY = study.Study(
     references={"base": TASK, "base_tool_prompt": (*TASK, *TOOLS)},
     evaluations=(study.Evaluation(
         "eval", ("--prompts", EVAL_PROMPTS, "--samples", EVAL_SAMPLES, "--k", "1,4", "--max-new-tokens", 48,
+                 "--batch-rows", 128,                            # 512 rows at once: 24 GB, killed
                  "--temperature", "0.7", "--seed", EVAL_SEED), minutes=5,
         titles={"": f"{EVAL_PROMPTS} held-out prompts, greedy and {EVAL_SAMPLES} samples at T = 0.7"}),),
     train_minutes=20, machine="the 2-core AMD EPYC of docs/agents.md",

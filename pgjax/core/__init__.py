@@ -15,4 +15,6 @@ from pgjax.core.objectives import (clipped_mask, clipped_objective, importance_r
 from pgjax.core.off_policy import (IS_LEVELS, IS_MODES, MISMATCH_BAND, correction_weights, limit_weights,
                                    mismatch_metrics, raw_weights)
 from pgjax.core.presets import PRESETS, algorithm_table, preset
+from pgjax.core.reward_models import (STEP_REWARDS, bradley_terry_loss, pairwise_wins, step_classification_loss,
+                                      step_rewards)
 from pgjax.core.returns import as_token_rewards, discounted_returns, gae, lambda_returns, outcome_to_token_rewards

@@ -11,6 +11,7 @@ Nothing is ever downloaded: the directory must exist locally.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -22,6 +23,7 @@ import numpy as np
 from flax import nnx
 
 from pgjax.models import lora as lora_lib
+from pgjax.models.heads import RewardModel
 from pgjax.models.transformer import RUNTIME_OPTIONS, CausalLM, ModelConfig
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
@@ -186,16 +188,102 @@ def load(directory, **options) -> CausalLM:
     the model is built abstractly and each variable set to its loaded weight); ``options``: those of
     ``config_from_hf`` (e.g. ``compute_dtype="bfloat16"``, ``scan_layers=True``, ``lora=LoRAConfig()``:
     fresh adapters, B = 0, on the checkpoint's weights)."""
-    from transformers import AutoConfig
     directory = pathlib.Path(directory)
+    return _load_trunk(directory, _hf_config(directory), _read_safetensors(directory), options)
+
+
+def _hf_config(directory: pathlib.Path):
+    from transformers import AutoConfig
     if not (directory / "config.json").exists():
         raise FileNotFoundError(f"{directory} has no config.json (a local Hugging Face checkpoint directory)")
-    config = config_from_hf(AutoConfig.from_pretrained(str(directory), local_files_only=True), **options)
-    tensors = _read_safetensors(directory)
+    return AutoConfig.from_pretrained(str(directory), local_files_only=True)
+
+
+def _load_trunk(directory: pathlib.Path, hf_config, tensors: dict, options: dict, head: bool = False) -> CausalLM:
+    """``load``'s model from the config and tensors read; ``head``: a classifier's checkpoint, whose
+    trunk has no language-model head (the model ties it to the embedding, unused)."""
+    config = config_from_hf(hf_config, **options)
+    if head:
+        config = dataclasses.replace(config, tie_word_embeddings=True)
     model = nnx.eval_shape(lambda: CausalLM(config, nnx.Rngs(0)))
     _fill(model, tensors, directory)
     if config.lora is not None:
         lora_lib.initialise_adapters(model)
+    return model
+
+
+def _classifier_architecture(config: ModelConfig, kind: str) -> str:
+    """transformers' class of ``config``'s family for a one-label classifier of ``kind``."""
+    from transformers.models.auto import modeling_auto
+    mappings = {"sequence": modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+                "token": modeling_auto.MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES}
+    if kind not in mappings:
+        raise ValueError(f"unknown classifier kind {kind!r}; expected one of {tuple(mappings)}")
+    model_type = HF_NAMES[config.family][0]
+    name = mappings[kind].get(model_type)
+    if name is None:
+        raise ValueError(f"transformers has no {kind} classifier for model_type {model_type!r}")
+    return name
+
+
+def save_reward_model(model: RewardModel, directory, tokenizer_dir=None, kind: str = "sequence",
+                      pad_token_id: int | None = None) -> None:
+    """A learned reward as a transformers classifier with one label: config.json and
+    model.safetensors holding the trunk (``model.*``, no language-model head) and the head as
+    ``score`` ([1, D] = w).
+
+    ``kind="sequence"`` (a reward model): ``AutoModelForSequenceClassification``, which reads the head
+    at each row's rightmost token that is not ``pad_token_id``: the same score as
+    ``RewardModel.scores`` when no text ends in the pad token. Its ``score`` has no bias, so b must be 0
+    (Bradley-Terry never moves it). ``kind="token"`` (a process reward model):
+    ``AutoModelForTokenClassification``, the head at every token, b as ``score.bias``.
+    ``pad_token_id``: written to the config (default: the trunk's), which transformers needs to score
+    a padded batch."""
+    config = model.trunk.config
+    architecture = _classifier_architecture(config, kind)
+    bias = float(np.asarray(model.bias[...]))
+    if kind == "sequence" and bias != 0.0:
+        raise ValueError(f"save_reward_model: a sequence classifier's score has no bias, and this head's is {bias}; "
+                         "export it as kind='token', or train it with a loss that leaves the bias at 0 "
+                         "(Bradley-Terry)")
+    if model.trunk.config.lora is not None:
+        raise ValueError("save_reward_model: the trunk has LoRA adapters; merge them first (pgjax.models.lora.merged)")
+    directory = pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {hf_name: np.ascontiguousarray(to_hf(_weight(model.trunk, path)))
+               for hf_name, path, _, to_hf in _layout(config) if hf_name != "lm_head.weight"}
+    tensors["score.weight"] = np.asarray(model.head[...], np.float32)[None, :].astype(config.param_dtype)
+    if kind == "token":
+        tensors["score.bias"] = np.asarray([bias], config.param_dtype)
+    _save_tensors(tensors, directory / "model.safetensors")
+    content = hf_config_dict(config)
+    pad = config.pad_token_id if pad_token_id is None else pad_token_id
+    content.update(architectures=[architecture], num_labels=1, id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0},
+                   **({"pad_token_id": pad} if pad is not None else {}))
+    (directory / "config.json").write_text(json.dumps(content, indent=2))
+    if tokenizer_dir is not None:
+        _copy_tokenizer(pathlib.Path(tokenizer_dir), directory)
+
+
+def load_reward_model(directory, **options) -> RewardModel:
+    """A ``RewardModel`` from a one-label transformers classifier (``save_reward_model``'s, or any
+    ``*ForSequenceClassification`` / ``*ForTokenClassification`` checkpoint of a supported family);
+    ``options``: ``load``'s."""
+    directory = pathlib.Path(directory)
+    hf_config = _hf_config(directory)
+    architectures = getattr(hf_config, "architectures", None) or []
+    if not any(a.endswith(("ForSequenceClassification", "ForTokenClassification")) for a in architectures):
+        raise ValueError(f"{directory}: config.json's architectures {architectures} are not a sequence or token "
+                         "classifier (a reward model)")
+    if getattr(hf_config, "num_labels", 1) != 1:
+        raise ValueError(f"{directory}: a reward model has one label, this classifier {hf_config.num_labels}")
+    tensors = _read_safetensors(directory)
+    if "score.weight" not in tensors:
+        raise KeyError(f"{directory}: weight score.weight is missing")
+    model = RewardModel(_load_trunk(directory, hf_config, tensors, options, head=True))
+    model.head.set_value(jnp.asarray(tensors["score.weight"].reshape(-1), jnp.float32))
+    if "score.bias" in tensors:
+        model.bias.set_value(jnp.asarray(tensors["score.bias"].reshape(()), jnp.float32))
     return model
 
 

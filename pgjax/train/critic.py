@@ -9,33 +9,11 @@ separate critic); the cost is a second set of trunk weights in memory.
 """
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
-from flax import nnx
-
-from pgjax.models.transformer import CausalLM
+from pgjax.models.heads import ScalarHead
 
 
-class ValueModel(nnx.Module):
+class ValueModel(ScalarHead):
     """V(s) = w . h(s) + b, with h the final hidden state of a ``CausalLM`` trunk."""
-
-    def __init__(self, trunk: CausalLM):
-        size = trunk.config.hidden_size
-        self.trunk = trunk
-        self.head = nnx.Param(jnp.zeros((size,), jnp.float32), logical_axes=("embed",))
-        self.bias = nnx.Param(jnp.zeros((), jnp.float32), logical_axes=())
-
-    @classmethod
-    def from_policy(cls, policy: CausalLM) -> ValueModel:
-        """A critic whose trunk starts as a copy of ``policy``'s weights."""
-        graphdef, state = nnx.split(policy)
-        return cls(nnx.merge(graphdef, jax.tree.map(jnp.copy, state)))
-
-    def __call__(self, tokens, attention_mask, mesh=None) -> jax.Array:
-        """V at every position [B, T], float32: the value of the state ending at that token (``mesh``:
-        see ``CausalLM.__call__``)."""
-        hidden = self.trunk(tokens, attention_mask, return_hidden=True, mesh=mesh).astype(jnp.float32)
-        return hidden @ self.head[...] + self.bias[...]
 
     def response_values(self, tokens, attention_mask, prompt_length: int, mesh=None):
         """V(s_t) for each response token t [B, N] (the state before it), and V after the last slot [B]."""
