@@ -189,7 +189,7 @@ def load(directory, **options) -> CausalLM:
     ``config_from_hf`` (e.g. ``compute_dtype="bfloat16"``, ``scan_layers=True``, ``lora=LoRAConfig()``:
     fresh adapters, B = 0, on the checkpoint's weights)."""
     directory = pathlib.Path(directory)
-    return _load_trunk(directory, _hf_config(directory), _read_safetensors(directory), options)
+    return _load_trunk(directory, _hf_config(directory), options)[0]
 
 
 def _hf_config(directory: pathlib.Path):
@@ -199,17 +199,19 @@ def _hf_config(directory: pathlib.Path):
     return AutoConfig.from_pretrained(str(directory), local_files_only=True)
 
 
-def _load_trunk(directory: pathlib.Path, hf_config, tensors: dict, options: dict, head: bool = False) -> CausalLM:
-    """``load``'s model from the config and tensors read; ``head``: a classifier's checkpoint, whose
-    trunk has no language-model head (the model ties it to the embedding, unused)."""
+def _load_trunk(directory: pathlib.Path, hf_config, options: dict, head: bool = False) -> tuple[CausalLM, dict]:
+    """``load``'s model (the config checked before any weight is read) and the tensors read; ``head``:
+    a classifier's checkpoint, whose trunk has no language-model head (the model ties it to the
+    embedding, unused)."""
     config = config_from_hf(hf_config, **options)
     if head:
         config = dataclasses.replace(config, tie_word_embeddings=True)
+    tensors = _read_safetensors(directory)
     model = nnx.eval_shape(lambda: CausalLM(config, nnx.Rngs(0)))
     _fill(model, tensors, directory)
     if config.lora is not None:
         lora_lib.initialise_adapters(model)
-    return model
+    return model, tensors
 
 
 def _classifier_architecture(config: ModelConfig, kind: str) -> str:
@@ -277,10 +279,10 @@ def load_reward_model(directory, **options) -> RewardModel:
                          "classifier (a reward model)")
     if getattr(hf_config, "num_labels", 1) != 1:
         raise ValueError(f"{directory}: a reward model has one label, this classifier {hf_config.num_labels}")
-    tensors = _read_safetensors(directory)
+    trunk, tensors = _load_trunk(directory, hf_config, options, head=True)
     if "score.weight" not in tensors:
         raise KeyError(f"{directory}: weight score.weight is missing")
-    model = RewardModel(_load_trunk(directory, hf_config, tensors, options, head=True))
+    model = RewardModel(trunk)
     model.head.set_value(jnp.asarray(tensors["score.weight"].reshape(-1), jnp.float32))
     if "score.bias" in tensors:
         model.bias.set_value(jnp.asarray(tensors["score.bias"].reshape(()), jnp.float32))

@@ -376,6 +376,37 @@ class AlgorithmSection:
             raise ConfigError(f"algorithm.hparams: {error}") from None
 
 
+STAGES = ("rl", "reward_model")
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardModelSection:
+    """The reward model a ``stage="reward_model"`` run trains (``pgjax.train.reward_trainer``): the
+    Bradley-Terry loss on the preference pairs of the file ``path`` (``pgjax.rewards.preferences``:
+    the fields by name, the formats and checks of every dataset, ``skip_invalid``), ``margin`` added
+    to each pair's own (``margin_field``). The held-out pairs are those of ``eval_path``, else
+    ``eval_prompts`` pairs drawn from ``path`` with the run's seed, never trained on. ``max_tokens``:
+    the most tokens a prompt and response may take as the model reads them (the task section's
+    ``chat_template``, ``system_prompt`` and ``prompt_template`` render the prompt)."""
+    path: str = ""
+    prompt_field: str = "prompt"
+    chosen_field: str = "chosen"
+    rejected_field: str = "rejected"
+    margin_field: str = ""
+    file_format: str = "auto"
+    skip_invalid: bool = False
+    eval_path: str = ""
+    margin: float = 0.0
+    max_tokens: int = 256
+
+    def __post_init__(self):
+        check_types(self, "reward_model.")
+        _require(self.file_format in FILE_FORMATS, "reward_model.file_format", self.file_format,
+                 f"one of {', '.join(FILE_FORMATS)}")
+        _require(math.isfinite(self.margin), "reward_model.margin", self.margin, "a finite number")
+        _require(self.max_tokens >= 2, "reward_model.max_tokens", self.max_tokens, "an integer >= 2")
+
+
 @dataclasses.dataclass(frozen=True)
 class Experiment:
     """One run. The defaults are the README's main job: Dr. GRPO on 2-digit addition with a tiny
@@ -384,9 +415,12 @@ class Experiment:
     ``eval_prompts`` held-out prompts every ``eval_every`` steps; a checkpoint every
     ``checkpoint_every`` steps. ``mesh``: how the devices of all processes are split (default: data
     parallel over all of them); ``distributed``: how the processes of a multi-host run meet (default:
-    from the environment)."""
+    from the environment). ``stage``: ``rl``, or ``reward_model`` to train the reward model of the
+    ``reward_model`` section instead (``steps`` of ``prompts_per_step`` pairs with ``optim``, pairwise
+    accuracy every ``eval_every`` steps; the algorithm, rollout, update and warm-start sections unused)."""
     name: str = "experiment"
     seed: int = 0
+    stage: str = "rl"
     algorithm: AlgorithmSection = AlgorithmSection()
     steps: int = 250
     prompts_per_step: int = 32
@@ -404,6 +438,7 @@ class Experiment:
     logging: LoggingSection = LoggingSection()
     mesh: MeshConfig = MeshConfig()
     distributed: DistributedConfig = DistributedConfig()
+    reward_model: RewardModelSection = RewardModelSection()
 
     def __post_init__(self):
         if isinstance(self.algorithm, str):         # algorithm="grpo": the preset's name
@@ -414,6 +449,8 @@ class Experiment:
         # jax.random.PRNGKey keeps the low 32 bits of a seed (2**32 would give seed 0's key) and
         # overflows from 2**63 on; the data streams' SeedSequence takes any
         _require(0 <= self.seed < 2**32, "seed", self.seed, "an integer in [0, 2**32)")
+        _require(self.stage in STAGES, "stage", self.stage, f"one of {', '.join(STAGES)} (RL, or training the reward "
+                 "model of the reward_model section)")
         _require(self.steps >= 0, "steps", self.steps, "an integer >= 0 (0: only the warm start)")
         for name in ("prompts_per_step", "eval_every", "eval_prompts", "checkpoint_every"):
             _require(getattr(self, name) >= 1, name, getattr(self, name), "an integer >= 1")
@@ -577,6 +614,7 @@ SECTIONS = {
     "logging": "TensorBoard and Weights & Biases writers, progress lines when not on a terminal",
     "mesh": "device mesh sizes: data, fsdp, tensor (-1 = the rest)",
     "distributed": "how the processes of a multi-host run meet (jax.distributed)",
+    "reward_model": "with stage=reward_model: the preference pairs a reward model is trained on, held-out pairs",
 }
 
 

@@ -1,6 +1,7 @@
 """Training progress on stderr, drawn by tqdm.
 
-On a terminal: a live bar with the step's reward, sampled accuracy and the last greedy evaluation.
+On a terminal: a live bar with the step's reward (a reward model's: its loss), sampled (its pairwise)
+accuracy and the last evaluation.
 Anywhere else (a log file, CI, a pipe): one plain line every ``every`` seconds and at the last
 step (``every=0``: every step), never carriage returns.
 """
@@ -26,7 +27,8 @@ class Progress:
     def _postfix(self, record: dict) -> str:
         self.eval_accuracy = record.get("eval_accuracy", self.eval_accuracy)
         evaluation = "" if self.eval_accuracy is None else f" eval {self.eval_accuracy:.3f}"
-        return f"reward {record['reward']:.3f} acc {record['accuracy']:.2f}{evaluation}"
+        first = f"reward {record['reward']:.3f}" if "reward" in record else f"loss {record['loss']:.3f}"
+        return f"{first} acc {record['accuracy']:.2f}{evaluation}"
 
     def update(self, record: dict) -> None:
         if not self.enabled:

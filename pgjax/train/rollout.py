@@ -172,6 +172,17 @@ class PromptFormat:
     def _tools(self) -> dict:
         return {"tools": json.loads(self.tools)} if self.tools else {}
 
+    def exchange(self, tokenizer, prompt: str, reply: str) -> str:
+        """The prompt and the assistant's ``reply`` as one text, what a reward model reads: through the
+        chat template the conversation with the reply as the assistant's turn, closed as the template
+        closes a turn; as plain text the prompt's rendering, then the reply. Tokenize it with the
+        tokenizer's special tokens where ``special_tokens`` says."""
+        turns = self.turns(prompt)
+        if not self.chat:
+            return self.render_turns(tokenizer, turns) + reply
+        return tokenizer.apply_chat_template([*turns, {"role": "assistant", "content": reply}], tokenize=False,
+                                             **self._tools())
+
     def continuation(self, tokenizer, turns: list[dict], reply: str, reply_end: str, observations: list[dict]) -> str:
         """What follows a multi-turn episode's reply in the model's input, up to where its next reply
         starts: ``turns`` are the episode's messages before the reply (``render_turns`` of them is in

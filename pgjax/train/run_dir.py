@@ -42,10 +42,12 @@ import sys
 import jax
 
 from pgjax.models import hf, lora
+from pgjax.models.heads import RewardModel
 from pgjax.parallel import multihost
 from pgjax.train.checkpoints import Checkpoints, one_line, write_atomically
 from pgjax.train.experiment import ConfigError, Experiment, RunStopped, resolved
 from pgjax.train.inputs import INPUTS_FILE, differences, fingerprints, input_files
+from pgjax.train.rollout import pad_id
 from pgjax.train.sinks import MetricsFile, Sink, TensorBoard, WandB, plot, read_records
 
 
@@ -457,18 +459,21 @@ class RunDirectory:
     def export(self, policy) -> None:
         """``final/``: the policy as a Hugging Face checkpoint with the run's tokenizer (with LoRA: the
         adapters merged in, and the PEFT adapter alone in ``final/adapter``, see ``_adapter_base``),
-        and the curves. ``policy`` holds full (gathered) parameters; process 0 writes. RunStopped,
+        and the curves; a ``RewardModel`` as a transformers sequence classifier (its adapters merged). ``policy`` holds full (gathered) parameters; process 0 writes. RunStopped,
         with no final/ written, when it would lack a file (``_check_export``)."""
         if self.primary:
             final, partial = self.directory / "final", self.directory / "final.partial"
             tokenizer = self.directory / "tokenizer"
             shutil.rmtree(partial, ignore_errors=True)
-            if policy.config.lora is None:                                          # a kill leaves no half final/
+            if isinstance(policy, RewardModel):
+                hf.save_reward_model(_merged_reward_model(policy), partial, tokenizer_dir=tokenizer,
+                                     pad_token_id=pad_id(self.tokenizer))
+            elif policy.config.lora is None:                                        # a kill leaves no half final/
                 hf.save(policy, partial, tokenizer_dir=tokenizer)
             else:
                 hf.save(lora.merged(policy), partial, tokenizer_dir=tokenizer)
                 hf.save_peft(policy, partial / "adapter", base_model=self._adapter_base(policy, partial))
-            _check_export(partial, tokenizer, policy.config.lora is not None)
+            _check_export(partial, tokenizer, not isinstance(policy, RewardModel) and policy.config.lora is not None)
             shutil.rmtree(final, ignore_errors=True)
             os.replace(partial, final)
             plot(self.records(), self.directory / "curves.png", self.exp.name)
@@ -489,3 +494,13 @@ class RunDirectory:
         for sink in self.sinks:
             sink.close(failed)
         self.lock.release()
+
+
+def _merged_reward_model(model: RewardModel) -> RewardModel:
+    """``model`` with its trunk's LoRA adapters folded in (itself without adapters)."""
+    if model.trunk.config.lora is None:
+        return model
+    merged = RewardModel(lora.merged(model.trunk))
+    merged.head.set_value(model.head[...])
+    merged.bias.set_value(model.bias[...])
+    return merged

@@ -41,10 +41,12 @@ from pgjax.train.episodes import episode_limits
 from pgjax.train.evaluation import evaluate
 from pgjax.train.experiment import ConfigError, Experiment, RunStopped, stream_seed, validate
 from pgjax.train.interrupts import RunInterrupted
-from pgjax.train.learner import Rollout, all_finite, build_learner
+from pgjax.train.learner import Rollout, build_learner
+from pgjax.train.loop import RunLoop
 from pgjax.train.optim import make_optimizer
 from pgjax.train.pipeline import RolloutPipeline
 from pgjax.train.progress import Progress
+from pgjax.train.reward_trainer import RewardModelTrainer
 from pgjax.train.records import RECORD_KEYS, step_record
 from pgjax.train.rollout import encode_prompts
 from pgjax.train.checkpoints import Checkpoints
@@ -67,10 +69,8 @@ class Callback:
         included when one was due)."""
 
 
-_all_finite = jax.jit(all_finite)
 
-
-class Trainer:
+class Trainer(RunLoop):
     """The task context, policy, optimizer state, learner, rollout pipeline and step count of one experiment."""
 
     def __init__(self, exp: Experiment):
@@ -265,12 +265,6 @@ class Trainer:
             raise RunStopped(f"evaluation at step {self.step_count}: {error}") from None
         return results["metrics"]["greedy_accuracy"]["value"]
 
-    def _check_finite(self, what: str) -> None:
-        """RunStopped, before ``what`` is written, when the state holds a NaN or infinity."""
-        if not bool(_all_finite(self.state)):
-            raise RunStopped(f"the training state at step {self.step_count} is not finite: {what} was not written "
-                             "(the previous checkpoints are kept)")
-
     def save(self, checkpoints: Checkpoints) -> None:
         """A checkpoint of the state at the current step (every process writes its shards); never of a
         non-finite state (RunStopped)."""
@@ -333,28 +327,6 @@ class Trainer:
             self._stop_if_asked(run, checkpoint)
         bar.close()
 
-    def _stop_if_asked(self, run: RunDirectory | None, checkpointed: bool) -> None:
-        """RunInterrupted when a stop signal came (``interrupts``), after writing a checkpoint of the
-        current step to ``run`` unless one was just ``checkpointed``."""
-        signum = interrupts.requested()
-        if signum is None:
-            return
-        if run is None:
-            raise RunInterrupted(signum, f"after step {self.step_count} (no run directory: nothing saved)")
-        if not checkpointed:
-            self.save(run.checkpoints)
-        raise RunInterrupted(signum, f"after step {self.step_count}, its checkpoint written; --resume continues "
-                                     "from it")
-
-    def _emit(self, record: dict, run: RunDirectory | None, checkpoint: bool = True,
-              completions: list[dict] | None = None) -> None:
-        """``record`` and the step's logged ``completions`` to ``run``, then its checkpoint (so that
-        a resume, which drops what was logged after its checkpoint, never repeats nor loses a line)."""
-        if run is not None:
-            run.log(record, completions or ())
-            if checkpoint:
-                self.save(run.checkpoints)
-
     def export(self, run: RunDirectory) -> None:
         """The trained policy into ``run``'s ``final/`` (every process takes part in the gather); never a
         non-finite one (RunStopped)."""
@@ -374,11 +346,12 @@ def train(exp: Experiment, resume: bool = False, progress: bool = True, callback
     ``RunDirectory``); ``restart`` starts again in the directory a resume would take, its old results
     moved aside. A reward function's NaN, repeated non-finite updates or a non-finite state raise
     RunStopped with the last checkpoint intact. SIGTERM or Ctrl-C stop the run after its current step
-    with a checkpoint (RunInterrupted; ``grace_period``: see ``interrupts.graceful_stop``)."""
+    with a checkpoint (RunInterrupted; ``grace_period``: see ``interrupts.graceful_stop``). A
+    ``stage="reward_model"`` experiment trains its reward model the same way (``RewardModelTrainer``)."""
     with interrupts.graceful_stop(grace_period):
         run = RunDirectory(exp, resume, accept_changes, fallback, restart)
         resume = run.resume
-        trainer = Trainer(exp)
+        trainer = (RewardModelTrainer if exp.stage == "reward_model" else Trainer)(exp)
         run.create()
         try:
             if resume:
