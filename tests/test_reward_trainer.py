@@ -133,7 +133,8 @@ def test_final_is_a_sequence_classifier_transformers_scores_alike(trained):
     with torch.no_grad():
         want = reference(**batch).logits[:, 0].numpy()
     model = hf.load_reward_model(directory / "final")
-    got = np.asarray(model.scores(jnp.asarray(batch["input_ids"].numpy()), jnp.asarray(batch["attention_mask"].numpy())))
+    tokens, mask = (jnp.asarray(batch[name].numpy()) for name in ("input_ids", "attention_mask"))
+    got = np.asarray(model.scores(tokens, mask))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     assert got[0] > got[1]
 
