@@ -36,6 +36,7 @@ from pgjax.parallel.mesh import MeshConfig, check_divisible_rows
 from pgjax.parallel.multihost import DistributedConfig
 from pgjax.rewards import (FILE_FORMATS, accepted_options, error_text, raised_at, reader_format, reward_function,
                            task_factory)
+from pgjax.train.learned_reward import NORMALIZE
 from pgjax.train.learner import UpdateConfig
 from pgjax.train.optim import OptimConfig
 from pgjax.train.rollout import RolloutConfig
@@ -184,6 +185,8 @@ CHAT_TEMPLATE = ("auto", "none")
 # task factory's options; a pgjax.eval report records them beside those)
 PROMPT_KEYS = ("chat_template", "system_prompt", "prompt_template", "stop_text")
 TOOLS = ("calculator", "python")           # task.tools: pgjax.agents' Calculator and PythonSandbox
+# the task section's keys that mix a learned reward into the training reward (pgjax.train.learned_reward)
+REWARD_KEYS = ("reward_model", "reward_model_weight", "reward_model_normalize", "verifier_weight")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,7 +224,11 @@ class TaskSection:
     ``tools``: comma-separated tools (``calculator``, ``python``: ``pgjax.agents``) the policy may call
     in multi-turn episodes (``rollout.max_turns``): the task's prompt opens the episode, each call's
     result comes back as an observation, and the task's verifier scores the first reply that calls no
-    tool (docs/agents.md)."""
+    tool (docs/agents.md). ``reward_model``: a trained reward model (a ``stage="reward_model"`` run, or a
+    transformers sequence classifier) whose score joins the training reward:
+    ``verifier_weight`` x the reward above + ``reward_model_weight`` x the score, whitened over the
+    step's responses with ``reward_model_normalize="batch"`` (``pgjax.train.learned_reward``); accuracy is
+    still the verifier's, and the record adds the score and its agreement with the verifier."""
     name: str = "arithmetic"
     digits: int = 2
     ops: str = "+"
@@ -245,6 +252,10 @@ class TaskSection:
     stop_text: str = ""
     reward_timeout: float = 0.0
     tools: str = ""
+    reward_model: str = ""
+    reward_model_weight: float = 1.0
+    reward_model_normalize: str = "none"
+    verifier_weight: float = 1.0
 
     def __post_init__(self):
         check_types(self, "task.")
@@ -258,6 +269,10 @@ class TaskSection:
         _require(self.file_format in FILE_FORMATS, "task.file_format", self.file_format,
                  f"one of {', '.join(FILE_FORMATS)}")
         _require(math.isfinite(self.format_weight), "task.format_weight", self.format_weight, "a finite number")
+        for key in ("reward_model_weight", "verifier_weight"):
+            _require(math.isfinite(getattr(self, key)), f"task.{key}", getattr(self, key), "a finite number")
+        _require(self.reward_model_normalize in NORMALIZE, "task.reward_model_normalize", self.reward_model_normalize,
+                 f"one of {', '.join(NORMALIZE)}")
         _require(0 <= self.reward_timeout < math.inf, "task.reward_timeout", self.reward_timeout,
                  "finite seconds >= 0 (0: no limit)")
         _require(all(name in TOOLS for name in self.tool_names), "task.tools", self.tools,
@@ -282,7 +297,8 @@ class TaskSection:
     def options(self) -> dict:
         """The fields a task factory may take, by name."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name not in ("name", "reward", "format_weight", "reward_timeout", "tools", *PROMPT_KEYS)}
+                if f.name not in ("name", "reward", "format_weight", "reward_timeout", "tools", *REWARD_KEYS,
+                                  *PROMPT_KEYS)}
 
 
 def with_escapes(text: str) -> str:

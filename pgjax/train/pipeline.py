@@ -33,7 +33,7 @@ from pgjax.train.completions import logged_at, sample_rows
 from pgjax.train.context import TaskContext
 from pgjax.train.experiment import Experiment, RunStopped, stream_seed
 from pgjax.train.learner import Learner, Rollout, TrainState, placeholder_rollout
-from pgjax.train.records import STAT_KEYS
+from pgjax.train.records import LEARNED_STATS, STAT_KEYS
 from pgjax.train.episodes import EPISODE_STATS, Episodes, collect_episodes, episode_rollout
 from pgjax.train.rollout import collect, dispatch_samples, keep_columns, pad_columns, pad_id
 
@@ -77,10 +77,10 @@ class RolloutPipeline:
     ``learner`` on ``mesh``, the sampler on ``sampler_mesh`` (``mesh`` itself or devices of its own)."""
 
     def __init__(self, exp: Experiment, context: TaskContext, learner: Learner, policy: CausalLM, reward_fn,
-                 mesh: jax.sharding.Mesh, sampler_mesh: jax.sharding.Mesh, params_like):
+                 mesh: jax.sharding.Mesh, sampler_mesh: jax.sharding.Mesh, params_like, mix=None):
         """``policy``: the learner's model (its config); ``params_like``: the state's parameters (their
-        shapes place the sampler's weight copy)."""
-        self.exp, self.context, self.learner, self.reward_fn = exp, context, learner, reward_fn
+        shapes place the sampler's weight copy); ``mix``: a learned reward mixed in (``rollout.collect``)."""
+        self.exp, self.context, self.learner, self.reward_fn, self.mix = exp, context, learner, reward_fn, mix
         self.mesh, self.sampler_mesh = mesh, sampler_mesh
         self.greedy_baseline = learner.spec.baseline == "greedy"
         self.graphdef = self._sampler_graphdef(policy)
@@ -151,13 +151,14 @@ class RolloutPipeline:
                 rollout, stats = collect(nnx.merge(self.graphdef, params), context.tokenizer, share, self.reward_fn,
                                          context.task.reward_fn, self._on_sampler(key), exp.rollout,
                                          greedy_baseline=self.greedy_baseline, eos_ids=context.eos_ids, mesh=mesh,
-                                         prompt_format=context.prompt_format, samples=samples)
+                                         prompt_format=context.prompt_format, samples=samples, mix=self.mix)
         except RewardError as error:
             raise RunStopped(f"step {index}: {error}") from None
         rows = exp.prompts_per_step * exp.rollout.samples_per_prompt
         logged = (sample_rows(exp, stats, index, multihost.process_rows(rows, mesh), context.task.format_pattern)
                   if logged_at(exp.logging, index) else None)
-        stats = multihost.gather_rows({k: stats[k] for k in (*STAT_KEYS, *EPISODE_STATS) if k in stats}, rows, mesh)
+        stats = multihost.gather_rows({k: stats[k] for k in (*STAT_KEYS, *LEARNED_STATS, *EPISODE_STATS) if k in stats},
+                                      rows, mesh)
         if mesh is not self.mesh:
             rollout = jax.device_put(rollout, mesh_lib.batch_sharding(self.mesh))
         return Sampled(rollout, stats, sampled_at, logged)

@@ -16,6 +16,8 @@ from __future__ import annotations
 from pgjax import core
 
 STAT_KEYS = ("reward", "correct", "length", "truncated", "kept", "nonfinite")
+# with a learned reward (pgjax.train.learned_reward): its raw score, and its agreement with the verifier
+LEARNED_STATS = ("learned", "agreement_pairs", "agreement_wins")
 TIMING_KEYS = ("time_sample", "time_prepare", "time_update", "time_step", "tokens_per_second")
 MISMATCH_KEYS = ("mismatch_abs", "mismatch_abs_max", "mismatch_kl", "mismatch_outside")
 # multi-turn episodes only (``pgjax.train.episodes``): per episode, the mean replies, tool calls, the share
@@ -24,7 +26,7 @@ EPISODE_KEYS = ("turns", "calls", "call_rate", "valid_call_rate", "episode_token
 RECORD_KEYS = ("step", "reward", "accuracy", "length", "length_correct", "length_incorrect", "truncated", "kept",
                "nonfinite_rewards", "skipped_updates", "policy_loss", "clip_fraction", "grad_norm", "entropy",
                "kl_ref", "kl_old", "value_loss", "policy_lag", *MISMATCH_KEYS, "is_weight", "is_limited",
-               "eval_accuracy", "padding", *TIMING_KEYS, *EPISODE_KEYS)
+               "eval_accuracy", "padding", "learned_reward", "reward_model_agreement", *TIMING_KEYS, *EPISODE_KEYS)
 
 
 def step_record(stats: dict, metrics: dict, times: dict) -> dict:
@@ -53,6 +55,10 @@ def step_record(stats: dict, metrics: dict, times: dict) -> dict:
     out.update({k: v if steps else None for k, v in losses.items()})
     generated = float(lengths.sum())
     out.update(times, tokens_per_second=generated / max(times["time_sample"], 1e-9))
+    if "learned" in stats:
+        pairs = float(stats["agreement_pairs"].sum())
+        out.update(learned_reward=float(stats["learned"].mean()),
+                   reward_model_agreement=float(stats["agreement_wins"].sum()) / pairs if pairs else None)
     if "turns" in stats:
         calls = stats["calls"].sum()
         out.update(turns=float(stats["turns"].mean()), calls=float(stats["calls"].mean()),

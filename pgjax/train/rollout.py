@@ -41,6 +41,8 @@ class RolloutConfig(Decoding):
     overlong_buffer, overlong_penalty: DAPO's soft overlong punishment: a response
       longer than ``max_new_tokens - overlong_buffer`` loses up to ``overlong_penalty``,
       linearly over the buffer (0 = off).
+    length_penalty: a response of L tokens loses ``length_penalty * L / max_new_tokens`` (a plain
+      length cost, against a learned reward's preference for long answers; 0: off).
     nonfinite_rewards: what a NaN or infinite reward from a reward function does:
       ``"error"`` (default) stops with a ``RewardError`` naming the function and the row;
       ``"mask"`` leaves that sample's prompt group out of the update (a group baseline
@@ -72,6 +74,7 @@ class RolloutConfig(Decoding):
     mask_truncated: bool = False
     overlong_buffer: int = 0
     overlong_penalty: float = 1.0
+    length_penalty: float = 0.0
     nonfinite_rewards: str = "error"
     trim_padding: bool = True
     staleness: int = 0
@@ -89,6 +92,8 @@ class RolloutConfig(Decoding):
                   f"in [0, max_new_tokens={self.max_new_tokens}) (0: off)"),
                  ("overlong_penalty", self.overlong_penalty >= 0 and math.isfinite(self.overlong_penalty),
                   "finite and >= 0"),
+                 ("length_penalty", self.length_penalty >= 0 and math.isfinite(self.length_penalty),
+                  "finite and >= 0 (0: off)"),
                  ("nonfinite_rewards", self.nonfinite_rewards in NONFINITE_POLICIES, f"one of {NONFINITE_POLICIES}"),
                  ("staleness", self.staleness >= 0, "an integer >= 0 (0: on-policy)"),
                  ("compute_dtype", self.compute_dtype in ("", "float32", "bfloat16"),
@@ -401,7 +406,7 @@ def _round_up(n: int, width: int) -> int:
 
 def collect(policy: CausalLM, tokenizer, examples: list[dict], reward_fn, correct_fn, key,
             config: RolloutConfig, greedy_baseline: bool = False, eos_ids=None, mesh: Mesh | None = None,
-            prompt_format: PromptFormat = PLAIN, samples: Samples | None = None) -> tuple[Rollout, dict]:
+            prompt_format: PromptFormat = PLAIN, samples: Samples | None = None, mix=None) -> tuple[Rollout, dict]:
     """Sample, decode and score K responses per example; the Rollout and per-row statistics.
     ``samples``: the responses already dispatched (``dispatch_samples`` with ``config.sampling(eos_ids, pad, n=K)``).
 
@@ -411,7 +416,10 @@ def collect(policy: CausalLM, tokenizer, examples: list[dict], reward_fn, correc
     ``eos_ids`` end a response (default: the tokenizer's EOS); ``prompt_format`` renders
     the prompts (a chat template, see ``PromptFormat``). A row with a non-finite
     reward raises ``RewardError``, or with ``config.nonfinite_rewards="mask"`` masks its
-    prompt group (``stats["nonfinite"]`` marks the row).
+    prompt group (``stats["nonfinite"]`` marks the row). ``mix`` (a ``learned_reward.Mix`` with a reward
+    model): the training reward adds its weighted scores, and the statistics its raw scores
+    (``learned``) and per-row counts of its agreement with the verifier (``Mix.statistics``).
+    ``config.length_penalty`` and the overlong penalty come off the reward last.
 
     On a ``mesh`` (default: one device) ``examples`` are this process's share of the
     step's prompts (``multihost.process_rows``): the Rollout is global (split over
@@ -420,19 +428,23 @@ def collect(policy: CausalLM, tokenizer, examples: list[dict], reward_fn, correc
     eos_ids = (tokenizer.eos_token_id,) if eos_ids is None else tuple(eos_ids)
     mesh = single_device_mesh() if mesh is None else mesh
     k, pad = config.samples_per_prompt, pad_id(tokenizer)
+    learned = {} if mix is None or mix.reward_model is None else {"learned": mix.reward_model}
     scored = sample_and_score(policy, tokenizer, examples, config.max_prompt_tokens, key,
-                              config.sampling(eos_ids, pad, n=k), {"correct": correct_fn, "reward": reward_fn}, mesh,
+                              config.sampling(eos_ids, pad, n=k), {"correct": correct_fn, "reward": reward_fn,
+                                                                   **learned}, mesh,
                               config.nonfinite_rewards, prompt_format, samples)
     lengths, truncated = scored.lengths, scored.truncated
-    rewards = scored.scores["reward"] + overlong_penalty(lengths, config.max_new_tokens, config.overlong_buffer,
-                                                         config.overlong_penalty)
+    sampled_learned = scored.scores.get("learned")
+    rewards = (_mixed(mix, scored.scores["reward"], sampled_learned)
+               + length_penalties(lengths, config))
     nonfinite = scored.nonfinite
     greedy_rewards = None
     if greedy_baseline:
         greedy = sample_and_score(policy, tokenizer, examples, config.max_prompt_tokens, key,
-                                  config.sampling(eos_ids, pad, greedy=True), {"reward": reward_fn}, mesh,
+                                  config.sampling(eos_ids, pad, greedy=True), {"reward": reward_fn, **learned}, mesh,
                                   config.nonfinite_rewards, prompt_format)
-        greedy_rewards = np.repeat(greedy.scores["reward"], k)
+        greedy_rewards = np.repeat(_mixed(mix, greedy.scores["reward"], greedy.scores.get("learned"), sampled_learned)
+                                   + length_penalties(greedy.lengths, config), k)
         nonfinite = nonfinite | np.repeat(greedy.nonfinite, k)
     keep = ~np.repeat(nonfinite.reshape(-1, k).any(1), k)     # a group baseline needs all K rewards
     if config.mask_truncated:
@@ -449,4 +461,18 @@ def collect(policy: CausalLM, tokenizer, examples: list[dict], reward_fn, correc
         rollout = trim_padding(rollout, scored.samples.lengths)
     stats = {"reward": rewards, "correct": scored.scores["correct"], "length": lengths, "truncated": truncated,
              "kept": keep, "nonfinite": nonfinite, "completions": scored.completions, "prompts": scored.prompts}
+    if sampled_learned is not None:
+        stats.update(mix.statistics(sampled_learned, scored.scores["correct"], k))
     return rollout, stats
+
+
+def _mixed(mix, task_rewards, learned, reference=None):
+    """The training reward before the length terms: ``task_rewards``, mixed with a learned reward's."""
+    return task_rewards if mix is None else mix.combine(task_rewards, learned, reference)
+
+
+def length_penalties(lengths, config: RolloutConfig) -> np.ndarray:
+    """What a response's length takes off its reward [R]: DAPO's overlong punishment and the plain
+    ``length_penalty * L / max_new_tokens``."""
+    return (overlong_penalty(lengths, config.max_new_tokens, config.overlong_buffer, config.overlong_penalty)
+            - np.float32(config.length_penalty) * np.asarray(lengths, np.float32) / config.max_new_tokens)

@@ -459,8 +459,9 @@ class RunDirectory:
     def export(self, policy) -> None:
         """``final/``: the policy as a Hugging Face checkpoint with the run's tokenizer (with LoRA: the
         adapters merged in, and the PEFT adapter alone in ``final/adapter``, see ``_adapter_base``),
-        and the curves; a ``RewardModel`` as a transformers sequence classifier (its adapters merged). ``policy`` holds full (gathered) parameters; process 0 writes. RunStopped,
-        with no final/ written, when it would lack a file (``_check_export``)."""
+        and the curves; a ``RewardModel`` as a transformers sequence classifier (its adapters merged).
+        ``policy`` holds full (gathered) parameters; process 0 writes. RunStopped, with no final/
+        written, when it would lack a file (``_check_export``)."""
         if self.primary:
             final, partial = self.directory / "final", self.directory / "final.partial"
             tokenizer = self.directory / "tokenizer"

@@ -41,6 +41,7 @@ from pgjax.train.episodes import episode_limits
 from pgjax.train.evaluation import evaluate
 from pgjax.train.experiment import ConfigError, Experiment, RunStopped, stream_seed, validate
 from pgjax.train.interrupts import RunInterrupted
+from pgjax.train.learned_reward import LearnedReward, Mix
 from pgjax.train.learner import Rollout, build_learner
 from pgjax.train.loop import RunLoop
 from pgjax.train.optim import make_optimizer
@@ -95,7 +96,7 @@ class Trainer(RunLoop):
                                      exp.critic_optim, self.mesh)
         self.state = self.learner.init_state(policy, jax.random.PRNGKey(exp.seed))
         self.pipeline = RolloutPipeline(exp, self.context, self.learner, policy, self._reward_function(), self.mesh,
-                                        sampler_mesh, self.state.params)
+                                        sampler_mesh, self.state.params, self._mix(sampler_mesh))
         self.step_count = 0
         self.skipped_in_a_row = 0    # consecutive steps whose every update was non-finite (and skipped)
         self.warm_started = not exp.warm_start.steps      # nothing to do, or done (or restored)
@@ -155,12 +156,27 @@ class Trainer(RunLoop):
         return CausalLM(m.config(len(self.tokenizer)), nnx.Rngs(self.exp.seed))
 
     def _reward_function(self):
-        """The training reward: the task's verifier (or ``task.reward``), plus the format reward."""
+        """The training reward's programmatic part: the task's verifier (or ``task.reward``) weighted by
+        ``task.verifier_weight``, plus the format reward."""
         t = self.exp.task
         reward = with_timeout(reward_function(t.reward), t.reward_timeout) if t.reward else self.task.reward_fn
-        if t.format_weight:
-            return combine((reward, 1.0), (format_reward(self.task.format_pattern), t.format_weight))
+        if t.format_weight or t.verifier_weight != 1.0:
+            terms = [(reward, t.verifier_weight)]
+            terms += [(format_reward(self.task.format_pattern), t.format_weight)] if t.format_weight else []
+            return combine(*terms)
         return reward
+
+    def _mix(self, mesh) -> Mix:
+        """The learned reward of ``task.reward_model`` (on the sampler's ``mesh``), and how it is mixed in;
+        ConfigError for a reward model that cannot be loaded, or with multi-turn episodes."""
+        t = self.exp.task
+        if not t.reward_model:
+            return Mix()
+        if self.context.environment is not None:
+            raise ConfigError("task.reward_model scores single responses; multi-turn episodes (task.tools or the "
+                              "task's environment) are scored by the environment")
+        model = user_error("task.reward_model", lambda: LearnedReward(t.reward_model, mesh))
+        return Mix(model, t.reward_model_weight, t.reward_model_normalize)
 
     @property
     def policy(self) -> CausalLM:
