@@ -17,10 +17,10 @@ without repeating a response, from:
   the shorter over the longer; a reward model trained on them learns to counter a length bias.
 
 A prompt whose K responses are all right or all wrong gives no ``correct_over_incorrect`` pair. Each
-line of ``--out`` is ``{"prompt", "chosen", "rejected", "kind", "chosen_reward", "rejected_reward"}``
-and the example's tags (a chat prompt as its list of messages), the format ``pgjax.rewards.preferences``
-reads (``stage="reward_model"``). An existing ``--out`` is never overwritten; the file appears whole or
-not at all.
+line of ``--out`` is ``{"prompt", "chosen", "rejected", "kind", "chosen_reward", "rejected_reward",
+"tags"}`` (``tags``: the example's, e.g. ``difficulty``; a chat prompt as its list of messages), the
+format ``pgjax.rewards.preferences`` reads (``stage="reward_model"``). An existing ``--out`` is never
+overwritten; the file appears whole or not at all.
 
 Exit status: 0 done; 1 a reward function failed on the responses; 2 a mistake in the arguments or
 the task, found before any sampling.
@@ -128,7 +128,7 @@ def generate(args: argparse.Namespace) -> tuple[list[dict], dict]:
         with_pair += bool(found)
         records += [{"prompt": _prompt_json(example["prompt"]), "chosen": texts[i], "rejected": texts[j], "kind": kind,
                      "chosen_reward": float(rewards[i]), "rejected_reward": float(rewards[j]),
-                     **{tag: values[p] for tag, values in tags.items()}} for i, j, kind in found]
+                     "tags": {tag: values[p] for tag, values in tags.items()}} for i, j, kind in found]
     summary = {"prompts": len(examples), "samples": k, "prompts_with_a_pair": with_pair,
                "pairs": {kind: sum(r["kind"] == kind for r in records) for kind in KINDS},
                "sampled_accuracy": float(np.mean(rows["reward"] == 1.0))}

@@ -48,7 +48,7 @@ def test_the_command_writes_pairs_the_verifier_orders_and_the_loader_reads(polic
     assert summary["prompts"] == 8 and summary["samples"] == 6 and 0 < summary["sampled_accuracy"] < 1
     assert sum(summary["pairs"].values()) == len(records) and summary["prompts_with_a_pair"] >= 1
     for record in records:
-        assert record["prompt"] == "ab" and record["chosen"] != record["rejected"]
+        assert record["prompt"] == "ab" and record["chosen"] != record["rejected"] and record["tags"] == {}
         if record["kind"] == "correct_over_incorrect":
             assert record["chosen"].startswith("x") and not record["rejected"].startswith("x")
             assert (record["chosen_reward"], record["rejected_reward"]) == (1.0, 0.0)

@@ -5,7 +5,8 @@ same path is found, not trained on silently.
   inputs.json   ``{"files": {label: {"path", "size", "sha256", "stat"}}}``, one entry per input file:
                 ``task.path`` (a dataset), ``model.path/<file>`` (each file of the checkpoint that
                 ``hf.load`` and the tokenizer read), ``task.name:module`` / ``task.reward:module`` (the
-                source file of a user's module plugged in by import path)
+                source file of a user's module plugged in by import path), and for a reward model's
+                training ``reward_model.path`` / ``reward_model.eval_path`` (its preference pairs)
 
 A file is identified by its label, not its path, so moving an unchanged dataset elsewhere is no
 change. Hashing (SHA-256) reads every byte once; ``fingerprints(..., known=saved)`` skips it for a
