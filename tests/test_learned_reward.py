@@ -21,24 +21,27 @@ from pgjax.train.sinks import read_records
 from pgjax.train.trainer import train
 
 
-def preference_file(path, good: str, bad: str, count: int = 48):
-    """Pairs on EmitX's prompt "ab": responses opening with ``good`` over ones opening with ``bad``."""
-    rng = np.random.default_rng(0)
+def preference_file(path, good: str, bad: str, count: int = 48, seed: int = 0):
+    """Pairs on EmitX's prompt "ab": a response opening with one of the characters ``good`` over one
+    opening with one of ``bad`` (the same tail after)."""
+    rng = np.random.default_rng(seed)
     rows = []
     for _ in range(count):
         tail = "".join(rng.choice(list("abx"), size=rng.integers(0, 3)))
-        rows.append({"prompt": "ab", "chosen": good + tail, "rejected": bad + tail})
+        rows.append({"prompt": "ab", "chosen": rng.choice(list(good)) + tail, "rejected": rng.choice(list(bad)) + tail})
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 
 def reward_model_run(tmp_path, good: str, bad: str):
-    """A tiny reward model trained to prefer responses opening with ``good``; its run directory."""
+    """A tiny reward model trained to prefer responses opening with a character of ``good`` to ones
+    opening with one of ``bad``; its run directory."""
     checkpoint = save_tiny_checkpoint(tmp_path / "trunk")
-    pairs = preference_file(tmp_path / f"{good}.jsonl", good, bad)
-    exp = tiny_experiment(tmp_path / good, stage="reward_model", steps=12, prompts_per_step=8, eval_every=12,
-                          eval_prompts=8, checkpoint_every=12, model=ModelSection(path=str(checkpoint)),
-                          optim=OptimConfig(lr=3e-2), reward_model=RewardModelSection(path=str(pairs), max_tokens=8))
+    pairs = preference_file(tmp_path / "pairs.jsonl", good, bad)
+    held_out = preference_file(tmp_path / "eval.jsonl", good, bad, count=8, seed=1)   # one prompt: a file of its own
+    exp = tiny_experiment(tmp_path / "run", stage="reward_model", steps=12, prompts_per_step=8, eval_every=12,
+                          checkpoint_every=12, model=ModelSection(path=str(checkpoint)), optim=OptimConfig(lr=3e-2),
+                          reward_model=RewardModelSection(path=str(pairs), eval_path=str(held_out), max_tokens=8))
     directory = train(exp, progress=False)
     assert read_records(directory)[-1]["eval_accuracy"] == 1.0
     return directory
@@ -46,12 +49,12 @@ def reward_model_run(tmp_path, good: str, bad: str):
 
 @pytest.fixture(scope="module")
 def prefers_x(tmp_path_factory):
-    return reward_model_run(tmp_path_factory.mktemp("rm_x"), "x", "a")
+    return reward_model_run(tmp_path_factory.mktemp("rm_x"), "x", "ab")
 
 
 @pytest.fixture(scope="module")
 def prefers_a(tmp_path_factory):
-    return reward_model_run(tmp_path_factory.mktemp("rm_a"), "a", "x")
+    return reward_model_run(tmp_path_factory.mktemp("rm_a"), "ab", "x")       # the verifier's answer last
 
 
 def test_the_scorer_gives_the_reward_models_scores_in_chunks(prefers_x):
@@ -95,7 +98,7 @@ def test_rl_against_a_learned_reward_learns_what_it_prefers_and_logs_the_verifie
     assert steps[-1]["accuracy"] > steps[0]["accuracy"] and steps[-1]["learned_reward"] > steps[0]["learned_reward"]
     assert records[-1]["eval_accuracy"] > records[0]["eval_accuracy"]
     agreements = [r["reward_model_agreement"] for r in steps if r["reward_model_agreement"] is not None]
-    assert agreements and np.mean(agreements) > 0.8                 # it mostly orders right over wrong
+    assert agreements and np.mean(agreements) > 0.85                # it mostly orders right over wrong
     assert all(abs(r["reward"]) < 1e-5 for r in steps)              # whitened, verifier weight 0: mean 0
 
 
@@ -105,7 +108,7 @@ def test_a_learned_reward_that_prefers_the_wrong_answer_is_hacked(prefers_a, tmp
     assert steps[-1]["learned_reward"] > steps[0]["learned_reward"]
     assert steps[-1]["accuracy"] < steps[0]["accuracy"]
     agreements = [r["reward_model_agreement"] for r in steps if r["reward_model_agreement"] is not None]
-    assert agreements and max(agreements) < 0.1
+    assert agreements and np.mean(agreements) < 0.15                # it mostly orders wrong over right
 
 
 @pytest.mark.parametrize("task, message", [

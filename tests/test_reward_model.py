@@ -8,7 +8,9 @@ import pytest
 
 from helpers import tiny_hf_config
 from pgjax.models import hf
-from pgjax.models.heads import RewardModel, last_real_index
+import dataclasses
+
+from pgjax.models.heads import RewardModel, scored_index
 
 torch = pytest.importorskip("torch", reason="golden tests need torch (pip install torch==2.13.0)")
 transformers = pytest.importorskip("transformers")
@@ -46,8 +48,8 @@ def test_the_score_is_the_head_at_the_last_real_token_whatever_the_padding(tmp_p
     np.testing.assert_allclose(right, alone, rtol=1e-5, atol=1e-6)
     left_tokens = np.stack([np.roll(row, int((m == 0).sum())) for row, m in zip(tokens, mask)])
     left_mask = (left_tokens != PAD).astype(np.int64)
-    np.testing.assert_array_equal(last_real_index(left_mask), [6, 6, 6])
-    np.testing.assert_array_equal(last_real_index(mask), [2, 6, 4])
+    np.testing.assert_array_equal(scored_index(left_tokens, left_mask, None), [6, 6, 6])
+    np.testing.assert_array_equal(scored_index(tokens, mask, None), [2, 6, 4])
     np.testing.assert_allclose(model.scores(jnp.asarray(left_tokens), jnp.asarray(left_mask)), alone,
                                rtol=1e-5, atol=1e-6)
 
@@ -84,6 +86,27 @@ def test_a_process_reward_model_saved_as_a_token_classifier_scores_every_token_a
     assert float(back.bias[...]) == pytest.approx(-0.3)
     np.testing.assert_allclose(np.asarray(back(jnp.asarray(tokens), jnp.asarray(mask)))[mask > 0], got[mask > 0],
                                rtol=1e-6, atol=1e-6)
+
+
+def test_when_the_pad_token_ends_the_texts_the_score_is_read_where_transformers_reads_it(tmp_path):
+    """pad = EOS (Llama 3, SmolLM2): rows that end in it, right-padded with it, are read at their last
+    other token by transformers' sequence classifier and by ``RewardModel.scores`` alike."""
+    model = random_reward_model("llama", False, tmp_path / "trunk")
+    eos = 7
+    model.trunk.config = dataclasses.replace(model.trunk.config, pad_token_id=eos)
+    hf.save_reward_model(model, tmp_path / "rm")
+    tokens, mask = right_padded_batch()
+    tokens = np.where(tokens == eos, 8, tokens)
+    lengths = mask.sum(1)
+    tokens[np.arange(3), lengths - 1] = eos                # each row ends in EOS...
+    tokens[mask == 0] = eos                                # ...and is padded with it
+    reference = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "rm",
+                                                                                dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = reference(input_ids=torch.tensor(tokens), attention_mask=torch.tensor(mask)).logits[:, 0].numpy()
+    got = np.asarray(model.scores(jnp.asarray(tokens), jnp.asarray(mask)))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(scored_index(tokens, mask, eos), lengths - 2)
 
 
 def test_what_a_classifier_checkpoint_cannot_hold_is_refused(tmp_path):

@@ -42,9 +42,9 @@ def test_bradley_terry_loss_stays_finite_at_huge_gaps_and_vmaps_over_margins():
     assert np.all(np.diff(np.asarray(losses)) > 0)             # a larger margin is harder to win
 
 
-def test_pairwise_wins_count_a_tie_as_half():
-    wins = core.pairwise_wins(jnp.array([1.0, 0.0, 2.0]), jnp.array([0.0, 1.0, 2.0]))
-    np.testing.assert_array_equal(wins, [1.0, 0.0, 0.5])
+def test_pairwise_wins_count_a_tie_as_half_and_a_nan_as_nan():
+    wins = core.pairwise_wins(jnp.array([1.0, 0.0, 2.0, jnp.nan]), jnp.array([0.0, 1.0, 2.0, 1.0]))
+    np.testing.assert_array_equal(wins, [1.0, 0.0, 0.5, np.nan])
 
 
 def test_step_classification_loss_matches_numpy():

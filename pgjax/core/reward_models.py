@@ -32,10 +32,11 @@ def bradley_terry_loss(chosen: Array, rejected: Array, margin=0.0, weights: Arra
 
 
 def pairwise_wins(chosen: Array, rejected: Array) -> Array:
-    """1 where the chosen response scores higher, 0 where lower, 1/2 on a tie, [P]: its mean is the
-    pairwise accuracy."""
+    """1 where the chosen response scores higher, 0 where lower, 1/2 on a tie, NaN where a score is
+    NaN (a diverged model's accuracy is NaN, not a tie's 1/2), [P]: its mean is the pairwise accuracy."""
     chex.assert_equal_shape([chosen, rejected])
-    return jnp.where(chosen > rejected, 1.0, jnp.where(chosen < rejected, 0.0, 0.5))
+    wins = jnp.where(chosen > rejected, 1.0, jnp.where(chosen < rejected, 0.0, 0.5))
+    return jnp.where(jnp.isnan(chosen) | jnp.isnan(rejected), jnp.nan, wins)
 
 
 def step_classification_loss(logits: Array, labels: Array, step_mask: Array) -> Array:

@@ -33,20 +33,26 @@ class ScalarHead(nnx.Module):
         return hidden @ self.head[...] + self.bias[...]
 
 
-def last_real_index(attention_mask) -> jax.Array:
-    """[B] the position of each row's last token with attention mask 1 (left or right padding)."""
-    mask = jnp.asarray(attention_mask) > 0
-    width = mask.shape[1]
-    return width - 1 - jnp.argmax(mask[:, ::-1], axis=1)
+def scored_index(tokens, attention_mask, pad_token_id: int | None) -> jax.Array:
+    """[B] the position a sequence classifier reads in each row, as transformers' do: the rightmost
+    token with attention mask 1 that is not ``pad_token_id`` (None: the rightmost with mask 1), with
+    left or right padding; 0 for a row without one."""
+    keep = jnp.asarray(attention_mask) > 0
+    if pad_token_id is not None:
+        keep = keep & (jnp.asarray(tokens) != pad_token_id)
+    width = keep.shape[1]
+    return jnp.where(keep.any(axis=1), width - 1 - jnp.argmax(keep[:, ::-1], axis=1), 0)
 
 
 class RewardModel(ScalarHead):
-    """A learned reward: r(x) = w . h(x) (+ b), the head at the last real token of the prompt and
-    response ``x``. Trained on preferences (Bradley-Terry, ``core.bradley_terry_loss``: b gets no
-    gradient and stays 0) or, as a process reward model, on step labels at each step's last token
-    (``core.step_classification_loss`` on ``__call__``'s logits)."""
+    """A learned reward: r(x) = w . h(x) (+ b), the head at the last token of the prompt and response
+    ``x`` that is not the trunk's ``pad_token_id`` (``scored_index``: where transformers' sequence
+    classifiers read it, so an exported model scores alike). Trained on preferences (Bradley-Terry,
+    ``core.bradley_terry_loss``: b stays 0) or, as a process reward model, on step labels at each
+    step's last token (``core.step_classification_loss`` on ``__call__``'s logits)."""
 
     def scores(self, tokens, attention_mask, mesh=None) -> jax.Array:
         """r of each row [B], float32."""
         values = self(tokens, attention_mask, mesh)
-        return jnp.take_along_axis(values, last_real_index(attention_mask)[:, None], axis=1)[:, 0]
+        index = scored_index(tokens, attention_mask, self.trunk.config.pad_token_id)
+        return jnp.take_along_axis(values, index[:, None], axis=1)[:, 0]

@@ -235,12 +235,12 @@ def save_reward_model(model: RewardModel, directory, tokenizer_dir=None, kind: s
     ``score`` ([1, D] = w).
 
     ``kind="sequence"`` (a reward model): ``AutoModelForSequenceClassification``, which reads the head
-    at each row's rightmost token that is not ``pad_token_id``: the same score as
-    ``RewardModel.scores`` when no text ends in the pad token. Its ``score`` has no bias, so b must be 0
-    (Bradley-Terry never moves it). ``kind="token"`` (a process reward model):
-    ``AutoModelForTokenClassification``, the head at every token, b as ``score.bias``.
-    ``pad_token_id``: written to the config (default: the trunk's), which transformers needs to score
-    a padded batch."""
+    at each row's rightmost token that is not the config's ``pad_token_id``, as ``RewardModel.scores``
+    does with the trunk's. Its ``score`` has no bias, so b must be 0 (a reward model's training never
+    moves it). ``kind="token"`` (a process reward model): ``AutoModelForTokenClassification``, the head
+    at every token, b as ``score.bias``. ``pad_token_id``: written to the config (default: the
+    trunk's), which transformers needs to score a padded batch; pass the trunk's, or its sequence
+    scores may be read at another token."""
     config = model.trunk.config
     architecture = _classifier_architecture(config, kind)
     bias = float(np.asarray(model.bias[...]))

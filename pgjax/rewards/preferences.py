@@ -1,8 +1,9 @@
-"""Preference pairs for a reward model: ``(prompt, chosen, rejected)`` records read from a user's file
-and checked like every dataset (``pgjax.rewards.data``: the same formats, ``"{path}:{line}: ..."``
-errors naming the field, ``skip_invalid`` to leave bad records out and list them).
+"""The data of learned rewards, read from a user's file and checked like every dataset
+(``pgjax.rewards.data``: the same formats, ``"{path}:{line}: ..."`` errors naming the field,
+``skip_invalid`` to leave bad records out and list them): preference pairs for a reward model
+(``load_preferences``) and step labels for a process reward model (``load_step_labels``, at the end).
 
-A record holds, by field name (``prompt_field``, ``chosen_field``, ``rejected_field``):
+A preference record holds, by field name (``prompt_field``, ``chosen_field``, ``rejected_field``):
 
 - **plain**: the prompt (a string, or chat messages up to the last user turn, a ``Conversation``),
   and the chosen and rejected responses as strings (the assistant's reply);
@@ -94,11 +95,16 @@ def load_preferences(path: str | os.PathLike, fields: PreferenceFields = Prefere
     (``records``, ``places``, ``skipped``, ``listing()``); FileNotFoundError for a missing file, a
     ValueError ``"{path}:{line}: ..."`` for a bad record unless ``skip_invalid``, and always one for a
     file without a valid pair."""
+    names = [n for n in (fields.prompt, fields.chosen, fields.rejected, fields.margin) if n]
+    return _read(path, names, lambda record: _record(record, fields), skip_invalid, file_format, "valid pairs")
+
+
+def _read(path, names: list[str], check, skip_invalid: bool, file_format: str, what: str) -> _Dataset:
+    """The records of a file that ``check`` (a parsed record -> the kept one, or _Invalid) keeps."""
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"preference file not found: {path!r}")
+        raise FileNotFoundError(f"data file not found: {path!r}")
     file_format = reader_format(path, file_format)
-    names = [n for n in (fields.prompt, fields.chosen, fields.rejected, fields.margin) if n]
     if file_format == "jsonl":
         data, rows, parse = _Dataset(path, "line"), _lines(path), _parse
     else:
@@ -106,9 +112,48 @@ def load_preferences(path: str | os.PathLike, fields: PreferenceFields = Prefere
         parse = lambda row: _finite(row, names)      # noqa: E731
     for place, row in rows:
         try:
-            data.records.append(_record(parse(row), fields))
+            data.records.append(check(parse(row)))
             data.places.append(place)
         except _Invalid as error:
             data.reject(place, str(error), skip_invalid)
-    data.require_records("valid pairs")
+    data.require_records(what)
     return data
+
+
+@dataclasses.dataclass(frozen=True)
+class StepFields:
+    """The field names of a step-labelled record (TRL's stepwise supervision: ``prompt``,
+    ``completions``, the response's steps in order, and ``labels``, whether each step is correct)."""
+    prompt: str = "prompt"
+    steps: str = "completions"
+    labels: str = "labels"
+
+
+def _step_record(record: dict, fields: StepFields) -> dict[str, Any]:
+    """One checked record ``{"prompt", "steps", "labels"}``; _Invalid naming the field at fault."""
+    missing = [k for k in (fields.prompt, fields.steps, fields.labels) if k not in record]
+    if missing:
+        raise _Invalid(f"record lacks field(s) {missing}; fields present: {sorted(record)}")
+    prompt = _check_prompt(record[fields.prompt], fields.prompt)
+    steps, labels = record[fields.steps], record[fields.labels]
+    if not isinstance(steps, list) or not steps:
+        raise _Invalid(f"field {fields.steps!r}: expected a non-empty list of the response's steps")
+    for i, step in enumerate(steps):
+        if not isinstance(step, str) or not step.strip():
+            raise _Invalid(f"field {fields.steps!r}[{i}]: a step must be a string that is not blank")
+    if not isinstance(labels, list) or len(labels) != len(steps):
+        raise _Invalid(f"field {fields.labels!r}: expected a list of one label per step ({len(steps)}), got "
+                       f"{labels!r:.60}")
+    for i, label in enumerate(labels):
+        if label not in (0, 1) or isinstance(label, float):
+            raise _Invalid(f"field {fields.labels!r}[{i}]: a label is true / false or 1 / 0, got {label!r}")
+    return {"prompt": prompt, "steps": list(steps), "labels": [int(label) for label in labels]}
+
+
+def load_step_labels(path: str | os.PathLike, fields: StepFields = StepFields(), skip_invalid: bool = False,
+                     file_format: str = "auto") -> _Dataset:
+    """The checked step-labelled records of a file (``StepFields``; every step a string that is not
+    blank, one label per step, each true / false or 1 / 0), with their places and what was left out,
+    under ``load_preferences``' rules."""
+    return _read(path, [fields.prompt, fields.steps, fields.labels], lambda record: _step_record(record, fields),
+                 skip_invalid, file_format, "step-labelled records")

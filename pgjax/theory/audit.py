@@ -160,7 +160,8 @@ def audit(mdp: mdp_lib.TokenMDP, policy, theta, algo: core.Algorithm, hp: core.H
     V_pi(s_t); ReMax's is the greedy trajectory's reward. ``behaviour_logits`` ([P, S, V]):
     the sampler's policy mu, which draws the responses and gives ``Batch.behaviour_logp``
     (None: on-policy, mu = pi). ``reference_logits`` ([P, S, V]): the reference policy of the spec's
-    KL term (``Batch.ref_logp``; None: none, and the term must be off). The result also holds
+    KL term (``Batch.ref_logp``; None: none, and the term must be off; ``true_grad`` stays grad J of the
+    MDP's reward, without the KL term, whatever the estimator regularises). The result also holds
     E[sum_t 1], E[sum_t c_t] and E[sum_t c_t^2] of the correction's token weights
     (``spec_correction_weights``).
     """

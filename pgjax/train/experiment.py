@@ -392,16 +392,19 @@ class AlgorithmSection:
             raise ConfigError(f"algorithm.hparams: {error}") from None
 
 
-STAGES = ("rl", "reward_model")
+STAGES = ("rl", "reward_model", "process_reward_model")
 
 
 @dataclasses.dataclass(frozen=True)
 class RewardModelSection:
-    """The reward model a ``stage="reward_model"`` run trains (``pgjax.train.reward_trainer``): the
-    Bradley-Terry loss on the preference pairs of the file ``path`` (``pgjax.rewards.preferences``:
-    the fields by name, the formats and checks of every dataset, ``skip_invalid``), ``margin`` added
-    to each pair's own (``margin_field``). The held-out pairs are those of ``eval_path``, else
-    ``eval_prompts`` pairs drawn from ``path`` with the run's seed, never trained on. ``max_tokens``:
+    """The learned reward a ``stage="reward_model"`` or ``"process_reward_model"`` run trains
+    (``pgjax.train.reward_trainer``) on the file ``path`` (``pgjax.rewards.preferences``: the fields by
+    name, the formats and checks of every dataset, ``skip_invalid``). A reward model: the
+    Bradley-Terry loss on preference pairs (``prompt_field``, ``chosen_field``, ``rejected_field``),
+    ``margin`` added to each pair's own (``margin_field``). A process reward model: each step's label
+    at its last token (``steps_field``, ``labels_field``; the response is its steps joined by
+    ``separator``, ``\n`` a line break). The held-out records are those of ``eval_path``, else
+    ``eval_prompts`` records drawn from ``path`` with the run's seed, never trained on. ``max_tokens``:
     the most tokens a prompt and response may take as the model reads them (the task section's
     ``chat_template``, ``system_prompt`` and ``prompt_template`` render the prompt)."""
     path: str = ""
@@ -409,6 +412,9 @@ class RewardModelSection:
     chosen_field: str = "chosen"
     rejected_field: str = "rejected"
     margin_field: str = ""
+    steps_field: str = "completions"
+    labels_field: str = "labels"
+    step_separator: str = "\\n"
     file_format: str = "auto"
     skip_invalid: bool = False
     eval_path: str = ""
@@ -421,6 +427,13 @@ class RewardModelSection:
                  f"one of {', '.join(FILE_FORMATS)}")
         _require(math.isfinite(self.margin), "reward_model.margin", self.margin, "a finite number")
         _require(self.max_tokens >= 2, "reward_model.max_tokens", self.max_tokens, "an integer >= 2")
+        _require(bool(self.step_separator), "reward_model.step_separator", self.step_separator,
+                 "a text that is not empty (escapes \\n and \\t allowed)")
+
+    @property
+    def separator(self) -> str:
+        """``step_separator`` with its escapes read (``\\n`` a line break)."""
+        return with_escapes(self.step_separator)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -431,9 +444,10 @@ class Experiment:
     ``eval_prompts`` held-out prompts every ``eval_every`` steps; a checkpoint every
     ``checkpoint_every`` steps. ``mesh``: how the devices of all processes are split (default: data
     parallel over all of them); ``distributed``: how the processes of a multi-host run meet (default:
-    from the environment). ``stage``: ``rl``, or ``reward_model`` to train the reward model of the
-    ``reward_model`` section instead (``steps`` of ``prompts_per_step`` pairs with ``optim``, pairwise
-    accuracy every ``eval_every`` steps; the algorithm, rollout, update and warm-start sections unused)."""
+    from the environment). ``stage``: ``rl``, or ``reward_model`` / ``process_reward_model`` to train the
+    learned reward of the ``reward_model`` section instead (``steps`` of ``prompts_per_step`` records
+    with ``optim``, held-out accuracy every ``eval_every`` steps; the algorithm, rollout, update and
+    warm-start sections unused)."""
     name: str = "experiment"
     seed: int = 0
     stage: str = "rl"
@@ -630,7 +644,7 @@ SECTIONS = {
     "logging": "TensorBoard and Weights & Biases writers, progress lines when not on a terminal",
     "mesh": "device mesh sizes: data, fsdp, tensor (-1 = the rest)",
     "distributed": "how the processes of a multi-host run meet (jax.distributed)",
-    "reward_model": "with stage=reward_model: the preference pairs a reward model is trained on, held-out pairs",
+    "reward_model": "with stage=reward_model / process_reward_model: the pairs or step labels it trains on",
 }
 
 

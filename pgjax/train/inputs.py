@@ -58,7 +58,7 @@ def input_files(exp) -> dict[str, pathlib.Path]:
     if exp.model.path and pathlib.Path(exp.model.path).is_dir():
         root = pathlib.Path(exp.model.path)
         files.update((f"model.path/{p.relative_to(root)}", p) for p in checkpoint_files(root))
-    if exp.stage == "reward_model":
+    if exp.stage != "rl":
         for key in ("path", "eval_path"):
             path = pathlib.Path(getattr(exp.reward_model, key))
             if getattr(exp.reward_model, key) and path.is_file():

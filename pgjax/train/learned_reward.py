@@ -110,10 +110,17 @@ class Mix:
         return task_rewards + self.reward_model_weight * self.transform(learned, reference)
 
     def transform(self, learned: np.ndarray, reference: np.ndarray | None = None) -> np.ndarray:
+        """f(``learned``): itself, or whitened by the mean and standard deviation of ``reference``
+        (default: ``learned``) over every process's rows (each process holds its own share)."""
         if self.normalize == "none":
             return learned
         reference = learned if reference is None else reference
-        return ((learned - reference.mean()) / max(float(reference.std()), 1e-6)).astype(np.float32)
+        sums = np.array([reference.sum(), np.square(reference, dtype=np.float64).sum(), reference.size], np.float64)
+        if jax.process_count() > 1:
+            sums = np.asarray(multihost.gather(sums)).reshape(-1, 3).sum(0)
+        mean = sums[0] / sums[2]
+        std = np.sqrt(max(sums[1] / sums[2] - mean * mean, 0.0))
+        return ((learned - mean) / max(std, 1e-6)).astype(np.float32)
 
 
     def statistics(self, learned: np.ndarray, correct: np.ndarray, group_size: int) -> dict:

@@ -47,7 +47,6 @@ from pgjax.parallel import multihost
 from pgjax.train.checkpoints import Checkpoints, one_line, write_atomically
 from pgjax.train.experiment import ConfigError, Experiment, RunStopped, resolved
 from pgjax.train.inputs import INPUTS_FILE, differences, fingerprints, input_files
-from pgjax.train.rollout import pad_id
 from pgjax.train.sinks import MetricsFile, Sink, TensorBoard, WandB, plot, read_records
 
 
@@ -456,10 +455,11 @@ class RunDirectory:
         for sink in self.sinks:
             sink.log(record, completions)
 
-    def export(self, policy) -> None:
+    def export(self, policy, classifier: str = "sequence") -> None:
         """``final/``: the policy as a Hugging Face checkpoint with the run's tokenizer (with LoRA: the
         adapters merged in, and the PEFT adapter alone in ``final/adapter``, see ``_adapter_base``),
-        and the curves; a ``RewardModel`` as a transformers sequence classifier (its adapters merged).
+        and the curves; a ``RewardModel`` as a transformers ``classifier`` (``hf.save_reward_model``'s
+        kind; its adapters merged).
         ``policy`` holds full (gathered) parameters; process 0 writes. RunStopped, with no final/
         written, when it would lack a file (``_check_export``)."""
         if self.primary:
@@ -467,8 +467,7 @@ class RunDirectory:
             tokenizer = self.directory / "tokenizer"
             shutil.rmtree(partial, ignore_errors=True)
             if isinstance(policy, RewardModel):
-                hf.save_reward_model(_merged_reward_model(policy), partial, tokenizer_dir=tokenizer,
-                                     pad_token_id=pad_id(self.tokenizer))
+                hf.save_reward_model(_merged_reward_model(policy), partial, tokenizer_dir=tokenizer, kind=classifier)
             elif policy.config.lora is None:                                        # a kill leaves no half final/
                 hf.save(policy, partial, tokenizer_dir=tokenizer)
             else:

@@ -363,11 +363,12 @@ def train(exp: Experiment, resume: bool = False, progress: bool = True, callback
     moved aside. A reward function's NaN, repeated non-finite updates or a non-finite state raise
     RunStopped with the last checkpoint intact. SIGTERM or Ctrl-C stop the run after its current step
     with a checkpoint (RunInterrupted; ``grace_period``: see ``interrupts.graceful_stop``). A
-    ``stage="reward_model"`` experiment trains its reward model the same way (``RewardModelTrainer``)."""
+    ``stage="reward_model"`` or ``"process_reward_model"`` experiment trains its learned reward the same
+    way (``RewardModelTrainer``)."""
     with interrupts.graceful_stop(grace_period):
         run = RunDirectory(exp, resume, accept_changes, fallback, restart)
         resume = run.resume
-        trainer = (RewardModelTrainer if exp.stage == "reward_model" else Trainer)(exp)
+        trainer = (Trainer if exp.stage == "rl" else RewardModelTrainer)(exp)
         run.create()
         try:
             if resume:
