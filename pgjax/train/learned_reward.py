@@ -32,7 +32,7 @@ from flax import nnx
 from pgjax.models import hf
 from pgjax.parallel import multihost
 from pgjax.parallel.mesh import batch_shards, shard, single_device_mesh
-from pgjax.train.rollout import pad_id, prompt_format_for
+from pgjax.train.rollout import prompt_format_for, right_pad
 
 NORMALIZE = ("none", "batch")
 WIDTH_UNIT = 32         # scored widths are rounded up to this: few compiled shapes
@@ -78,10 +78,7 @@ class LearnedReward:
         texts = [self.prompt_format.exchange(self.tokenizer, p, c) for p, c in zip(prompts, completions)]
         ids = self.tokenizer(texts, add_special_tokens=self.prompt_format.special_tokens)["input_ids"]
         width = multihost.largest(-(-max(map(len, ids)) // WIDTH_UNIT) * WIDTH_UNIT, self.mesh)   # one shape
-        tokens = np.full((len(ids), width), pad_id(self.tokenizer), np.int32)
-        mask = np.zeros((len(ids), width), np.int32)
-        for row, one in enumerate(ids):
-            tokens[row, :len(one)], mask[row, :len(one)] = one, 1
+        tokens, mask = right_pad(self.tokenizer, ids, width)
         local = max(1, batch_shards(self.mesh) // jax.process_count())
         chunk = -(-min(self.batch_rows // jax.process_count(), len(ids)) // local) * local
         out = []

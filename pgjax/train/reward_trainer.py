@@ -57,12 +57,26 @@ from pgjax.train.experiment import ConfigError, Experiment, stream_seed
 from pgjax.train.loop import RunLoop
 from pgjax.train.optim import make_optimizer
 from pgjax.train.progress import Progress
-from pgjax.train.rollout import pad_id, prompt_format_for
+from pgjax.train.rollout import pad_id, prompt_format_for, right_pad
 from pgjax.train.run_dir import RunDirectory
 
 
+class Records:
+    """Arrays of one row per record (the fields of a ``flax.struct.dataclass``), taken together."""
+
+    def __len__(self) -> int:
+        return len(self.arrays()[0])
+
+    def arrays(self) -> tuple:
+        return tuple(getattr(self, f.name) for f in dataclasses.fields(self))
+
+    def take(self, rows):
+        """The records at ``rows``."""
+        return type(self)(*(x[rows] for x in self.arrays()))
+
+
 @flax.struct.dataclass
-class Pairs:
+class Pairs(Records):
     """Encoded preference pairs, right-padded to ``reward_model.max_tokens``: tokens and attention mask
     [N, W] of the chosen and of the rejected exchange, and each pair's margin [N]."""
     chosen: np.ndarray
@@ -70,15 +84,6 @@ class Pairs:
     rejected: np.ndarray
     rejected_mask: np.ndarray
     margin: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.margin)
-
-    def arrays(self) -> tuple:
-        return tuple(getattr(self, f.name) for f in dataclasses.fields(self))
-
-    def take(self, rows) -> Pairs:
-        return Pairs(*(x[rows] for x in self.arrays()))
 
 
 def prompt_key(prompt) -> str:
@@ -108,22 +113,20 @@ def encode_pairs(tokenizer, prompt_format, records: list[dict], width: int, marg
     """``records`` (``load_preferences``'s) as ``Pairs``: each exchange tokenized as the model reads it,
     its margin plus ``margin``; RecordError naming the first pair (by index) that cannot be rendered or
     is longer than ``width``."""
-    pad = pad_id(tokenizer)
     arrays = {}
     for side in ("chosen", "rejected"):
-        tokens, mask = np.full((len(records), width), pad, np.int32), np.zeros((len(records), width), np.int32)
-        for row, record in enumerate(records):
-            one = _exchange_ids(tokenizer, prompt_format, record["prompt"], record[side], row)
+        ids = [_exchange_ids(tokenizer, prompt_format, record["prompt"], record[side], row)
+               for row, record in enumerate(records)]
+        for row, one in enumerate(ids):
             if len(one) > width:
                 raise RecordError(row, f"its {side} prompt and response take {len(one)} tokens; "
                                        f"reward_model.max_tokens={width}")
-            tokens[row, :len(one)], mask[row, :len(one)] = one, 1
-        arrays[side], arrays[f"{side}_mask"] = tokens, mask
+        arrays[side], arrays[f"{side}_mask"] = right_pad(tokenizer, ids, width)
     return Pairs(**arrays, margin=np.array([r["margin"] + margin for r in records], np.float32))
 
 
 @flax.struct.dataclass
-class Steps:
+class Steps(Records):
     """Encoded step-labelled responses, right-padded to ``reward_model.max_tokens``: tokens and
     attention mask [N, W] of each exchange, ``step_mask`` [N, W] 1 at each step's last token and
     ``labels`` [N, W] its label there (0 elsewhere)."""
@@ -132,15 +135,6 @@ class Steps:
     step_mask: np.ndarray
     labels: np.ndarray
 
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def arrays(self) -> tuple:
-        return tuple(getattr(self, f.name) for f in dataclasses.fields(self))
-
-    def take(self, rows) -> Steps:
-        return Steps(*(x[rows] for x in self.arrays()))
-
 
 def encode_steps(tokenizer, prompt_format, records: list[dict], width: int, separator: str = "\n") -> Steps:
     """``records`` (``load_step_labels``') as ``Steps``: each response is its steps joined by
@@ -148,9 +142,8 @@ def encode_steps(tokenizer, prompt_format, records: list[dict], width: int, sepa
     last token of the exchange's text up to the step's last character (the text tokenized up to
     there). RecordError naming the record (by index) that is longer than ``width``, whose template
     rewrites the response, or two of whose steps end in one token."""
-    tokens = np.full((len(records), width), pad_id(tokenizer), np.int32)
-    mask, step_mask, labels = (np.zeros((len(records), width), np.int32) for _ in range(3))
-    special = prompt_format.special_tokens
+    step_mask, labels = (np.zeros((len(records), width), np.int32) for _ in range(2))
+    special, encoded = prompt_format.special_tokens, []
     for row, record in enumerate(records):
         response = separator.join(record["steps"])
         text = prompt_format.exchange(tokenizer, record["prompt"], response)
@@ -160,7 +153,7 @@ def encode_steps(tokenizer, prompt_format, records: list[dict], width: int, sepa
         ids = tokenizer(text, add_special_tokens=special)["input_ids"]
         if len(ids) > width:
             raise RecordError(row, f"its prompt and steps take {len(ids)} tokens; reward_model.max_tokens={width}")
-        tokens[row, :len(ids)], mask[row, :len(ids)] = ids, 1
+        encoded.append(ids)
         lengths = [len(step) for step in record["steps"]]
         ends = np.cumsum(lengths) + len(separator) * np.arange(len(lengths))      # each step's end in the response
         for end, label in zip(ends, record["labels"]):
@@ -168,7 +161,7 @@ def encode_steps(tokenizer, prompt_format, records: list[dict], width: int, sepa
             if step_mask[row, token]:
                 raise RecordError(row, f"two steps end in one token ({tokenizer.decode([ids[token]])!r})")
             step_mask[row, token], labels[row, token] = 1, label
-    return Steps(tokens, mask, step_mask, labels)
+    return Steps(*right_pad(tokenizer, encoded, width), step_mask, labels)
 
 
 def pair_objective(model: RewardModel, pairs: Pairs, mesh=None):

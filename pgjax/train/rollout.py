@@ -277,6 +277,16 @@ def left_pad(tokenizer, ids: list[list[int]], width: int) -> tuple[np.ndarray, n
     return tokens, mask
 
 
+def right_pad(tokenizer, ids: list[list[int]], width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Token sequences (each at most ``width`` long: the caller checks) as ids and mask [P, width],
+    right-padded with the tokenizer's pad id."""
+    tokens = np.full((len(ids), width), pad_id(tokenizer), np.int32)
+    mask = np.zeros((len(ids), width), np.int32)
+    for row, seq in enumerate(ids):
+        tokens[row, :len(seq)], mask[row, :len(seq)] = seq, 1
+    return tokens, mask
+
+
 def decode_responses(tokenizer, response, lengths, eos_ids) -> list[str]:
     """Each response's text up to its length, without its final EOS token (any of ``eos_ids``)."""
     response, lengths = np.asarray(response), np.asarray(lengths)

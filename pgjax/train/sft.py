@@ -22,7 +22,7 @@ from flax import nnx
 
 from pgjax.models.scoring import response_logprobs
 from pgjax.train.episodes import EpisodeLimits, demonstrated_episodes, widened
-from pgjax.train.rollout import PLAIN, PromptFormat, encode_prompts, pad_id
+from pgjax.train.rollout import PLAIN, PromptFormat, encode_prompts, pad_id, right_pad
 
 
 def demonstrations(tokenizer, examples: list[dict], prompt_width: int, response_width: int,
@@ -32,14 +32,12 @@ def demonstrations(tokenizer, examples: list[dict], prompt_width: int, response_
     end_id = tokenizer.eos_token_id if end_id is None else end_id
     prompt_tokens, prompt_mask = encode_prompts(tokenizer, [e["prompt"] for e in examples], prompt_width,
                                                 prompt_format)
-    response = np.full((len(examples), response_width), pad_id(tokenizer), np.int32)
-    mask = np.zeros((len(examples), response_width), np.int32)
-    for row, example in enumerate(examples):
-        ids = tokenizer(example["answer"], add_special_tokens=False)["input_ids"] + [end_id]
+    answers = [tokenizer(example["answer"], add_special_tokens=False)["input_ids"] + [end_id] for example in examples]
+    for example, ids in zip(examples, answers):
         if len(ids) > response_width:
             raise ValueError(f"demonstration {example['answer']!r} needs {len(ids)} tokens with its end token; "
                              f"max_new_tokens is {response_width}")
-        response[row, :len(ids)], mask[row, :len(ids)] = ids, 1
+    response, mask = right_pad(tokenizer, answers, response_width)
     return (np.concatenate([prompt_tokens, response], 1), np.concatenate([prompt_mask, mask], 1),
             mask.astype(np.float32))
 
