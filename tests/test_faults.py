@@ -812,6 +812,36 @@ def test_a_signal_finishes_the_step_writes_its_checkpoint_and_the_resume_is_exac
     assert_same_tree(nnx.state(hf.load(directory / "final")), nnx.state(hf.load(finished[1] / "final")))
 
 
+def test_a_full_disk_at_a_checkpoint_stops_in_one_line_keeping_the_last_one_and_the_resume_is_exact(
+        finished, tmp_path, capsys, monkeypatch):
+    """The disk fills while step 4's checkpoint is written (orbax's error, as it reported a real full
+    disk): the run stops with one line and status 1, step 2's checkpoint intact and no half-written
+    step 4 left; with space again, --resume gives the uninterrupted run's records and final/."""
+    import orbax.checkpoint as ocp
+    exp, _, _, _ = finished
+    save = ocp.CheckpointManager.save
+
+    def full_at_step_4(manager, step, *args, **kwargs):
+        if step == 4:
+            (pathlib.Path(manager.directory) / "4.orbax-checkpoint-tmp-0").mkdir()       # what a cut write leaves
+            raise ValueError("RESOURCE_EXHAUSTED: Error writing \"key/0\" in OCDBT database: Failed to write "
+                             "24870912 bytes to file 15: No space left on device [os_error_code='28']")
+        return save(manager, step, *args, **kwargs)
+    monkeypatch.setattr(ocp.CheckpointManager, "save", full_at_step_4)
+    file = experiment_file(tmp_path)
+    assert cli.main([str(file), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert ("pgjax.run: stopped: the checkpoint of step 4 could not be written: no space left on the device of "
+            in err) and "--resume" in err and "Traceback" not in err
+    run = tmp_path / "run"
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["0", "2"] and not (run / "final").exists()
+    assert not RunLock.held(run)
+    monkeypatch.setattr(ocp.CheckpointManager, "save", save)
+    assert cli.main([str(file), "--no-progress", "--resume"]) == 0
+    assert comparable(run / "metrics.jsonl") == comparable(finished[1] / "metrics.jsonl")
+    assert_same_tree(nnx.state(hf.load(run / "final")), nnx.state(hf.load(finished[1] / "final")))
+
+
 def test_the_command_line_exits_with_128_plus_the_signal(tmp_path, capsys, monkeypatch):
     file = experiment_file(tmp_path)
     calls = itertools.count()

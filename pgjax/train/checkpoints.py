@@ -14,11 +14,13 @@ list. Also the two small helpers the run directory shares: ``write_atomically`` 
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
 import os
 import pathlib
+import shutil
 import sys
 
 import jax
@@ -26,7 +28,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from pgjax.parallel import multihost
-from pgjax.train.experiment import ConfigError
+from pgjax.train.experiment import ConfigError, RunStopped
 
 FILE_LIST = "pgjax_files.json"
 
@@ -52,6 +54,14 @@ def write_atomically(path: pathlib.Path, text: str) -> None:
     partial = path.with_name(path.name + ".partial")
     partial.write_text(text)
     os.replace(partial, path)
+
+
+def no_space(error: BaseException) -> bool:
+    """Whether ``error`` says the disk is full: an ENOSPC OSError, or an error whose text quotes one
+    (orbax's writers report ``RESOURCE_EXHAUSTED: ... No space left on device [os_error_code='28']``)."""
+    if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+        return True
+    return os.strerror(errno.ENOSPC) in str(error)
 
 
 def one_line(error: BaseException) -> str:
@@ -141,14 +151,34 @@ class Checkpoints:
         return self.manager.latest_step()
 
     def save(self, step: int, state, record: dict) -> None:
-        """Write ``state`` and ``record`` as checkpoint ``step``, then its file list (process 0)."""
-        self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                         record=ocp.args.JsonSave(record)), force=True)
-        self.manager.wait_until_finished()
-        if multihost.is_primary():
-            write_atomically(self.directory / str(step) / FILE_LIST,
-                             json.dumps(_file_digests(self.directory / str(step))))
+        """Write ``state`` and ``record`` as checkpoint ``step``, then its file list (process 0). A full
+        disk is RunStopped in one line, the half-written checkpoint removed and the earlier ones kept
+        (orbax reports it as an error whose text holds the OS's; ``no_space``)."""
+        try:
+            self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                             record=ocp.args.JsonSave(record)), force=True)
+            self.manager.wait_until_finished()
+            if multihost.is_primary():
+                write_atomically(self.directory / str(step) / FILE_LIST,
+                                 json.dumps(_file_digests(self.directory / str(step))))
+        except Exception as error:
+            if not no_space(error):
+                raise
+            self._discard(step)
+            raise RunStopped(f"the checkpoint of step {step} could not be written: no space left on the device of "
+                             f"{self.directory} (the checkpoints before it are kept: free some space, then --resume)"
+                             ) from None
         multihost.barrier("checkpoint_file_list")
+
+    def _discard(self, step: int) -> None:
+        """Remove what a failed save of ``step`` left: orbax's temporary directory, or a step directory
+        without its file list (process 0)."""
+        if not multihost.is_primary():
+            return
+        for partial in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
+            shutil.rmtree(partial, ignore_errors=True)
+        if (self.directory / str(step)).is_dir() and not (self.directory / str(step) / FILE_LIST).is_file():
+            shutil.rmtree(self.directory / str(step), ignore_errors=True)
 
     def restore(self, like, step: int | None = None, fallback: bool = True):
         """(state, record) of ``step`` (default: the newest intact one), shaped like the pytree ``like``.
