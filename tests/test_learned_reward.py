@@ -175,3 +175,88 @@ def test_on_an_8_device_mesh_the_scores_are_the_single_devices_and_stale_lora_ru
     result = json.loads(done.stdout.split("RESULT ", 1)[1])
     np.testing.assert_allclose(result["scores"], single, rtol=1e-5, atol=1e-5)
     assert result["lags"] == [None, 0, 1] and all(v is not None for v in result["learned"][1:])
+
+
+# ---------------------------------------------------------------- a process reward model in the loop
+
+class FakeProcessModel:
+    """A process reward model whose every step's logit is 0 (sigma = 1/2), split as LearnedReward splits."""
+    kind = "token"
+
+    def step_logits(self, prompts, completions, separator):
+        out = []
+        for completion in completions:
+            ends, at = [], 0
+            for step in completion.split(separator):
+                at += len(step)
+                if step.strip():
+                    ends.append((at - 1, 0.0))
+                at += len(separator)
+            out.append(ends)
+        return out
+
+
+def test_each_steps_reward_sits_on_the_policy_token_that_ends_it():
+    from pgjax.rewards import char_tokenizer
+    tokenizer = char_tokenizer("abx")
+    ids = tokenizer(["axbxa", "bb"])["input_ids"]
+    eos = tokenizer.eos_token_id
+    response = np.zeros((2, 8), np.int32)
+    response[0, :6], response[1, :3] = ids[0] + [eos], ids[1] + [eos]
+    lengths = np.array([6, 3])
+    mix = Mix(reward_model=FakeProcessModel(), reward_model_weight=2.0, separator="b")
+    rewards, learned = mix.token_rewards(tokenizer, ["ab", "ab"], ["axbxa", "bb"], response, lengths, (eos,))
+    want = np.zeros((2, 8), np.float32)
+    want[0, [1, 4]] = 1.0                       # steps "ax" and "xa" end at characters 1 and 4: 2 x sigma(0)
+    np.testing.assert_allclose(rewards, want)    # "bb" has no step that is not blank
+    np.testing.assert_allclose(learned, [2.0, 0.0])
+
+
+def test_a_process_reward_models_step_logits_are_its_logits_at_the_steps_ends(tmp_path):
+    from pgjax.models.heads import RewardModel
+    from pgjax.train.reward_trainer import encode_steps
+    from pgjax.train.rollout import PLAIN
+    checkpoint = save_tiny_checkpoint(tmp_path / "trunk")
+    model = RewardModel(hf.load(checkpoint))
+    model.head.set_value(jnp.asarray(np.random.default_rng(0).normal(size=model.head.shape), jnp.float32))
+    hf.save_reward_model(model, tmp_path / "prm", tokenizer_dir=checkpoint, kind="token")
+    scorer = LearnedReward(tmp_path / "prm", batch_rows=2)
+    assert scorer.kind == "token"
+    completions = ["1+1=2\n2+2=5", "3+3=6", "\n7\n"]
+    got = scorer.step_logits(["q", "q", "q"], completions, "\n")
+    assert [[end for end, _ in row] for row in got] == [[4, 10], [4], [1]]
+    tokenizer = hf.load_tokenizer(checkpoint)
+    for completion, row in zip(completions, got):
+        steps = [s for s in completion.split("\n") if s.strip()]
+        encoded = encode_steps(tokenizer, PLAIN, [{"prompt": "q", "steps": steps, "labels": [1] * len(steps)}],
+                               width=32)
+        if completion.startswith("\n"):
+            continue                              # a blank first step shifts the text: compared above by its end
+        logits = np.asarray(model(jnp.asarray(encoded.tokens), jnp.asarray(encoded.mask)))[0]
+        np.testing.assert_allclose([z for _, z in row], logits[encoded.step_mask[0] > 0], rtol=1e-5, atol=1e-5)
+
+
+def test_rl_against_a_process_reward_model_trains_on_per_token_rewards(tmp_path):
+    from pgjax.models.heads import RewardModel
+    from pgjax.train.trainer import Callback
+    checkpoint = save_tiny_checkpoint(tmp_path / "trunk")
+    model = RewardModel(hf.load(checkpoint))
+    model.head.set_value(jnp.asarray(np.random.default_rng(0).normal(size=model.head.shape), jnp.float32))
+    hf.save_reward_model(model, tmp_path / "prm", tokenizer_dir=checkpoint, kind="token")
+    seen = []
+
+    class Rewards(Callback):
+        def before_update(self, trainer, rollout, examples, stats):
+            seen.append((np.asarray(rollout.batch.rewards), np.asarray(stats["reward"])))
+            return {}
+    exp = rl_experiment(tmp_path, tmp_path / "prm", reward_model_weight=0.5)
+    exp = dataclasses.replace(exp, task=dataclasses.replace(exp.task, verifier_weight=1.0))
+    directory = train(exp, progress=False, callbacks=[Rewards()])
+    rewards, totals = seen[0]
+    assert rewards.ndim == 2 and (rewards != 0).sum(1).max() >= 1
+    np.testing.assert_allclose(rewards.sum(1), totals, rtol=1e-5, atol=1e-6)
+    steps = [r for r in read_records(directory) if r["step"] > 0]
+    assert all(np.isfinite(r["learned_reward"]) and np.isfinite(r["policy_loss"]) for r in steps)
+    remax = dataclasses.replace(exp, algorithm="remax", run_dir=str(tmp_path / "remax"))
+    with pytest.raises(ConfigError, match="process reward model"):
+        train(remax, progress=False)

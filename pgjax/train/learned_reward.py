@@ -1,4 +1,5 @@
-"""A trained reward model as the training reward of RL (``task.reward_model``).
+"""A trained reward model as the training reward of RL (``task.reward_model``); a process reward
+model's per-step scores as per-token rewards (``Mix.token_rewards``).
 
 ``LearnedReward`` is a reward function like any other, ``fn(prompts, completions, **fields)``, so it sits
 in the rollout's one path from samples to rewards (``rollout.sample_and_score``: sample, decode,
@@ -29,6 +30,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from pgjax import core
 from pgjax.models import hf
 from pgjax.parallel import multihost
 from pgjax.parallel.mesh import batch_shards, shard, single_device_mesh
@@ -38,9 +40,11 @@ NORMALIZE = ("none", "batch")
 WIDTH_UNIT = 32         # scored widths are rounded up to this: few compiled shapes
 
 
-@partial(jax.jit, static_argnames=("graphdef", "mesh"))
-def _scores(graphdef, params, tokens, mask, mesh=None):
-    return nnx.merge(graphdef, params).scores(tokens, mask, mesh)
+@partial(jax.jit, static_argnames=("graphdef", "per_token", "mesh"))
+def _outputs(graphdef, params, tokens, mask, per_token: bool, mesh=None):
+    """A reward model's scores [B], or its logits at every token [B, W] (``per_token``)."""
+    model = nnx.merge(graphdef, params)
+    return model(tokens, mask, mesh) if per_token else model.scores(tokens, mask, mesh)
 
 
 def reward_model_directory(path) -> pathlib.Path:
@@ -68,6 +72,8 @@ class LearnedReward:
             task = json.loads(saved.read_text()).get("task", {})
         self.prompt_format = prompt_format_for(self.tokenizer, task.get("chat_template", "auto"),
                                                task.get("system_prompt", ""), task.get("prompt_template", "{prompt}"))
+        architectures = json.loads((directory / "config.json").read_text()).get("architectures") or []
+        self.kind = "token" if any(a.endswith("ForTokenClassification") for a in architectures) else "sequence"
         self.graphdef, params = nnx.split(hf.load_reward_model(directory))
         self.params = shard(params, self.mesh)
         self.batch_rows = max(batch_rows, batch_shards(self.mesh))
@@ -77,6 +83,33 @@ class LearnedReward:
         """The score of each completion [R] (this process's rows; every process calls it together)."""
         texts = [self.prompt_format.exchange(self.tokenizer, p, c) for p, c in zip(prompts, completions)]
         ids = self.tokenizer(texts, add_special_tokens=self.prompt_format.special_tokens)["input_ids"]
+        return self._run(ids, per_token=False)
+
+    def step_logits(self, prompts, completions, separator: str) -> list[list[tuple[int, float]]]:
+        """A process reward model's view of each completion [R]: (the step's last character in the
+        completion, the model's logit there) per step, the completion split at ``separator`` (blank
+        steps skipped), each logit read at the last token of the exchange up to the step's end, as in
+        its training (``reward_trainer.encode_steps``)."""
+        special, rows, ids, places = self.prompt_format.special_tokens, [], [], []
+        for prompt, completion in zip(prompts, completions):
+            text = self.prompt_format.exchange(self.tokenizer, prompt, completion)
+            start = len(self.prompt_format.render_turns(self.tokenizer, self.prompt_format.turns(prompt)))
+            ends, at = [], 0
+            for step in completion.split(separator):
+                at += len(step)
+                if step.strip():
+                    ends.append(at - 1)
+                at += len(separator)
+            ids.append(self.tokenizer(text, add_special_tokens=special)["input_ids"])
+            places.append([len(self.tokenizer(text[:start + end + 1], add_special_tokens=special)["input_ids"]) - 1
+                           for end in ends])
+            rows.append(ends)
+        logits = self._run(ids, per_token=True)
+        return [[(end, float(logits[r, token])) for end, token in zip(rows[r], places[r])] for r in range(len(rows))]
+
+    def _run(self, ids: list[list[int]], per_token: bool) -> np.ndarray:
+        """The model's scores [R] or logits [R, W] of token sequences, right-padded to one width agreed
+        by every process and run in chunks of ``batch_rows`` on the mesh."""
         width = multihost.largest(-(-max(map(len, ids)) // WIDTH_UNIT) * WIDTH_UNIT, self.mesh)   # one shape
         tokens, mask = right_pad(self.tokenizer, ids, width)
         local = max(1, batch_shards(self.mesh) // jax.process_count())
@@ -86,8 +119,8 @@ class LearnedReward:
             rows = np.arange(start, min(start + chunk, len(ids)))
             padded = np.concatenate([rows, np.full(chunk - len(rows), rows[0])])
             part = multihost.to_global((tokens[padded], mask[padded]), self.mesh)
-            scores = _scores(self.graphdef, self.params, *part, mesh=self.mesh)
-            out.append(np.asarray(multihost.to_host(scores, self.mesh))[:len(rows)])
+            outputs = _outputs(self.graphdef, self.params, *part, per_token, mesh=self.mesh)
+            out.append(np.asarray(multihost.to_host(outputs, self.mesh))[:len(rows)])
         return np.concatenate(out).astype(np.float32)
 
 
@@ -98,6 +131,29 @@ class Mix:
     reward_model: LearnedReward | None = None
     reward_model_weight: float = 1.0
     normalize: str = "none"
+    separator: str = "\n"
+
+    @property
+    def per_step(self) -> bool:
+        """Whether the learned reward is a process reward model (its rewards per step, ``token_rewards``)."""
+        return getattr(self.reward_model, "kind", "sequence") == "token"
+
+    def token_rewards(self, tokenizer, prompts, completions, response, lengths, eos_ids):
+        """A process reward model's rewards on the policy's tokens [R, N] and each response's learned
+        score [R] (their sum): each step's reward, weight x f(sigma(z)) (f: ``transform`` over every
+        step of the batch), on the policy token that holds the step's last character (``tokenizer``
+        decodes ``response`` [R, N] token by token, as the completions were decoded)."""
+        steps = self.reward_model.step_logits(prompts, completions, self.separator)
+        logits = np.array([z for row in steps for _, z in row], np.float32)
+        values = self.transform(np.asarray(core.step_rewards(logits, np.ones_like(logits)), np.float32))
+        rewards, at = np.zeros(np.asarray(response).shape, np.float32), 0
+        for r, row in enumerate(steps):
+            ends = character_ends(tokenizer, np.asarray(response)[r], int(lengths[r]), eos_ids)
+            for end, _ in row:
+                rewards[r, min(int(np.searchsorted(ends, end, side="right")), len(ends) - 1)] += (
+                    self.reward_model_weight * values[at])
+                at += 1
+        return rewards, rewards.sum(1)
 
     def combine(self, task_rewards: np.ndarray, learned: np.ndarray | None, reference: np.ndarray | None = None):
         """``task_rewards`` + weight * f(``learned``); ``reference``: the scores whose mean and standard
@@ -132,3 +188,12 @@ class Mix:
         return {"learned": learned, "agreement_pairs": better.sum(2).reshape(-1).astype(np.float32),
                 "agreement_wins": (order * better).sum(2).reshape(-1).astype(np.float32)}
 
+
+def character_ends(tokenizer, ids, length: int, eos_ids) -> np.ndarray:
+    """[n] the end (exclusive) in the decoded response of each of its first n tokens (the response's
+    ``length`` tokens, its final stop token left out as ``decode_responses`` leaves it out): token i
+    holds the characters ends[i-1] .. ends[i] - 1."""
+    ids = list(ids[:length])
+    if ids and ids[-1] in eos_ids:
+        ids = ids[:-1]
+    return np.array([len(tokenizer.decode(ids[:i + 1])) for i in range(len(ids))] or [0], np.int64)

@@ -429,7 +429,10 @@ def collect(policy: CausalLM, tokenizer, examples: list[dict], reward_fn, correc
     prompt group (``stats["nonfinite"]`` marks the row). ``mix`` (a ``learned_reward.Mix`` with a reward
     model): the training reward adds its weighted scores, and the statistics its raw scores
     (``learned``) and per-row counts of its agreement with the verifier (``Mix.statistics``).
-    ``config.length_penalty`` and the overlong penalty come off the reward last.
+    ``config.length_penalty`` and the overlong penalty come off the reward last. A process reward
+    model (``Mix.per_step``) gives per-token rewards instead (``Mix.token_rewards``: each step's on its
+    last token), the rest of the reward on each response's last token: ``Batch.rewards`` [B, N], the
+    paper's process rewards.
 
     On a ``mesh`` (default: one device) ``examples`` are this process's share of the
     step's prompts (``multihost.process_rows``): the Rollout is global (split over
@@ -438,22 +441,29 @@ def collect(policy: CausalLM, tokenizer, examples: list[dict], reward_fn, correc
     eos_ids = (tokenizer.eos_token_id,) if eos_ids is None else tuple(eos_ids)
     mesh = single_device_mesh() if mesh is None else mesh
     k, pad = config.samples_per_prompt, pad_id(tokenizer)
-    learned = {} if mix is None or mix.reward_model is None else {"learned": mix.reward_model}
+    learned = {} if mix is None or mix.reward_model is None or mix.per_step else {"learned": mix.reward_model}
+    mixing = mix if learned else None           # a reward model's score joins each response's reward
     scored = sample_and_score(policy, tokenizer, examples, config.max_prompt_tokens, key,
                               config.sampling(eos_ids, pad, n=k), {"correct": correct_fn, "reward": reward_fn,
                                                                    **learned}, mesh,
                               config.nonfinite_rewards, prompt_format, samples)
     lengths, truncated = scored.lengths, scored.truncated
     sampled_learned = scored.scores.get("learned")
-    rewards = (_mixed(mix, scored.scores["reward"], sampled_learned)
-               + length_penalties(lengths, config))
+    rewards = _mixed(mixing, scored.scores["reward"], sampled_learned) + length_penalties(lengths, config)
+    token_rewards = None
+    if mix is not None and mix.per_step:                         # a process reward model: rewards per step
+        token_rewards, sampled_learned = mix.token_rewards(tokenizer, scored.prompts, scored.completions,
+                                                           scored.response, lengths, eos_ids)
+        token_rewards[np.arange(len(rewards)), np.maximum(lengths - 1, 0)] += rewards     # the outcome's part
+        rewards = token_rewards.sum(1)
     nonfinite = scored.nonfinite
     greedy_rewards = None
     if greedy_baseline:
         greedy = sample_and_score(policy, tokenizer, examples, config.max_prompt_tokens, key,
                                   config.sampling(eos_ids, pad, greedy=True), {"reward": reward_fn, **learned}, mesh,
                                   config.nonfinite_rewards, prompt_format)
-        greedy_rewards = np.repeat(_mixed(mix, greedy.scores["reward"], greedy.scores.get("learned"), sampled_learned)
+        greedy_learned = greedy.scores.get("learned")
+        greedy_rewards = np.repeat(_mixed(mixing, greedy.scores["reward"], greedy_learned, sampled_learned)
                                    + length_penalties(greedy.lengths, config), k)
         nonfinite = nonfinite | np.repeat(greedy.nonfinite, k)
     keep = ~np.repeat(nonfinite.reshape(-1, k).any(1), k)     # a group baseline needs all K rewards
@@ -463,8 +473,8 @@ def collect(policy: CausalLM, tokenizer, examples: list[dict], reward_fn, correc
         groups = rewards.reshape(-1, k)
         keep &= np.repeat(groups.max(1) > groups.min(1), k)
     response_mask = (np.arange(scored.response.shape[1]) < lengths[:, None]).astype(np.float32)
-    host = to_global({"mask": response_mask * keep[:, None], "rewards": rewards, "greedy_rewards": greedy_rewards},
-                     mesh)
+    host = to_global({"mask": response_mask * keep[:, None], "greedy_rewards": greedy_rewards,
+                      "rewards": rewards if token_rewards is None else token_rewards}, mesh)
     rollout = Rollout(tokens=scored.samples.tokens, attention_mask=scored.samples.attention_mask,
                       batch=core.Batch(logp=None, behaviour_logp=scored.samples.logprobs, group_size=k, **host))
     if config.trim_padding:

@@ -176,6 +176,10 @@ class Trainer(RunLoop):
             raise ConfigError("task.reward_model scores single responses; multi-turn episodes (task.tools or the "
                               "task's environment) are scored by the environment")
         model = user_error("task.reward_model", lambda: LearnedReward(t.reward_model, mesh))
+        if model.kind == "token" and self.learner.spec.baseline == "greedy":
+            raise ConfigError(f"task.reward_model={t.reward_model!r} is a process reward model, whose rewards sit "
+                              f"on the response's steps; {self.exp.algorithm.preset}'s greedy baseline takes one "
+                              "reward per response: use another algorithm")
         return Mix(model, t.reward_model_weight, t.reward_model_normalize)
 
     @property
