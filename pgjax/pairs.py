@@ -3,7 +3,7 @@ a policy K times per prompt and let the task's verifier label the pairs.
 
     python -m pgjax.pairs MODEL_OR_RUN --task NAME [--set task.KEY=VALUE ...] --out PAIRS.jsonl
                           [--prompts P] [--samples K] [--max-new-tokens T] [--temperature 1.0] [--seed S]
-                          [--pairs-per-prompt 2] [--shorter] [--batch-rows 512]
+                          [--pairs-per-prompt 2] [--shorter | --steps] [--batch-rows 512]
 
 The prompts are the task's examples drawn with ``--seed`` as ``pgjax.eval`` draws its held-out ones
 (pick a seed other than the evaluation's, so the reward model never sees the prompts its policy is
@@ -15,6 +15,11 @@ without repeating a response, from:
   lower, their texts different;
 - ``shorter_correct`` (with ``--shorter``): of two correct responses of different lengths (tokens),
   the shorter over the longer; a reward model trained on them learns to counter a length bias.
+
+With ``--steps`` it writes step labels for a process reward model instead: each distinct response as
+``{"prompt", "completions", "labels", "reward", "tags"}``, its lines the steps and each label whether
+the solution is still right there (``pgjax.rewards.step_checks``: its arithmetic checked exactly, the
+last step's answer by the verifier), the format ``stage="process_reward_model"`` reads.
 
 A prompt whose K responses are all right or all wrong gives no ``correct_over_incorrect`` pair. Each
 line of ``--out`` is ``{"prompt", "chosen", "rejected", "kind", "chosen_reward", "rejected_reward",
@@ -40,6 +45,7 @@ from pgjax.parallel import multihost
 from pgjax.parallel.mesh import single_device_mesh
 from pgjax.rewards import RewardError
 from pgjax.rewards.data import Conversation
+from pgjax.rewards.step_checks import checked_steps
 from pgjax.train.checkpoints import write_atomically
 from pgjax.train.evaluation import BATCH_ROWS, _in_batches, strata_of
 from pgjax.train.rollout import pad_id, sample_and_score
@@ -61,6 +67,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="seed of the prompts and the sampling")
     parser.add_argument("--pairs-per-prompt", type=int, default=2, help="pairs of each kind drawn per prompt, at most")
     parser.add_argument("--shorter", action="store_true", help="also pair a shorter correct response over a longer one")
+    parser.add_argument("--steps", action="store_true",
+                        help="write step-labelled responses for a process reward model instead of pairs")
     parser.add_argument("--batch-rows", type=int, default=BATCH_ROWS, help="responses per sampler call")
     return parser.parse_args(argv)
 
@@ -119,6 +127,8 @@ def generate(args: argparse.Namespace) -> tuple[list[dict], dict]:
     rows = _in_batches(multihost.process_share(examples, mesh), jax.random.split(settings["key"])[1], k, mesh,
                        args.batch_rows, play)
     tags = strata_of(examples)
+    if args.steps:
+        return step_records(examples, rows, tags, k)
     rng = np.random.default_rng(args.seed)
     records, with_pair = [], 0
     for p, example in enumerate(examples):
@@ -135,6 +145,26 @@ def generate(args: argparse.Namespace) -> tuple[list[dict], dict]:
     return records, summary
 
 
+def step_records(examples: list[dict], rows: dict, tags: dict, k: int) -> tuple[list[dict], dict]:
+    """``--steps``: each distinct response of each prompt as a step-labelled record
+    (``step_checks.checked_steps``, the verifier's reward judging the answer) and a summary."""
+    records = []
+    for p, example in enumerate(examples):
+        seen = set()
+        for i in range(p * k, (p + 1) * k):
+            text, reward = rows["completion"][i], float(rows["reward"][i])
+            checked = None if text in seen else checked_steps(text, reward == 1.0)
+            seen.add(text)
+            if checked:
+                records.append({"prompt": _prompt_json(example["prompt"]), "completions": checked[0],
+                                "labels": checked[1], "reward": reward,
+                                "tags": {tag: values[p] for tag, values in tags.items()}})
+    labels = [label for r in records for label in r["labels"]]
+    return records, {"prompts": len(examples), "samples": k, "records": len(records), "steps": len(labels),
+                     "steps_right": float(np.mean(labels)) if labels else None,
+                     "sampled_accuracy": float(np.mean(rows["reward"] == 1.0))}
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
@@ -146,8 +176,9 @@ def main(argv=None) -> int:
         print(f"pgjax.pairs: error: {error}", file=sys.stderr)
         return 2
     if not records:
-        print(f"pgjax.pairs: no pair: {json.dumps(summary)} (every prompt's responses were all right or all wrong; "
-              "sample more, or at another temperature)", file=sys.stderr)
+        why = ("no response had a step" if args.steps else
+               "every prompt's responses were all right or all wrong; sample more, or at another temperature")
+        print(f"pgjax.pairs: nothing to write: {json.dumps(summary)} ({why})", file=sys.stderr)
         return 2
     write_atomically(pathlib.Path(args.out), "".join(json.dumps(r) + "\n" for r in records))
     print(json.dumps(summary))

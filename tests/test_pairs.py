@@ -69,3 +69,31 @@ def test_a_mistake_exits_2_and_writes_nothing(policy_run, tmp_path, capsys, argu
     out = tmp_path / "pairs.jsonl"
     assert pairs_cli.main([str(policy_run), "--out", str(out), *arguments]) == 2
     assert message in capsys.readouterr().err and not out.exists()
+
+
+# ---------------------------------------------------------------- step labels (--steps)
+
+def test_each_step_is_labelled_by_its_arithmetic_and_the_first_error_ends_the_right_steps():
+    from pgjax.rewards.step_checks import checked_steps, equations_hold
+    assert checked_steps("We add 4 + 4 = 8 pens.\n\nThen 8 x 3 = 25.\nSo 25.", answer_correct=False) == (
+        ["We add 4 + 4 = 8 pens.", "\nThen 8 x 3 = 25.", "So 25."], [True, False, False])
+    assert checked_steps("12 × 3 = 36\nNext, 36 - 1 = 35.\nThe answer is \\boxed{35}", True)[1] == [True, True, True]
+    assert checked_steps("12 × 3 = 36\nThe answer is \\boxed{36}", False)[1] == [True, False]   # the answer: wrong
+    steps, _ = checked_steps("a\n\nb\n\n", True)
+    assert "\n".join(steps) == "a\n\nb" and checked_steps(" \n\n", True) is None
+    assert equations_hold("1,000 + 20 = 1,020, and (2 + 3) * 4 = 20; 7.5 / 2.5 = 3")
+    assert not equations_hold("so 17 - 9 = 7") and not equations_hold("2 * (3 + 4) = 15")
+    assert equations_hold("3 apples + 2 = 5 or 2 / 0 = 1")          # not plain arithmetic: not checked
+
+
+def test_the_command_writes_step_labels_the_process_reward_models_loader_reads(policy_run, tmp_path, capsys):
+    from pgjax.rewards.preferences import load_step_labels
+    out = tmp_path / "steps.jsonl"
+    assert pairs_cli.main([str(policy_run), "--out", str(out), "--prompts", "4", "--samples", "4",
+                           "--temperature", "1.0", "--steps"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert summary["records"] == len(records) > 0 and summary["steps"] == sum(len(r["labels"]) for r in records)
+    for record in records:                       # EmitX's responses: one line, no equation, right when "x..."
+        assert record["labels"] == [record["reward"] == 1.0] and record["completions"][0].strip()
+    assert len(load_step_labels(out).records) == len(records)
