@@ -66,9 +66,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0, help="seed of the prompts and the sampling")
     parser.add_argument("--pairs-per-prompt", type=int, default=2, help="pairs of each kind drawn per prompt, at most")
-    parser.add_argument("--shorter", action="store_true", help="also pair a shorter correct response over a longer one")
-    parser.add_argument("--steps", action="store_true",
-                        help="write step-labelled responses for a process reward model instead of pairs")
+    kind = parser.add_mutually_exclusive_group()
+    kind.add_argument("--shorter", action="store_true", help="also pair a shorter correct response over a longer one")
+    kind.add_argument("--steps", action="store_true",
+                      help="write step-labelled responses for a process reward model instead of pairs (their steps "
+                           "the lines)")
     parser.add_argument("--batch-rows", type=int, default=BATCH_ROWS, help="responses per sampler call")
     return parser.parse_args(argv)
 

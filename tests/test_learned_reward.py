@@ -183,7 +183,11 @@ class FakeProcessModel:
     """A process reward model whose every step's logit is 0 (sigma = 1/2), split as LearnedReward splits."""
     kind = "token"
 
-    def step_logits(self, prompts, completions, separator):
+    def __init__(self, separator: str):
+        self.separator = separator
+
+    def step_logits(self, prompts, completions):
+        separator = self.separator
         out = []
         for completion in completions:
             ends, at = [], 0
@@ -204,7 +208,7 @@ def test_each_steps_reward_sits_on_the_policy_token_that_ends_it():
     response = np.zeros((2, 8), np.int32)
     response[0, :6], response[1, :3] = ids[0] + [eos], ids[1] + [eos]
     lengths = np.array([6, 3])
-    mix = Mix(reward_model=FakeProcessModel(), reward_model_weight=2.0, separator="b")
+    mix = Mix(reward_model=FakeProcessModel("b"), reward_model_weight=2.0)
     rewards, learned = mix.token_rewards(tokenizer, ["ab", "ab"], ["axbxa", "bb"], response, lengths, (eos,))
     want = np.zeros((2, 8), np.float32)
     want[0, [1, 4]] = 1.0                       # steps "ax" and "xa" end at characters 1 and 4: 2 x sigma(0)
@@ -223,7 +227,7 @@ def test_a_process_reward_models_step_logits_are_its_logits_at_the_steps_ends(tm
     scorer = LearnedReward(tmp_path / "prm", batch_rows=2)
     assert scorer.kind == "token"
     completions = ["1+1=2\n2+2=5", "3+3=6", "\n7\n"]
-    got = scorer.step_logits(["q", "q", "q"], completions, "\n")
+    got = scorer.step_logits(["q", "q", "q"], completions)
     assert [[end for end, _ in row] for row in got] == [[4, 10], [4], [1]]
     tokenizer = hf.load_tokenizer(checkpoint)
     for completion, row in zip(completions, got):

@@ -97,3 +97,16 @@ def test_the_command_writes_step_labels_the_process_reward_models_loader_reads(p
     for record in records:                       # EmitX's responses: one line, no equation, right when "x..."
         assert record["labels"] == [record["reward"] == 1.0] and record["completions"][0].strip()
     assert len(load_step_labels(out).records) == len(records)
+
+
+@pytest.mark.parametrize("line, holds", [
+    ("4 + 4 = 8 pens", True), ("Step 1: 5 x 3 = 15.", True), ("10 / 3 = 3.33", True), ("1/3 = 0.333", True),
+    ("5 boxes * 4 + 2 = 22", True),            # cut short on the left (4 + 2 = 22): not checked
+    ("2(3 + 4) = 14", True), ("2^3 + 1 = 9", True), ("3 \\times 4 + 1 = 13", True), ("24 ÷ 2 + 3 = 15", True),
+    ("4 * 3 = 12 * 2 = 25", False),            # a chain: 12 * 2 = 25 is checked too
+    ("so 17 - 9 = 7", False), ("$3 + 4 = 8$", False), ("[3 + 4 = 8]", False), ("10 / 3 = 3.3", True),
+    ("10 / 3 = 3.4", False),
+])
+def test_an_equation_is_checked_only_when_its_left_side_is_whole(line, holds):
+    from pgjax.rewards.step_checks import equations_hold
+    assert equations_hold(line) is holds

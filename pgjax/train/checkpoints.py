@@ -57,11 +57,14 @@ def write_atomically(path: pathlib.Path, text: str) -> None:
 
 
 def no_space(error: BaseException) -> bool:
-    """Whether ``error`` says the disk is full: an ENOSPC OSError, or an error whose text quotes one
-    (orbax's writers report ``RESOURCE_EXHAUSTED: ... No space left on device [os_error_code='28']``)."""
-    if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+    """Whether ``error`` says the disk (or the user's quota) is full: an ENOSPC / EDQUOT OSError, or an
+    error whose text quotes one
+    (orbax's writers report ``RESOURCE_EXHAUSTED: ... No space left on device [os_error_code='28']``).
+    On several processes a process whose own write fails stops; the others are not told (they wait at
+    the next collective until its timeout)."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
         return True
-    return os.strerror(errno.ENOSPC) in str(error)
+    return any(os.strerror(code) in str(error) for code in (errno.ENOSPC, errno.EDQUOT))
 
 
 def one_line(error: BaseException) -> str:

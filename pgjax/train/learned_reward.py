@@ -33,6 +33,7 @@ from flax import nnx
 from pgjax import core
 from pgjax.models import hf
 from pgjax.parallel import multihost
+from pgjax.rewards import RewardError
 from pgjax.parallel.mesh import batch_shards, shard, single_device_mesh
 from pgjax.train.rollout import prompt_format_for, right_pad
 
@@ -66,10 +67,13 @@ class LearnedReward:
                                     "directory, or a transformers sequence classifier)")
         self.mesh = single_device_mesh() if mesh is None else mesh
         self.tokenizer = hf.load_tokenizer(directory)
-        task = {}
+        task, section = {}, {}
         saved = directory.parent / "experiment.json"
         if directory.name == "final" and saved.is_file():
-            task = json.loads(saved.read_text()).get("task", {})
+            record = json.loads(saved.read_text())
+            task, section = record.get("task", {}), record.get("reward_model", {})
+        # a process reward model's steps, split as in its training (with_escapes: "\\n" is a line break)
+        self.separator = section.get("step_separator", "\\n").replace("\\n", "\n").replace("\\t", "\t")
         self.prompt_format = prompt_format_for(self.tokenizer, task.get("chat_template", "auto"),
                                                task.get("system_prompt", ""), task.get("prompt_template", "{prompt}"))
         architectures = json.loads((directory / "config.json").read_text()).get("architectures") or []
@@ -85,15 +89,20 @@ class LearnedReward:
         ids = self.tokenizer(texts, add_special_tokens=self.prompt_format.special_tokens)["input_ids"]
         return self._run(ids, per_token=False)
 
-    def step_logits(self, prompts, completions, separator: str) -> list[list[tuple[int, float]]]:
+    def step_logits(self, prompts, completions) -> list[list[tuple[int, float]]]:
         """A process reward model's view of each completion [R]: (the step's last character in the
-        completion, the model's logit there) per step, the completion split at ``separator`` (blank
-        steps skipped), each logit read at the last token of the exchange up to the step's end, as in
-        its training (``reward_trainer.encode_steps``)."""
-        special, rows, ids, places = self.prompt_format.special_tokens, [], [], []
+        completion, the model's logit there) per step, the completion split at ``separator`` (its
+        training run's ``reward_model.step_separator``; blank steps skipped), each logit read at the
+        last token of the exchange up to the step's end, as in its training
+        (``reward_trainer.encode_steps``). RewardError for a completion the chat template does not
+        write as it is, or a logit that is not finite."""
+        special, rows, ids, places, separator = self.prompt_format.special_tokens, [], [], [], self.separator
         for prompt, completion in zip(prompts, completions):
             text = self.prompt_format.exchange(self.tokenizer, prompt, completion)
             start = len(self.prompt_format.render_turns(self.tokenizer, self.prompt_format.turns(prompt)))
+            if text[start:start + len(completion)] != completion:
+                raise RewardError(f"{self.__name__}: the chat template does not write the response as it is after "
+                                  f"the prompt, so its steps cannot be placed (response {completion[:60]!r})")
             ends, at = [], 0
             for step in completion.split(separator):
                 at += len(step)
@@ -105,7 +114,11 @@ class LearnedReward:
                            for end in ends])
             rows.append(ends)
         logits = self._run(ids, per_token=True)
-        return [[(end, float(logits[r, token])) for end, token in zip(rows[r], places[r])] for r in range(len(rows))]
+        out = [[(end, float(logits[r, token])) for end, token in zip(rows[r], places[r])] for r in range(len(rows))]
+        bad = next(((r, z) for r, row in enumerate(out) for _, z in row if not np.isfinite(z)), None)
+        if bad is not None:
+            raise RewardError(f"{self.__name__} returned {bad[1]} for a step of row {bad[0]} of {len(out)}")
+        return out
 
     def _run(self, ids: list[list[int]], per_token: bool) -> np.ndarray:
         """The model's scores [R] or logits [R, W] of token sequences, right-padded to one width agreed
@@ -131,7 +144,6 @@ class Mix:
     reward_model: LearnedReward | None = None
     reward_model_weight: float = 1.0
     normalize: str = "none"
-    separator: str = "\n"
 
     @property
     def per_step(self) -> bool:
@@ -143,7 +155,7 @@ class Mix:
         score [R] (their sum): each step's reward, weight x f(sigma(z)) (f: ``transform`` over every
         step of the batch), on the policy token that holds the step's last character (``tokenizer``
         decodes ``response`` [R, N] token by token, as the completions were decoded)."""
-        steps = self.reward_model.step_logits(prompts, completions, self.separator)
+        steps = self.reward_model.step_logits(prompts, completions)
         logits = np.array([z for row in steps for _, z in row], np.float32)
         values = self.transform(np.asarray(core.step_rewards(logits, np.ones_like(logits)), np.float32))
         rewards, at = np.zeros(np.asarray(response).shape, np.float32), 0
@@ -196,4 +208,5 @@ def character_ends(tokenizer, ids, length: int, eos_ids) -> np.ndarray:
     ids = list(ids[:length])
     if ids and ids[-1] in eos_ids:
         ids = ids[:-1]
-    return np.array([len(tokenizer.decode(ids[:i + 1])) for i in range(len(ids))] or [0], np.int64)
+    ends = np.array([len(tokenizer.decode(ids[:i + 1])) for i in range(len(ids))] or [0], np.int64)
+    return np.maximum.accumulate(ends)    # a byte-fallback token decodes to fewer characters until it is whole

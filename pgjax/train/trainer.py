@@ -180,6 +180,10 @@ class Trainer(RunLoop):
             raise ConfigError(f"task.reward_model={t.reward_model!r} is a process reward model, whose rewards sit "
                               f"on the response's steps; {self.exp.algorithm.preset}'s greedy baseline takes one "
                               "reward per response: use another algorithm")
+        if model.kind == "token" and self.exp.rollout.mask_truncated:
+            raise ConfigError(f"task.reward_model={t.reward_model!r} is a process reward model: with "
+                              "rollout.mask_truncated a cut response's rewards would leave its group's baseline "
+                              "(per-token rewards are summed over the kept tokens); set rollout.mask_truncated=false")
         return Mix(model, t.reward_model_weight, t.reward_model_normalize)
 
     @property
