@@ -14,7 +14,7 @@ import pytest
 from helpers import EMIT_X, save_tiny_checkpoint, tiny_experiment
 from pgjax.models import hf
 from pgjax.train.experiment import ConfigError, ModelSection, RewardModelSection, TaskSection
-from pgjax.train.learned_reward import LearnedReward, Mix
+from pgjax.train.learned_reward import LearnedReward, Mix, step_ends
 from pgjax.train.optim import OptimConfig
 from pgjax.train.rollout import RolloutConfig, length_penalties
 from pgjax.train.sinks import read_records
@@ -187,17 +187,7 @@ class FakeProcessModel:
         self.separator = separator
 
     def step_logits(self, prompts, completions):
-        separator = self.separator
-        out = []
-        for completion in completions:
-            ends, at = [], 0
-            for step in completion.split(separator):
-                at += len(step)
-                if step.strip():
-                    ends.append((at - 1, 0.0))
-                at += len(separator)
-            out.append(ends)
-        return out
+        return [[(end, 0.0) for end in step_ends(completion, self.separator)] for completion in completions]
 
 
 def test_each_steps_reward_sits_on_the_policy_token_that_ends_it():

@@ -55,6 +55,33 @@ def reward_model_directory(path) -> pathlib.Path:
     return final if (final / "config.json").is_file() and not (path / "config.json").is_file() else path
 
 
+def step_places(tokenizer, prompt_format, prompt, response: str, ends) -> tuple[list[int], list[int]]:
+    """How a process reward model reads ``response``'s steps, in its training
+    (``reward_trainer.encode_steps``) and in RL (``LearnedReward.step_logits``) alike: (the token ids of
+    the exchange, for each step's last character ``ends`` (indices into ``response``) the last token of
+    the exchange's text up to it). ValueError where the template does not write the response as it
+    is after the prompt (the steps could not be placed)."""
+    text = prompt_format.exchange(tokenizer, prompt, response)
+    start = len(prompt_format.render_turns(tokenizer, prompt_format.turns(prompt)))
+    if text[start:start + len(response)] != response:
+        raise ValueError(f"the template does not write the response as it is after the prompt ({response[:60]!r})")
+    special = prompt_format.special_tokens
+    return (tokenizer(text, add_special_tokens=special)["input_ids"],
+            [len(tokenizer(text[:start + end + 1], add_special_tokens=special)["input_ids"]) - 1 for end in ends])
+
+
+def step_ends(response: str, separator: str) -> list[int]:
+    """The last character of each step of ``response``: its parts between ``separator``, blank ones
+    skipped."""
+    ends, at = [], 0
+    for step in response.split(separator):
+        at += len(step)
+        if step.strip():
+            ends.append(at - 1)
+        at += len(separator)
+    return ends
+
+
 class LearnedReward:
     """r(x, y) of the reward model at ``path`` (a transformers sequence classifier, or a pgjax
     reward-model run whose ``final/`` is one; its run's chat template, system prompt and prompt
@@ -96,23 +123,14 @@ class LearnedReward:
         last token of the exchange up to the step's end, as in its training
         (``reward_trainer.encode_steps``). RewardError for a completion the chat template does not
         write as it is, or a logit that is not finite."""
-        special, rows, ids, places, separator = self.prompt_format.special_tokens, [], [], [], self.separator
+        rows, ids, places = [], [], []
         for prompt, completion in zip(prompts, completions):
-            text = self.prompt_format.exchange(self.tokenizer, prompt, completion)
-            start = len(self.prompt_format.render_turns(self.tokenizer, self.prompt_format.turns(prompt)))
-            if text[start:start + len(completion)] != completion:
-                raise RewardError(f"{self.__name__}: the chat template does not write the response as it is after "
-                                  f"the prompt, so its steps cannot be placed (response {completion[:60]!r})")
-            ends, at = [], 0
-            for step in completion.split(separator):
-                at += len(step)
-                if step.strip():
-                    ends.append(at - 1)
-                at += len(separator)
-            ids.append(self.tokenizer(text, add_special_tokens=special)["input_ids"])
-            places.append([len(self.tokenizer(text[:start + end + 1], add_special_tokens=special)["input_ids"]) - 1
-                           for end in ends])
-            rows.append(ends)
+            ends = step_ends(completion, self.separator)
+            try:
+                one, tokens = step_places(self.tokenizer, self.prompt_format, prompt, completion, ends)
+            except ValueError as error:
+                raise RewardError(f"{self.__name__}: {error}, so its steps cannot be placed") from None
+            rows.append(ends), ids.append(one), places.append(tokens)
         logits = self._run(ids, per_token=True)
         out = [[(end, float(logits[r, token])) for end, token in zip(rows[r], places[r])] for r in range(len(rows))]
         bad = next(((r, z) for r, row in enumerate(out) for _, z in row if not np.isfinite(z)), None)

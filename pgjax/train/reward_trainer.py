@@ -54,6 +54,7 @@ from pgjax.train.checkpoints import Checkpoints
 from pgjax.train.context import user_error
 from pgjax.train.evaluation import wilson_interval
 from pgjax.train.experiment import ConfigError, Experiment, stream_seed
+from pgjax.train.learned_reward import step_places
 from pgjax.train.loop import RunLoop
 from pgjax.train.optim import make_optimizer
 from pgjax.train.progress import Progress
@@ -139,25 +140,23 @@ class Steps(Records):
 def encode_steps(tokenizer, prompt_format, records: list[dict], width: int, separator: str = "\n") -> Steps:
     """``records`` (``load_step_labels``') as ``Steps``: each response is its steps joined by
     ``separator``, written with its prompt as the model reads the exchange; a step's label sits on the
-    last token of the exchange's text up to the step's last character (the text tokenized up to
-    there). RecordError naming the record (by index) that is longer than ``width``, whose template
+    last token of the exchange's text up to the step's last character (``learned_reward.step_places``,
+    as RL reads it). RecordError naming the record (by index) that is longer than ``width``, whose template
     rewrites the response, or two of whose steps end in one token."""
     step_mask, labels = (np.zeros((len(records), width), np.int32) for _ in range(2))
-    special, encoded = prompt_format.special_tokens, []
+    encoded = []
     for row, record in enumerate(records):
-        response = separator.join(record["steps"])
-        text = prompt_format.exchange(tokenizer, record["prompt"], response)
-        start = len(prompt_format.render_turns(tokenizer, prompt_format.turns(record["prompt"])))
-        if text[start:start + len(response)] != response:
-            raise RecordError(row, "the template does not write the response as it is after the prompt")
-        ids = tokenizer(text, add_special_tokens=special)["input_ids"]
+        lengths = [len(step) for step in record["steps"]]
+        ends = np.cumsum(lengths) + len(separator) * np.arange(len(lengths)) - 1    # each step's last character
+        try:
+            ids, tokens = step_places(tokenizer, prompt_format, record["prompt"], separator.join(record["steps"]),
+                                      ends)
+        except ValueError as error:
+            raise RecordError(row, str(error)) from None
         if len(ids) > width:
             raise RecordError(row, f"its prompt and steps take {len(ids)} tokens; reward_model.max_tokens={width}")
         encoded.append(ids)
-        lengths = [len(step) for step in record["steps"]]
-        ends = np.cumsum(lengths) + len(separator) * np.arange(len(lengths))      # each step's end in the response
-        for end, label in zip(ends, record["labels"]):
-            token = len(tokenizer(text[:start + end], add_special_tokens=special)["input_ids"]) - 1
+        for token, label in zip(tokens, record["labels"]):
             if step_mask[row, token]:
                 raise RecordError(row, f"two steps end in one token ({tokenizer.decode([ids[token]])!r})")
             step_mask[row, token], labels[row, token] = 1, label
@@ -178,8 +177,9 @@ def pair_counts(model: RewardModel, pairs: Pairs, weights, mesh=None):
     """(pairwise wins, Bradley-Terry losses, pairs), each summed over the pairs of weight 1."""
     chosen = model.scores(pairs.chosen, pairs.chosen_mask, mesh)
     rejected = model.scores(pairs.rejected, pairs.rejected_mask, mesh)
-    losses = jax.nn.softplus(-(chosen - rejected - pairs.margin))
-    return (jnp.sum(weights * core.pairwise_wins(chosen, rejected)), jnp.sum(weights * losses), jnp.sum(weights))
+    count = jnp.sum(weights)
+    return (jnp.sum(weights * core.pairwise_wins(chosen, rejected)),
+            core.bradley_terry_loss(chosen, rejected, pairs.margin, weights) * count, count)
 
 
 def step_objective(model: RewardModel, steps: Steps, mesh=None):
@@ -197,9 +197,9 @@ def step_counts(model: RewardModel, steps: Steps, weights, mesh=None):
     """(steps classified right, their cross-entropies, steps), each summed over the records of weight 1."""
     logits = model(steps.tokens, steps.mask, mesh)
     scored = steps.step_mask * weights[:, None]
-    y = steps.labels.astype(jnp.float32)
-    losses = y * jax.nn.softplus(-logits) + (1 - y) * jax.nn.softplus(logits)
-    return jnp.sum(scored * ((logits > 0) == (steps.labels > 0))), jnp.sum(scored * losses), jnp.sum(scored)
+    count = jnp.sum(scored)
+    return (jnp.sum(scored * ((logits > 0) == (steps.labels > 0))),
+            core.step_classification_loss(logits, steps.labels, scored) * count, count)
 
 
 # per stage: (the data's reader and encoder, the training objective, the evaluation counts, the export)
