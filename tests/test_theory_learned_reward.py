@@ -17,10 +17,7 @@ from pgjax.theory import learned_reward as lr
 from pgjax.theory import mdp as mdp_lib
 
 
-@pytest.fixture(autouse=True)
-def _x64():
-    with jax.enable_x64(True):
-        yield
+pytestmark = pytest.mark.usefixtures("x64")          # conftest's: float64, as the audits compute
 
 
 @pytest.fixture(scope="module")
