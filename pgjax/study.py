@@ -25,8 +25,9 @@ record is kept counts as trained unless a job still to run needs its policy.
 
 ``--report`` writes ``OUT/NAME.md`` (per paired evaluation and variant: each method's spread across
 seeds and the paired statistics of every pair of models; each unpaired evaluation's table) and
-``OUT/NAME.png`` (each method's greedy evaluation accuracy in training against step: the mean over
-its seeds and the min-max band, from the kept records).
+``OUT/NAME.png`` (each of ``curve_metrics`` against step, one panel each, per method the mean over its
+seeds and the min-max band, from the kept records: by default the greedy evaluation accuracy in
+training; a per-step training metric is averaged over windows of ``record_window`` steps).
 """
 import argparse
 import json
@@ -83,7 +84,7 @@ class Study:
     report tables per method, each window of ``record_window`` steps (``training_table``).
     ``continues``: ``{method: earlier method}``: each seed's run of the method starts from the final
     policy of the earlier method's run of the same seed, not from the base model (a warm start
-    shared by the methods compared after it)."""
+    shared by the methods compared after it). ``curve_metrics``: the record fields the plot shows."""
     name: str
     experiment: str
     base_model: str
@@ -97,6 +98,7 @@ class Study:
     record_metrics: tuple[str, ...] = ()
     record_window: int = 10
     continues: Mapping[str, str] = field(default_factory=dict)
+    curve_metrics: tuple[str, ...] = ("eval_accuracy",)
 
     def __post_init__(self):
         order = list(self.methods)
@@ -231,16 +233,23 @@ class Study:
             return None
         return paired.to_markdown(paired.compare(groups))
 
-    def curves(self, out: pathlib.Path) -> dict:
-        """``{method: {seed: [(step, greedy eval accuracy)]}}`` of the runs whose records are kept."""
+    def curves(self, out: pathlib.Path, metric: str = "eval_accuracy") -> dict:
+        """``{method: {seed: [(step, value)]}}`` of ``metric`` in the runs whose records are kept: the
+        greedy evaluation accuracy where measured, a per-step metric as its mean over each window of
+        ``record_window`` steps, placed at the window's last step."""
         found = {}
         for method in self.methods:
             for seed in self.seeds:
                 path = kept_record(self.run_name(method, seed), out)
                 if not path.exists():
                     continue
-                points = [(r["step"], r["eval_accuracy"]) for r in read_records(path.parent)
-                          if r.get("eval_accuracy") is not None]
+                records = read_records(path.parent)
+                if metric == "eval_accuracy":
+                    points = [(r["step"], r[metric]) for r in records if r.get(metric) is not None]
+                else:
+                    windows = _windows(max((r["step"] for r in records), default=0), self.record_window)
+                    points = [(end, _window_mean(records, metric, start, end)) for start, end in windows]
+                    points = [(end, value) for end, value in points if value is not None]
                 if points:
                     found.setdefault(method, {})[seed] = points
         return found
@@ -256,9 +265,7 @@ class Study:
                        for seed in self.seeds if kept_record(self.run_name(method, seed), out).exists()}
             if not records:
                 continue
-            last = max(r["step"] for rs in records.values() for r in rs)
-            for start in range(1, last + 1, self.record_window):
-                end = min(start + self.record_window - 1, last)
+            for start, end in _windows(max(r["step"] for rs in records.values() for r in rs), self.record_window):
                 cells = []
                 for name in (*self.record_metrics, "eval_accuracy"):
                     per_seed = [_window_mean(rs, name, end if name == "eval_accuracy" else start, end)
@@ -291,7 +298,7 @@ class Study:
         for model in self.trained():
             if not kept_record(model, out).exists():
                 keep_record(model, runs, out)
-        found = self.curves(out)
+        found = {metric: curves for metric in self.curve_metrics if (curves := self.curves(out, metric))}
         if found:
             plot(found, out / f"{self.name}.png", self.curve_title or self.name)
         training = self.training_table(out)
@@ -307,6 +314,11 @@ class Study:
 def job_name(kind: str, model: str, variant: str = "") -> str:
     """An evaluation job's name: ``KIND:MODEL``, with ``:VARIANT`` where it has one."""
     return f"{kind}:{model}" + (f":{variant}" if variant else "")
+
+
+def _windows(last: int, width: int) -> list[tuple[int, int]]:
+    """Steps 1..``last`` cut into windows of ``width`` steps (the last one shorter): (first, last) each."""
+    return [(start, min(start + width - 1, last)) for start in range(1, last + 1, width)]
 
 
 def _window_mean(records: list[dict], name: str, start: int, end: int) -> float | None:
@@ -339,23 +351,28 @@ def keep_record(model: str, runs: pathlib.Path, out: pathlib.Path) -> None:
         kept_record(model, out).write_bytes(source.read_bytes())
 
 
+CURVE_LABELS = {"eval_accuracy": "greedy accuracy, the run's eval prompts"}
+
+
 def plot(found: dict, path: pathlib.Path, title: str) -> None:
-    """Greedy eval accuracy against step: per method the mean over its seeds and the min-max band."""
+    """``{metric: Study.curves}`` against step, one panel per metric: per method the mean over its seeds
+    and the min-max band."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for method, by_seed in found.items():
-        steps = sorted({step for points in by_seed.values() for step, _ in points})
-        values = np.array([[dict(points).get(step, np.nan) for step in steps] for points in by_seed.values()])
-        seeds = f"{len(by_seed)} seed{'s' * (len(by_seed) > 1)}"
-        line, = ax.plot(steps, np.nanmean(values, axis=0), marker="o", label=f"{method} ({seeds})")
-        ax.fill_between(steps, np.nanmin(values, axis=0), np.nanmax(values, axis=0), color=line.get_color(),
-                        alpha=0.15)
-    ax.set_xlabel("RL step")
-    ax.set_ylabel("greedy accuracy, the run's eval prompts")
-    ax.set_title(f"{title}: mean and min-max over seeds", fontsize=9)
-    ax.legend(fontsize=8)
+    fig, axes = plt.subplots(1, len(found), figsize=(6 * len(found), 4), squeeze=False)
+    for ax, (metric, curves) in zip(axes[0], found.items(), strict=True):
+        for method, by_seed in curves.items():
+            steps = sorted({step for points in by_seed.values() for step, _ in points})
+            values = np.array([[dict(points).get(step, np.nan) for step in steps] for points in by_seed.values()])
+            seeds = f"{len(by_seed)} seed{'s' * (len(by_seed) > 1)}"
+            line, = ax.plot(steps, np.nanmean(values, axis=0), marker="o", label=f"{method} ({seeds})")
+            ax.fill_between(steps, np.nanmin(values, axis=0), np.nanmax(values, axis=0), color=line.get_color(),
+                            alpha=0.15)
+        ax.set_xlabel("RL step")
+        ax.set_ylabel(CURVE_LABELS.get(metric, metric))
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{title}: mean and min-max over seeds", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

@@ -220,3 +220,36 @@ def test_a_method_may_continue_only_an_earlier_method(continues):
         studies.Study(name="s", experiment="e.py", base_model="ckpt", methods={"m": (), "later": ()}, seeds=(0,),
                       references={"base": ()}, evaluations=(studies.Evaluation("eval", (), 1),), train_minutes=1,
                       machine="x", continues=continues)
+
+
+def test_the_reward_model_study_trains_each_arm_on_its_reward_and_plots_its_training_curves(tmp_path, monkeypatch):
+    """experiments/smollm2_reward_model_seeds.py: both arms run GRPO with the reward model loaded, the
+    verifier arm giving it weight 0 and the reward-model arm giving the verifier weight 0 (each a valid
+    experiment); the plot's per-step curves are window means: seed 0's learned_reward 1, 3 | 5 and seed
+    1's 2, 4 | 7 in windows of 2 steps give (2, 2.0), (3, 5.0) and (2, 3.0), (3, 7.0)."""
+    from pgjax.train.experiment import load as load_experiment
+    from pgjax.train.experiment import override
+    module = load_experiment_script("smollm2_reward_model_seeds")
+    study, runs, out = module.STUDY, tmp_path / "runs", tmp_path / "out"
+    calls = fake_subprocess(monkeypatch, study.base_model)
+    for seed in (0, 1):
+        study.run_job(f"train:verifier:{seed}", runs, out, study.base_model)
+    study.run_job("train:reward_model:0", runs, out, study.base_model)
+    sets = [[c[i + 1] for i, a in enumerate(c) if a == "--set"] for c in calls]
+    base = load_experiment(EXPERIMENTS / "smollm2_math.py")
+    verifier, learned = override(base, sets[0]), override(base, sets[2])
+    assert (verifier.task.reward_model, verifier.task.reward_model_weight, verifier.task.verifier_weight) == (
+        module.REWARD_MODEL, 0.0, 1.0)
+    assert (learned.task.reward_model, learned.task.reward_model_weight, learned.task.verifier_weight) == (
+        module.REWARD_MODEL, 1.0, 0.0)
+    assert verifier.steps == learned.steps == module.RL_STEPS and verifier.algorithm == learned.algorithm
+    assert verifier.seed == 0 and override(base, sets[1]).seed == 1
+    for seed, values in {0: (1.0, 3.0, 5.0), 1: (2.0, 4.0, 7.0)}.items():
+        studies.kept_record(f"verifier_s{seed}", out).write_text("".join(
+            json.dumps({"step": step, "learned_reward": value, "accuracy": 0.5, "eval_accuracy": 0.4 if step else None})
+            + "\n" for step, value in enumerate(values, start=1)))
+    windowed = dataclasses.replace(study, record_window=2)
+    assert windowed.curves(out, "learned_reward")["verifier"] == {0: [(2, 2.0), (3, 5.0)], 1: [(2, 3.0), (3, 7.0)]}
+    assert windowed.curves(out)["verifier"][0] == [(1, 0.4), (2, 0.4), (3, 0.4)]
+    windowed.report(runs, out)
+    assert (out / "smollm2_reward_model_seeds.png").stat().st_size > 10_000
