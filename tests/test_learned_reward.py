@@ -16,7 +16,7 @@ from pgjax.models import hf
 from pgjax.train.experiment import ConfigError, ModelSection, RewardModelSection, TaskSection
 from pgjax.train.learned_reward import LearnedReward, Mix, step_ends
 from pgjax.train.optim import OptimConfig
-from pgjax.train.rollout import RolloutConfig, length_penalties
+from pgjax.train.rollout import RolloutConfig, decode_responses, length_penalties
 from pgjax.train.sinks import read_records
 from pgjax.train.trainer import train
 
@@ -241,14 +241,25 @@ def test_rl_against_a_process_reward_model_trains_on_per_token_rewards(tmp_path)
 
     class Rewards(Callback):
         def before_update(self, trainer, rollout, examples, stats):
-            seen.append((np.asarray(rollout.batch.rewards), np.asarray(stats["reward"])))
+            mask = np.asarray(rollout.batch.mask)
+            response = np.asarray(rollout.tokens)[:, -mask.shape[1]:]
+            seen.append((np.asarray(rollout.batch.rewards), stats, examples, response, mask.sum(1).astype(int)))
             return {}
     exp = rl_experiment(tmp_path, tmp_path / "prm", reward_model_weight=0.5)
     exp = dataclasses.replace(exp, task=dataclasses.replace(exp.task, verifier_weight=1.0))
     directory = train(exp, progress=False, callbacks=[Rewards()])
-    rewards, totals = seen[0]
+    rewards, stats, examples, response, lengths = seen[0]
     assert rewards.ndim == 2 and (rewards != 0).sum(1).max() >= 1
-    np.testing.assert_allclose(rewards.sum(1), totals, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(rewards.sum(1), stats["reward"], rtol=1e-5, atol=1e-6)
+    # each row: 0.5 sigma(z_j) once per step of its text, as the PRM scores the steps by itself, plus the
+    # verifier's 1 or 0 (no step counted twice, none dropped)
+    tokenizer, k = hf.load_tokenizer(directory / "tokenizer"), exp.rollout.samples_per_prompt   # the policy's
+    completions = decode_responses(tokenizer, response, lengths, (tokenizer.eos_token_id,))
+    prompts = [examples[row // k]["prompt"] for row in range(len(completions))]
+    steps = LearnedReward(tmp_path / "prm").step_logits(prompts, completions)
+    want = [0.5 * sum(1 / (1 + np.exp(-z)) for _, z in row) for row in steps]
+    np.testing.assert_allclose(rewards.sum(1) - np.asarray(stats["correct"]), want, rtol=1e-5, atol=1e-6)
+    assert all((rewards[r, :lengths[r] - 1] != 0).sum() <= len(row) for r, row in enumerate(steps))
     steps = [r for r in read_records(directory) if r["step"] > 0]
     assert all(np.isfinite(r["learned_reward"]) and np.isfinite(r["policy_loss"]) for r in steps)
     remax = dataclasses.replace(exp, algorithm="remax", run_dir=str(tmp_path / "remax"))
