@@ -84,7 +84,9 @@ class Study:
     report tables per method, each window of ``record_window`` steps (``training_table``).
     ``continues``: ``{method: earlier method}``: each seed's run of the method starts from the final
     policy of the earlier method's run of the same seed, not from the base model (a warm start
-    shared by the methods compared after it). ``curve_metrics``: the record fields the plot shows."""
+    shared by the methods compared after it). ``curve_metrics``: the record fields the plot shows.
+    ``method_seeds``: ``{method: seeds}`` for a method trained on other seeds than ``seeds`` (a longer
+    run on one seed, say)."""
     name: str
     experiment: str
     base_model: str
@@ -99,6 +101,7 @@ class Study:
     record_window: int = 10
     continues: Mapping[str, str] = field(default_factory=dict)
     curve_metrics: tuple[str, ...] = ("eval_accuracy",)
+    method_seeds: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     def __post_init__(self):
         order = list(self.methods)
@@ -106,7 +109,10 @@ class Study:
         if wrong:
             raise ValueError(f"study {self.name}: a method continues an earlier method of the study, got {wrong} "
                              f"(methods in order: {order})")
-        clashes = set(self.references) & {self.run_name(m, s) for m in self.methods for s in self.seeds}
+        if set(self.method_seeds) - set(self.methods):
+            raise ValueError(f"study {self.name}: method_seeds names methods not in the study: "
+                             f"{sorted(set(self.method_seeds) - set(self.methods))}")
+        clashes = set(self.references) & set(self.trained())
         kinds = [e.kind for e in self.evaluations]
         if clashes or len(set(kinds)) != len(kinds) or not self.references:
             raise ValueError(f"study {self.name}: needs a reference, distinct evaluation kinds ({kinds}) and no "
@@ -117,9 +123,13 @@ class Study:
         """The directory (under RUNS) and model name of ``method``'s run with ``seed``."""
         return f"{method}_s{seed}"
 
+    def seeds_of(self, method: str) -> tuple[int, ...]:
+        """The seeds ``method`` is trained with."""
+        return self.method_seeds.get(method, self.seeds)
+
     def trained(self) -> list[str]:
         """Every trained run's name, method by method."""
-        return [self.run_name(m, s) for m in self.methods for s in self.seeds]
+        return [self.run_name(m, s) for m in self.methods for s in self.seeds_of(m)]
 
     def models(self) -> list[str]:
         """The references, then every trained run."""
@@ -130,7 +140,7 @@ class Study:
 
     def jobs(self) -> list[str]:
         """Every job of the study, in the order it runs: training, then each evaluation in turn."""
-        jobs = [f"train:{m}:{s}" for m in self.methods for s in self.seeds]
+        jobs = [f"train:{m}:{s}" for m in self.methods for s in self.seeds_of(m)]
         for e in self.evaluations:
             jobs += [job_name(e.kind, model, v) for model in (e.models or self.models())
                      for v in e.variants]
@@ -226,7 +236,7 @@ class Study:
         with the seeds evaluated so far; None unless a reference and one other model are evaluated."""
         found = {ref: [self.output(job_name(evaluation.kind, ref, variant), runs, out)] for ref in self.references}
         found.update({m: [self.output(job_name(evaluation.kind, self.run_name(m, s), variant), runs, out)
-                          for s in self.seeds] for m in self.methods})
+                          for s in self.seeds_of(m)] for m in self.methods})
         groups = {label: [paired.load_evaluation(p) for p in paths if p.exists()] for label, paths in found.items()}
         groups = {label: reports for label, reports in groups.items() if reports}
         if not set(groups) & set(self.references) or len(groups) < 2:
@@ -239,7 +249,7 @@ class Study:
         ``record_window`` steps, placed at the window's last step."""
         found = {}
         for method in self.methods:
-            for seed in self.seeds:
+            for seed in self.seeds_of(method):
                 path = kept_record(self.run_name(method, seed), out)
                 if not path.exists():
                     continue
@@ -262,7 +272,7 @@ class Study:
         rows = []
         for method in self.methods:
             records = {seed: read_records(kept_record(self.run_name(method, seed), out).parent)
-                       for seed in self.seeds if kept_record(self.run_name(method, seed), out).exists()}
+                       for seed in self.seeds_of(method) if kept_record(self.run_name(method, seed), out).exists()}
             if not records:
                 continue
             for start, end in _windows(max(r["step"] for rs in records.values() for r in rs), self.record_window):

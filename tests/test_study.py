@@ -214,6 +214,13 @@ def test_a_method_that_continues_another_starts_from_its_run_of_the_same_seed(tm
     assert study.done("train:warm:1", runs, out)
 
 
+def test_method_seeds_must_name_a_method_of_the_study():
+    with pytest.raises(ValueError, match="method_seeds names methods not in the study"):
+        studies.Study(name="s", experiment="e.py", base_model="ckpt", methods={"m": ()}, seeds=(0,),
+                      references={"base": ()}, evaluations=(studies.Evaluation("eval", (), 1),), train_minutes=1,
+                      machine="x", method_seeds={"gone": (0,)})
+
+
 @pytest.mark.parametrize("continues", [{"m": "m"}, {"m": "later"}, {"gone": "m"}])
 def test_a_method_may_continue_only_an_earlier_method(continues):
     with pytest.raises(ValueError, match="continues an earlier method"):
@@ -231,6 +238,9 @@ def test_the_reward_model_study_trains_each_arm_on_its_reward_and_plots_its_trai
     from pgjax.train.experiment import override
     module = load_experiment_script("smollm2_reward_model_seeds")
     study, runs, out = module.STUDY, tmp_path / "runs", tmp_path / "out"
+    assert [job for job in study.jobs() if job.startswith("train:")] == [
+        *(f"train:{m}:{s}" for m in ("verifier", "reward_model") for s in (0, 1, 2)), "train:reward_model_long:0"]
+    assert "eval:reward_model_long_s0" in study.jobs() and "eval:reward_model_long_s1" not in study.jobs()
     calls = fake_subprocess(monkeypatch, study.base_model)
     for seed in (0, 1):
         study.run_job(f"train:verifier:{seed}", runs, out, study.base_model)
@@ -243,6 +253,9 @@ def test_the_reward_model_study_trains_each_arm_on_its_reward_and_plots_its_trai
     assert (learned.task.reward_model, learned.task.reward_model_weight, learned.task.verifier_weight) == (
         module.REWARD_MODEL, 1.0, 0.0)
     assert verifier.steps == learned.steps == module.RL_STEPS and verifier.algorithm == learned.algorithm
+    study.run_job("train:reward_model_long:0", runs, out, study.base_model)
+    long = override(base, [calls[3][i + 1] for i, a in enumerate(calls[3]) if a == "--set"])
+    assert long.steps == module.LONG_STEPS and long.task == learned.task
     assert verifier.seed == 0 and override(base, sets[1]).seed == 1
     for seed, values in {0: (1.0, 3.0, 5.0), 1: (2.0, 4.0, 7.0)}.items():
         studies.kept_record(f"verifier_s{seed}", out).write_text("".join(
