@@ -11,9 +11,9 @@ Multi-turn rollouts of a policy in these environments: ``pgjax.train.episodes``.
 """
 from pgjax.agents.environment import (CallFormat, Environment, JsonCalls, Step, TaggedCalls, ToolCall, ToolEnvironment,
                                       call_format_for)
-from pgjax.agents.sandbox import PythonSandbox, SandboxRun, SandboxUnavailable
+from pgjax.agents.sandbox import PythonSandbox, SandboxError, SandboxRun, SandboxUnavailable
 from pgjax.agents.tools import Calculator, Tool, ToolResult, format_number
 
-__all__ = ["Calculator", "CallFormat", "Environment", "JsonCalls", "PythonSandbox", "SandboxRun", "SandboxUnavailable",
+__all__ = ["Calculator", "CallFormat", "Environment", "JsonCalls", "PythonSandbox", "SandboxError", "SandboxRun", "SandboxUnavailable",
            "Step", "TaggedCalls", "Tool", "ToolCall", "ToolEnvironment", "ToolResult", "call_format_for",
            "format_number"]

@@ -1,36 +1,47 @@
 """A Python tool for agents: the model's program runs in a confined child process.
 
+Under RL the policy is the adversary: whatever a program does is something training can find, so
+the sandbox is built to hold against programs written to break it (the threat model, each guarantee
+as tested and what none covers: docs/agents.md "The Python sandbox").
+
 ``PythonSandbox()(code)`` writes ``code`` to ``main.py`` in a fresh temporary directory and runs it
 with the interpreter pgjax runs on (or ``python``; as user ``user`` when pgjax runs as root),
 isolated (``-I -S``: no site-packages, no ``PYTHON*`` variables), in a new session, with an empty
 environment but ``PATH``, ``HOME``, ``TMPDIR`` and ``LANG``, and nothing on standard input.
-``pgjax.agents.confine`` confines the child before any of the program runs (the layers, what each
-guarantees and what none does: docs/agents.md "The Python sandbox"):
+``pgjax.agents.confine`` confines the child before any of the program runs:
 
-- ``limits``: CPU seconds, address space, file size, open files (rlimits);
-- ``network``: a new network namespace, with no route anywhere;
-- ``disk``: the directory is a tmpfs of ``disk_bytes`` in a mount namespace of the child's own;
+- ``limits``: CPU seconds, address space, file size, open files (rlimits, the process's own);
+- ``keyring``: a new, empty session keyring;
+- ``network``, ``pids``, ``ipc``, ``uts``: new namespaces, in a new user namespace: no route anywhere,
+  no process outside can be named (the program is PID 1 of its own), SysV objects and the host name
+  its own;
+- ``readonly``: every mount of the host read-only (no file, mode, owner, time or attribute changes);
+- ``disk``: the directory is a tmpfs of ``disk_bytes``;
+- ``privileges``: no capability in any namespace (root is mapped to an unprivileged id);
 - ``filesystem``: Landlock: read only the interpreter's installation and the system's libraries,
   execute only the interpreter and its loader, write only the temporary directory;
 - ``tcp`` and ``signals``: Landlock refuses TCP bind / connect (ABI 4) and signals to processes outside
   the sandbox (ABI 6);
-- ``processes``: a seccomp filter refuses every new process (threads are allowed);
+- ``syscalls``: a seccomp allowlist (``pgjax.agents.syscalls``);
 - an audit hook in the child that refuses the same with readable errors (not a guarantee: a program
   that rewrites the standard library can get past it; the layers above are what hold).
 
-The parent stops the program at ``wall_seconds`` (the whole process group, SIGKILL), and after more
-than ``MAX_OUTPUT_BYTES`` of output; the policy sees at most ``output_bytes`` of standard output and
-of the error's last lines. The directory is removed after every call, so calls share nothing.
-
-By default every layer is required: on a machine without one (not Linux, an old kernel, seccomp or
-user namespaces turned off) a call is a ``SandboxUnavailable`` error naming it, before any code runs,
-unless the sandbox is built with ``allow_weaker=True``, which runs with the layers the machine has.
+The supervisor is bounded: the monitor kills the program at ``wall_seconds``, and the parent kills the
+monitor (and so the program) a moment later whatever the program did with its descriptors, and after
+more than ``MAX_OUTPUT_BYTES`` of output; the policy sees at most ``output_bytes`` of standard output
+and of the error's last lines. Every ending (any exit status, any signal, any bytes) is a
+``SandboxRun``, and ``observation`` turns it into a ``ToolResult``. The sandbox's own failures come
+on a report pipe the program cannot write to: ``SandboxUnavailable`` when a layer is missing (by
+default every layer is required, before any code runs, unless ``allow_weaker=True``),
+``SandboxError`` when the sandbox itself breaks. The directory is removed after every call, so calls
+share nothing.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import json
+import math
 import os
 import pathlib
 import pwd
@@ -45,11 +56,15 @@ import sysconfig
 import tempfile
 import time
 
-from pgjax.agents import confine
+from pgjax.agents import confine, syscalls
 from pgjax.agents.tools import ToolResult
 
-LAYERS = ("limits", "network", "disk", "no_new_privs", "filesystem", "tcp", "signals", "processes")
+LAYERS = ("limits", "keyring", "network", "pids", "ipc", "uts", "readonly", "disk", "privileges", "no_new_privs",
+          "filesystem", "tcp", "signals", "syscalls")
 MAX_OUTPUT_BYTES = 1 << 20        # more output than this and the program is stopped
+MONITOR_GRACE = 1.0               # seconds the monitor has past the deadline to report before it is killed
+REPORT_BYTES = 1 << 16            # the most of the report pipe kept (its lines are a few hundred bytes)
+CPU_SLACK = 0.05                  # CPU seconds short of the limit a SIGKILL still counts as the limit's
 ENVIRONMENT_KEYS = ("PATH", "HOME", "TMPDIR", "LANG")
 
 
@@ -57,11 +72,16 @@ class SandboxUnavailable(RuntimeError):
     """The machine cannot set up an isolation layer the sandbox requires."""
 
 
+class SandboxError(RuntimeError):
+    """The sandbox itself failed (its monitor ended without reporting): not anything the program did."""
+
+
 @dataclasses.dataclass(frozen=True)
 class SandboxRun:
     """What one program did: its output (bytes, as much as was kept), its exit status (negative: the
-    signal that ended it), whether the parent stopped it at ``wall_seconds`` (``timed_out``) or for its
-    output (``output_exceeded``), and the layers that took hold."""
+    signal that ended it), whether it was stopped at ``wall_seconds`` (``timed_out``) or for its output
+    (``output_exceeded``), the layers that took hold, the wall-clock seconds of the call and the CPU
+    seconds the program used."""
 
     stdout: bytes
     stderr: bytes
@@ -70,6 +90,7 @@ class SandboxRun:
     output_exceeded: bool
     layers: dict
     seconds: float
+    cpu_seconds: float = 0.0
 
 
 SYSTEM_LIBRARIES = ("/usr/lib", "/usr/lib64", "/lib", "/lib64")
@@ -215,28 +236,36 @@ class PythonSandbox:
             return self.user
 
     def run(self, code: str) -> SandboxRun:
-        """Run ``code`` confined; raises ``SandboxUnavailable`` if a required layer cannot be set up."""
+        """Run ``code`` confined. ``SandboxUnavailable`` if a required layer cannot be set up (nothing
+        of the program runs), ``SandboxError`` if the sandbox itself fails; whatever the program does
+        is in the ``SandboxRun``."""
         directory = tempfile.mkdtemp(prefix="pgjax-sandbox-", dir=self.parent_directory())
         try:
-            pathlib.Path(directory, "main.py").write_text(code, encoding="utf-8")
+            # a lone surrogate is kept as the bytes it stands for: the program's own SyntaxError, not ours
+            pathlib.Path(directory, "main.py").write_bytes(code.encode("utf-8", "surrogatepass"))
             return self._run_in(directory)
         finally:
             _remove(directory)
 
     def __call__(self, arguments: str) -> ToolResult:
         """The tool call: ``run`` the program and show the policy what it printed, or why it stopped."""
+        if not isinstance(arguments, str):
+            return ToolResult(f"error: the program must be text, got {type(arguments).__name__}", ok=False)
         return observation(self.run(arguments), self)
 
     def _run_in(self, directory: str) -> SandboxRun:
         report_read, report_write = os.pipe()
         source = confine_source()
+        program_filter = syscalls.filter_program()
+        start = time.monotonic()
         config = {"dir": directory, "cpu_seconds": self.cpu_seconds, "memory_bytes": self.memory_bytes,
                   "file_bytes": self.file_bytes, "disk_bytes": self.disk_bytes, "open_files": self.open_files,
-                  "report_fd": report_write,
+                  "report_fd": report_write, "deadline": start + self.wall_seconds,
                   "read_roots": read_roots(self.python),
                   "exec_files": [path for path in (self.interpreter(), elf_loader(self.interpreter())) if path],
                   "read_files": ["/etc/ld.so.cache", "/dev/urandom"],
                   "write_files": ["/dev/null"], "audit": self.audit_hook, "source": source,
+                  "syscalls": program_filter.hex() if isinstance(program_filter, bytes) else None,
                   "require": [] if self.allow_weaker else [layer for layer in LAYERS if layer != "signals"]}
         environment = {"PATH": "/usr/bin:/bin", "HOME": directory, "TMPDIR": directory, "LANG": "C.UTF-8"}
         identity = {}
@@ -244,54 +273,90 @@ class PythonSandbox:
             identity = {"user": self.user, "group": self.group(), "extra_groups": []}
             for path in (directory, os.path.join(directory, "main.py")):
                 os.chown(path, self.user, self.group())
-        start = time.monotonic()
         try:
             child = subprocess.Popen([self.interpreter(), "-I", "-S", "-c", source, json.dumps(config)],
                                      cwd=directory, env=environment, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, pass_fds=(report_write,), start_new_session=True,
                                      **identity)
+        except BaseException:
+            os.close(report_read)
+            raise
         finally:
             os.close(report_write)
         with os.fdopen(report_read, "rb") as report:
-            layers = json.loads(report.read() or b"{}")
-        stdout, stderr, timed_out, exceeded = _collect(child, start + self.wall_seconds, self.output_bytes)
-        if child.returncode == confine.REFUSED and not timed_out:
-            missing = [layer for layer in config["require"] if not layers.get(layer)]
-            raise SandboxUnavailable(f"this machine cannot set up the sandbox's {', '.join(missing)} "
+            kept, stopped = _supervise(child, report, start + self.wall_seconds + MONITOR_GRACE, self.output_bytes)
+        layers, status, monitor_stopped = _read_report(kept[report])
+        missing = [layer for layer in config["require"] if not layers.get(layer)]
+        if missing:
+            why = f" ({program_filter})" if "syscalls" in missing and isinstance(program_filter, str) else ""
+            raise SandboxUnavailable(f"this machine cannot set up the sandbox's {', '.join(missing)}{why} "
                                      f"(layers: {layers}); PythonSandbox(allow_weaker=True) runs without them")
-        return SandboxRun(stdout, stderr, child.returncode, timed_out, exceeded, layers, time.monotonic() - start)
+        if status is None and stopped is None and not monitor_stopped:
+            raise SandboxError(f"the sandbox's monitor ended without a report (exit status {child.returncode}): "
+                               + kept[child.stderr][-500:].decode("utf-8", "replace").strip())
+        status = status or {"returncode": -signal.SIGKILL, "cpu_seconds": 0.0}
+        return SandboxRun(kept[child.stdout], kept[child.stderr], status["returncode"],
+                          monitor_stopped or stopped == "time", stopped == "output", layers,
+                          time.monotonic() - start, status["cpu_seconds"])
 
 
-def _collect(child: subprocess.Popen, deadline: float, keep: int) -> tuple[bytes, bytes, bool, bool]:
-    """Read the child's two pipes until both close: keep the first ``keep`` bytes of standard output
-    and the last ``keep`` of standard error; kill its process group at ``deadline`` or after
-    ``MAX_OUTPUT_BYTES`` in all."""
-    kept, received = {child.stdout: b"", child.stderr: b""}, 0
-    timed_out = exceeded = False
+def _supervise(child: subprocess.Popen, report, deadline: float, keep: int) -> tuple[dict, str | None]:
+    """Read the child's two pipes and the report pipe until all three close, whatever the program does
+    with its descriptors: keep the first ``keep`` bytes of standard output, the last ``keep`` of
+    standard error, the whole report (a few lines; capped). At ``deadline`` or after
+    ``MAX_OUTPUT_BYTES`` of output, kill the monitor's process group (the program dies with its
+    monitor) and stop reading ``MONITOR_GRACE`` later at most. Returns what was kept and why the
+    parent stopped it (None, "time" or "output"); the child has been reaped."""
+    kept = {child.stdout: b"", child.stderr: b"", report: b""}
+    received, stopped, give_up = 0, None, math.inf
     with selectors.DefaultSelector() as selector:
         for stream in kept:
             selector.register(stream, selectors.EVENT_READ)
-        while selector.get_map():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 and not (timed_out or exceeded):
-                timed_out = True
+        while selector.get_map() and time.monotonic() < give_up:
+            if stopped is None and time.monotonic() >= deadline:
+                stopped, give_up = "time", time.monotonic() + MONITOR_GRACE
                 _kill_group(child)
-            for key, _ in selector.select(timeout=max(remaining, 0.05)):
+            for key, _ in selector.select(timeout=max(min(deadline, give_up) - time.monotonic(), 0.01)):
                 data = os.read(key.fileobj.fileno(), 65536)
                 if not data:
                     selector.unregister(key.fileobj)
                     continue
+                stream = key.fileobj
+                if stream is report:
+                    kept[report] = (kept[report] + data)[:REPORT_BYTES]
+                    continue
                 received += len(data)
-                buffer = kept[key.fileobj] + data
-                kept[key.fileobj] = buffer[:keep + 1] if key.fileobj is child.stdout else buffer[-(keep + 1):]
-                if received > MAX_OUTPUT_BYTES and not (timed_out or exceeded):
-                    exceeded = True
+                buffer = kept[stream] + data
+                kept[stream] = buffer[:keep + 1] if stream is child.stdout else buffer[-(keep + 1):]
+                if received > MAX_OUTPUT_BYTES and stopped is None:
+                    stopped, give_up = "output", time.monotonic() + MONITOR_GRACE
                     _kill_group(child)
-    child.wait()
-    _kill_group(child)                       # anything the program left in its group (it can start none)
+    try:
+        child.wait(timeout=MONITOR_GRACE)
+    except subprocess.TimeoutExpired:
+        _kill_group(child)
+        child.wait()
+    _kill_group(child)                       # anything left in its group (the program can start nothing)
     child.stdout.close()
     child.stderr.close()
-    return kept[child.stdout], kept[child.stderr], timed_out, exceeded
+    return kept, stopped
+
+
+def _read_report(text: bytes) -> tuple[dict, dict | None, bool]:
+    """The layers, the program's status (None: none came) and whether the monitor stopped it at the
+    deadline, from the report pipe's JSON lines (``pgjax.agents.confine``: written by the monitor, by
+    init and by the program's process before it became the program, which cannot write there)."""
+    layers, status, timed_out = {}, None, False
+    for line in text.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict):
+            layers.update(entry.get("layers") or {})
+            status = entry.get("status", status)
+            timed_out = timed_out or bool(entry.get("timed_out"))
+    return layers, status, timed_out
 
 
 def _kill_group(child: subprocess.Popen) -> None:
@@ -310,10 +375,21 @@ def _remove(directory: str) -> None:
     shutil.rmtree(directory, ignore_errors=True)
 
 
+def signal_name(number: int) -> str:
+    """``SIGSEGV``; ``SIGRTMIN+3`` for a real-time signal; ``signal 77`` for a number no signal has."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        if signal.SIGRTMIN < number < signal.SIGRTMAX:
+            return f"SIGRTMIN+{number - signal.SIGRTMIN}"
+        return f"signal {number}"
+
+
 def observation(run: SandboxRun, sandbox: PythonSandbox) -> ToolResult:
     """What the policy sees of ``run``: its standard output (cut at ``output_bytes``, the cut marked),
     then, if it failed, the last ``output_bytes`` of its error output (the traceback's end) or why it was
-    stopped. ``ok``: it exited with status 0 within its limits."""
+    stopped. ``ok``: it exited with status 0 within its limits; any other ending, whatever the exit
+    status or signal, is ``ok=False``."""
     keep = sandbox.output_bytes
     out = run.stdout[:keep].decode("utf-8", errors="replace")
     truncated = len(run.stdout) > keep or run.output_exceeded
@@ -325,14 +401,13 @@ def observation(run: SandboxRun, sandbox: PythonSandbox) -> ToolResult:
         reason = f"error: stopped after {sandbox.wall_seconds:g} s (the time limit)"
     elif run.output_exceeded:
         reason = f"error: stopped after printing more than {MAX_OUTPUT_BYTES} bytes"
-    elif signalled == signal.SIGXCPU or (signalled == signal.SIGKILL and run.seconds >= sandbox.cpu_seconds):
+    elif signalled in (signal.SIGXCPU, signal.SIGKILL) and run.cpu_seconds >= sandbox.cpu_seconds - CPU_SLACK:
         reason = f"error: stopped after {sandbox.cpu_seconds} s of CPU time (the limit)"
     elif signalled is not None:
-        reason = f"error: killed by {signal.Signals(signalled).name}" + (f"\n{error}" if error else "")
+        reason = f"error: killed by {signal_name(signalled)}" + (f"\n{error}" if error else "")
     elif run.returncode != 0:
         reason = f"error (exit status {run.returncode}):\n{error}" if error else f"error: exit status {run.returncode}"
     else:
         reason = ""
-    ok = not reason
     text = "\n".join(part for part in (out.rstrip("\n"), reason) if part) or "(no output)"
-    return ToolResult(text, ok=ok, truncated=truncated)
+    return ToolResult(text, ok=not reason, truncated=truncated)
