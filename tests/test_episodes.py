@@ -21,7 +21,8 @@ from pgjax import core
 from pgjax.agents import Calculator
 from pgjax.agents.environment import Step, ToolEnvironment
 from pgjax.sample import SamplingConfig, generate
-from pgjax.train.episodes import CUT_MARK, EpisodeLimits, episode_limits, run_episodes
+from pgjax.train.episodes import (CUT_MARK, EnvironmentFailure, EpisodeError, EpisodeLimits, checked_step,
+                                  episode_limits, episode_rollout, error_id, run_episodes)
 from pgjax.train.rollout import PromptFormat, decode_responses, encode_prompts
 from test_chat_prompts import chatml_tokenizer
 from test_sampler import forward, sharp_model
@@ -235,10 +236,103 @@ def test_environments_must_open_alike_and_return_steps(setup):
         def step(self, reply):
             return 1.0
 
-    with pytest.raises(TypeError, match="must return a pgjax.agents.Step"):
+    with pytest.raises(EnvironmentFailure, match=r"failed in every episode: Bad.step returned a float \(1.0\), not a "
+                                                 r"pgjax.agents.Step"):
         play(setup, Bad)
-    with pytest.raises(ValueError, match="max_turns must be an integer >= 1"):
-        EpisodeLimits(max_turns=0)
+
+
+# what a broken environment does, row by row: the episodes of row r % 8 == i fail the i-th way
+FAULTS = [lambda reply: Step(reward=1.0, done=True),
+          lambda reply: 1 / 0,
+          lambda reply: "a string",
+          lambda reply: Step(reward="1.0", done=True),
+          lambda reply: Step(observation=[{"role": "user", "content": 3}]),
+          lambda reply: Step(observation="text"),
+          lambda reply: Step(reward=float("nan"), done=True),
+          lambda reply: Step(reward=1.0, done=True, info={"calls": "two"})]
+FAULT_TEXTS = [None, "Broken.step raised ZeroDivisionError: division by zero (tests/test_episodes.py:",
+               "Broken.step returned a str ('a string'), not a pgjax.agents.Step",
+               "Broken.step returned reward a str ('1.0'): a reward is a number or None",
+               "Broken.step returned observation a list ([{'role': 'user', 'content': 3}]): a list of",
+               "Broken.step returned observation a str ('text'): a list of", None,
+               "Broken.step returned info a dict ({'calls': 'two'}): a dict whose calls"]
+
+
+class Broken(OneTurn):
+    """Fails the ``FAULTS`` way of its row (rows counted as they are made)."""
+    made = 0
+
+    def __init__(self):
+        self.fault, Broken.made = FAULTS[Broken.made % len(FAULTS)], Broken.made + 1
+
+    def step(self, reply):
+        return self.fault(reply)
+
+
+def test_an_environment_that_fails_ends_its_episode_not_the_run(setup):
+    """Each way an environment's step can fail ends that episode with ``ended="error"`` and its message,
+    the other episodes play on; a NaN reward is 0 and named; the rollout leaves the groups of failed
+    or non-finite episodes out, counts them, or stops on a NaN with nonfinite_rewards="error"."""
+    from pgjax.parallel.mesh import single_device_mesh
+    from pgjax.rewards import RewardError
+    from pgjax.train.rollout import RolloutConfig
+    Broken.made = 0
+    model, tokenizer, end = setup
+    examples = [{"prompt": f"{i}+1=?"} for i in range(4)]
+    episodes = play(setup, Broken, n=2, examples=examples)
+    for r, (error, expected) in enumerate(zip(episodes.errors, FAULT_TEXTS)):
+        assert (error is None) if expected is None else error.startswith(expected), (r, error)
+        assert episodes.ended[r] == ("error" if expected else "done")
+    assert episodes.nonfinite == [None] * 6 + ["Broken.step returned reward nan at turn 1", None]
+    assert episodes.returns[6] == 0.0 and episodes.returns[0] == 1.0
+    config = RolloutConfig(samples_per_prompt=2, max_new_tokens=6, max_turns=4, trim_padding=False)
+    with pytest.raises(RewardError, match="returned reward nan at turn 1 .rollout.nonfinite_rewards=mask"):
+        episode_rollout(episodes, examples, tokenizer, config, single_device_mesh())
+    config = dataclasses.replace(config, nonfinite_rewards="mask")
+    rollout, stats = episode_rollout(episodes, examples, tokenizer, config, single_device_mesh())
+    assert stats["kept"].tolist() == [False] * 8                      # every group holds a failed episode
+    assert stats["environment_errors"].tolist() == [e is not None for e in FAULT_TEXTS]
+    assert stats["nonfinite"].tolist() == [False] * 6 + [True, False]
+    assert (stats["environment_error_ids"] != 0).tolist() == stats["environment_errors"].tolist()
+    assert float(np.asarray(rollout.batch.mask).sum()) == 0.0
+
+
+def test_a_tool_that_raises_or_returns_no_result_is_an_environment_error(setup):
+    """A custom tool's own failure (an exception, not a ToolResult) is the environment's error,
+    recorded; a malformed call of the policy's is an observation (test_environment)."""
+    class Exploding:
+        name, description, parameter = "boom", "explodes", "text"
+
+        def __call__(self, arguments):
+            raise RuntimeError("the tool broke")
+
+    class Silent(Exploding):
+        def __call__(self, arguments):
+            return "not a result"
+
+    for tool, message in ((Exploding(), "RuntimeError: the tool broke"),
+                          (Silent(), "TypeError: the tool 'boom' returned str, not a ToolResult")):
+        environment = ToolEnvironment([tool], lambda example, reply: 1.0)
+        environment.reset({"prompt": "x"})
+        with pytest.raises(EpisodeError, match=message):
+            checked_step(environment, "<boom>go</boom>")
+
+
+def test_the_same_environment_error_step_after_step_stops_the_run():
+    """``EnvironmentErrors``: an error id present in 3 steps in a row stops the run, naming the
+    message; a step without it resets its streak."""
+    from pgjax.train.experiment import RunStopped
+    from pgjax.train.pipeline import EnvironmentErrors
+    tracker, message = EnvironmentErrors(), "Env.step raised KeyError: 'x' (env.py:3)"
+    ids = lambda *messages: {"environment_error_ids": np.array([error_id(m) for m in messages])}     # noqa: E731
+    assert tracker.check(1, ids(message, None), [message, None]) == message
+    assert tracker.check(2, ids(message), [message]) == message
+    assert tracker.check(3, ids(None, None), [None, None]) == ""                # the streak ends
+    tracker.check(4, ids(message), [message])
+    tracker.check(5, ids(message), [message])
+    with pytest.raises(RunStopped, match=r"step 6: the same environment error ended episodes in 3 steps in a row: "
+                                         r"Env.step raised KeyError"):
+        tracker.check(6, ids(None, message), [None, None])
 
 
 def test_a_tool_environment_runs_in_episodes(setup):

@@ -70,6 +70,48 @@ def test_a_program_runs_and_the_policy_sees_its_output():
     assert seen.ok and seen.text == "(no output)"
 
 
+STANDARD_LIBRARY = r"""
+import json, math, re, decimal, fractions, itertools, collections, datetime, random, statistics, heapq, bisect
+import functools, string, textwrap, unicodedata, csv, io, pathlib, glob, queue, hashlib, zlib, struct, array
+import time, os, sys, tempfile, shutil, sqlite3, secrets, uuid, concurrent.futures, threading, signal, copy
+import pickle, base64, operator, enum, dataclasses, typing, pprint, difflib, calendar, cmath, numbers, selectors
+print(math.factorial(20), decimal.Decimal(1) / 8, fractions.Fraction(3, 9), statistics.mean([1, 2, 3]))
+print(datetime.datetime.now().year > 2000, time.strftime("%Y", time.localtime()) > "2000", uuid.uuid4().version)
+db = sqlite3.connect("x.db")
+db.execute("create table t(a)")
+db.execute("insert into t values (4)")
+db.commit()
+print(db.execute("select sum(a) from t").fetchone(), sqlite3.connect(":memory:").execute("select 1+1").fetchone())
+with tempfile.TemporaryDirectory() as d:
+    pathlib.Path(d, "f.txt").write_text("hello")
+    shutil.copy(pathlib.Path(d, "f.txt"), pathlib.Path(d, "g.txt"))
+    print(sorted(os.listdir(d)), len(glob.glob(d + "/*.txt")))
+with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    print(sum(pool.map(lambda x: x * x, range(100))))
+signal.signal(signal.SIGALRM, lambda *a: print("alarm"))
+signal.setitimer(signal.ITIMER_REAL, 0.05)
+time.sleep(0.2)
+print(hashlib.sha256(b"x").hexdigest()[:8], len(secrets.token_hex(8)), round(random.Random(0).random(), 4))
+selector, (r, w) = selectors.DefaultSelector(), os.pipe()
+selector.register(r, selectors.EVENT_READ)
+os.write(w, b"x")
+print(len(selector.select(0.1)), os.getcwd() == os.environ["HOME"])
+sys.setrecursionlimit(5000)
+def depth(n):
+    return n if n == 0 else depth(n - 1)
+print(depth(3000))
+"""
+
+
+def test_the_standard_library_works_under_the_allowlist():
+    """What programs commonly use (files, sqlite, threads, timers, signals to itself, selectors, deep
+    recursion) runs: the allowlist is not so tight that honest programs fail."""
+    result, seen = run(STANDARD_LIBRARY, hook=True, cpu_seconds=5, wall_seconds=10.0)
+    assert seen.ok, seen.text
+    assert seen.text.splitlines() == ["2432902008176640000 0.125 1/3 2", "True True 4", "(4,) (2,)",
+                                      "['f.txt', 'g.txt'] 2", "328350", "alarm", "2d711642 16 0.8444", "1 True", "0"]
+
+
 def test_an_error_shows_the_programs_own_traceback_only():
     _, seen = run("def f():\n    return 1 / 0\nprint('before')\nf()", hook=True)
     assert not seen.ok and seen.text.startswith("before\nerror (exit status 1):\nTraceback")
@@ -641,3 +683,54 @@ def children_of(pid: int) -> list[int]:
         if int(fields[1]) == pid:
             found.append(int(entry))
     return found
+
+
+def test_when_the_trainer_dies_the_program_dies_with_it(tmp_path):
+    """A trainer killed (SIGKILL) during a call leaves no process of the sandbox behind: the monitor,
+    init and the program each die at their parent's death."""
+    trainer = subprocess.Popen([sys.executable, "-c", "from pgjax.agents import PythonSandbox\n"
+                                "PythonSandbox(wall_seconds=60, cpu_seconds=60)('import time\\ntime.sleep(60)')"],
+                               env={**os.environ, "TMPDIR": str(tmp_path)})
+    deadline = time.monotonic() + 20
+    while not list(tmp_path.glob("pgjax-sandbox-*/main.py")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    directory = next(tmp_path.glob("pgjax-sandbox-*")).name
+    time.sleep(0.5)                                             # the program is running
+    running = [pid for pid in sandbox_processes(directory)]
+    assert len(running) >= 3, running                           # monitor, init and program
+    trainer.kill()
+    trainer.wait()
+    deadline = time.monotonic() + 5
+    while sandbox_processes(directory) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sandbox_processes(directory) == []
+
+
+def sandbox_processes(directory: str) -> list[int]:
+    """The processes whose command line names the sandbox directory ``directory``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                if directory.encode() in cmdline.read():
+                    found.append(int(entry))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the fallback of a root trainer without user namespaces")
+def test_without_user_namespaces_a_root_program_still_holds_no_capability(monkeypatch):
+    """Where the kernel refuses a user namespace, root enters the other namespaces without one and the
+    program drops every capability (bounding set, locked securebits): capget shows none, and root's
+    powers fail; the missing layer is reported, so only allow_weaker=True runs it."""
+    source = sandbox_module.confine_source().replace("libc.unshare(CLONE_NEWUSER | NAMESPACES) == 0", "False")
+    monkeypatch.setattr(sandbox_module, "confine_source", lambda: source)
+    code = (LIBC + "caps = (ctypes.c_uint32 * 6)()\nlibc.capget((ctypes.c_uint32 * 2)(0x20080522, 0), caps)\n"
+            "print('caps', list(caps), os.geteuid())\ncall('sethostname', libc.sethostname(b'pwned', 5))\n")
+    with pytest.raises(SandboxUnavailable, match="cannot set up the sandbox's userns"):
+        PythonSandbox(audit_hook=False, **QUICK).run(code)
+    result = PythonSandbox(allow_weaker=True, audit_hook=False, **QUICK).run(code)
+    assert result.stdout.decode().splitlines() == ["caps [0, 0, 0, 0, 0, 0] 0", "sethostname -1 1"], result.stderr
+    assert result.layers["privileges"] and result.layers["pids"] and result.layers["readonly"]
+    assert not result.layers["userns"]

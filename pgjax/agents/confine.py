@@ -94,12 +94,11 @@ def enter_namespaces(libc, config: dict) -> dict:
     uid, gid = os.geteuid(), os.getegid()
     if uid == 0:
         os.setgroups([])
-    if libc.unshare(CLONE_NEWUSER | NAMESPACES) == 0:
+    own_users = libc.unshare(CLONE_NEWUSER | NAMESPACES) == 0
+    if own_users:
         map_ids(uid, gid)
-        entered = True
-    else:
-        entered = uid == 0 and libc.unshare(NAMESPACES) == 0
-    layers = dict.fromkeys(("network", "pids", "ipc", "uts"), entered)
+    entered = own_users or (uid == 0 and libc.unshare(NAMESPACES) == 0)
+    layers = {"userns": own_users, **dict.fromkeys(("network", "pids", "ipc", "uts"), entered)}
     layers.update(mount_filesystems(libc, config) if entered else {"readonly": False, "disk": False})
     if entered:
         libc.sethostname(b"sandbox", 7)

@@ -28,7 +28,10 @@ tool as the final answer. How a call is written is a ``CallFormat``:
   described by the template itself, the result in a ``tool`` message.
 
 ``call_format_for(chat_template)`` picks one. A malformed call (an unclosed tag, bad JSON, an unknown
-tool, a missing argument) is an error observation the policy sees, never an exception.
+tool, a name or argument of the wrong type, a missing argument) is an error observation the policy
+sees, never an exception. A tool that raises, or returns something other than a ``ToolResult``, is
+the tool's error, not the policy's: ``step`` raises, and ``pgjax.train.episodes`` records the episode
+as ended by an environment error.
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from pgjax.agents.tools import Tool
+from pgjax.agents.tools import Tool, ToolResult
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,10 +141,12 @@ class JsonCalls:
             except json.JSONDecodeError as error:
                 errors.append(f"error: the tool call is not JSON ({error.msg})")
                 continue
-            tool = by_name.get(call.get("name")) if isinstance(call, dict) else None
+            name = call.get("name") if isinstance(call, dict) else None
+            tool = by_name.get(name) if isinstance(name, str) else None
             arguments = call.get("arguments") if isinstance(call, dict) else None
             if tool is None:
-                errors.append(f"error: no tool named {call.get('name') if isinstance(call, dict) else call!r}")
+                named = repr(name if isinstance(call, dict) else call)
+                errors.append(f"error: no tool named {named if len(named) <= 60 else named[:57] + '...'}")
             elif not isinstance(arguments, dict) or not isinstance(arguments.get(tool.parameter), str):
                 errors.append(f"error: {tool.name} takes {{\"{tool.parameter}\": \"...\"}}")
             else:
@@ -216,6 +221,9 @@ class ToolEnvironment:
             return Step(reward=reward, done=True, info={"calls": 0, "valid_calls": 0, "correct": reward})
         by_name = {tool.name: tool for tool in self.tools}
         results = [by_name[call.name](call.arguments) for call in calls]
+        for call, result in zip(calls, results):
+            if not isinstance(result, ToolResult):
+                raise TypeError(f"the tool {call.name!r} returned {type(result).__name__}, not a ToolResult")
         texts = [self.calls.result(result.text) for result in results] + errors
         valid = sum(result.ok for result in results)
         return Step(observation=[{"role": self.calls.observation_role, "content": "\n".join(texts)}],

@@ -17,7 +17,8 @@ environment but ``PATH``, ``HOME``, ``TMPDIR`` and ``LANG``, and nothing on stan
   its own;
 - ``readonly``: every mount of the host read-only (no file, mode, owner, time or attribute changes);
 - ``disk``: the directory is a tmpfs of ``disk_bytes``;
-- ``privileges``: no capability in any namespace (root is mapped to an unprivileged id);
+- ``userns`` and ``privileges``: a new user namespace, in which root is mapped to an unprivileged id,
+  and no capability in any namespace;
 - ``filesystem``: Landlock: read only the interpreter's installation and the system's libraries,
   execute only the interpreter and its loader, write only the temporary directory;
 - ``tcp`` and ``signals``: Landlock refuses TCP bind / connect (ABI 4) and signals to processes outside
@@ -59,8 +60,8 @@ import time
 from pgjax.agents import confine, syscalls
 from pgjax.agents.tools import ToolResult
 
-LAYERS = ("limits", "keyring", "network", "pids", "ipc", "uts", "readonly", "disk", "privileges", "no_new_privs",
-          "filesystem", "tcp", "signals", "syscalls")
+LAYERS = ("limits", "keyring", "userns", "network", "pids", "ipc", "uts", "readonly", "disk", "privileges",
+          "no_new_privs", "filesystem", "tcp", "signals", "syscalls")
 MAX_OUTPUT_BYTES = 1 << 20        # more output than this and the program is stopped
 MONITOR_GRACE = 1.0               # seconds the monitor has past the deadline to report before it is killed
 REPORT_BYTES = 1 << 16            # the most of the report pipe kept (its lines are a few hundred bytes)

@@ -130,8 +130,8 @@ def task_context(exp: Experiment, checkpoint: str | pathlib.Path = "", fit_to: i
     if t.reward_timeout:
         task = TimedTask(task, t.reward_timeout)
     environment, prompt_format = environment_factory(exp, task, tokenizer, prompt_format)
-    if environment is not None and fit_to is not None:
-        in_task(lambda: check_openings(environment, eval_examples, tokenizer, prompt_format, fit_to))
+    if environment is not None and fit_to is not None:       # the environment is the user's code, whatever the task
+        user_error(what, lambda: check_openings(environment, eval_examples, tokenizer, prompt_format, fit_to), True)
     return TaskContext(task, tokenizer, prompt_format, eos_ids, end_id, eval_examples, environment)
 
 

@@ -12,6 +12,16 @@ its tokens after the prompt would pass ``max_tokens``, or when a reply is cut by
 limit before its end of turn (``truncated``). A longer observation than ``max_observation_tokens``
 has its content cut to fit, the cut marked and counted.
 
+The environment is the user's code and sees what the policy wrote: a ``step`` that raises, returns
+something that is not a ``Step`` (or one whose reward is not a number, whose observation is not a
+list of ``{"role": str, "content": str}`` messages) ends that episode with ``ended="error"`` and its
+message in ``Episodes.errors`` (``checked_step``), never the run; a non-finite reward is set to 0 and
+named in ``Episodes.nonfinite``. ``episode_rollout`` leaves the prompt groups of such episodes out of
+the update and counts them; the same error in every episode of a batch of two or more
+(``EnvironmentFailure``) stops the run, as does one repeating step after step (``Pipeline``). A
+``RewardError`` from the task's verifier is not the environment's: it stops the run as in a
+single-turn rollout.
+
 ``Episodes`` lays each episode out for the learner: the prompt left-padded, then the episode's
 tokens in order, gap-free. Only the policy's tokens count (``mask``; they alone have sampler
 log-probs): the environment's tokens are context. Each turn's reward sits on the turn's last
@@ -22,6 +32,9 @@ baselines treat as the paper's process rewards; the masked tokens between turns 
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
+import zlib
 from collections.abc import Callable, Sequence
 
 import jax
@@ -32,15 +45,27 @@ from pgjax import core
 from pgjax.agents.environment import Environment, Step
 from pgjax.models.transformer import CausalLM
 from pgjax.parallel.multihost import largest, to_global, to_host
-from pgjax.rewards import Conversation
+from pgjax.rewards import Conversation, RewardError, described_value, error_text, raised_at
 from pgjax.sample.sampler import SamplingConfig, append, decode_turn, start
 from pgjax.train.learner import Rollout
 from pgjax.train.rollout import PromptFormat, RolloutConfig, left_pad, pad_id, trim_padding
 
 CUT_MARK = " [cut]"
-EPISODE_STATS = ("turns", "calls", "valid_calls", "observation_tokens", "cuts")     # per-row statistics
+EPISODE_TALLIES = ("turns", "calls", "valid_calls", "observation_tokens", "cuts")     # per-episode, in ``Episodes``
+# per-row statistics (environment_error_ids: the CRC-32 of the row's environment error, 0 if none)
+EPISODE_STATS = (*EPISODE_TALLIES, "environment_errors", "environment_error_ids")
 BLOCK_UNIT = 8                  # appended blocks are padded to a multiple of this (fewer compiled shapes)
-ENDINGS = ("done", "turns", "tokens", "truncated")
+ENDINGS = ("done", "turns", "tokens", "truncated", "error")
+ENVIRONMENT_ERROR_REPEATS = 3   # steps in a row the same environment error may end episodes in before the run stops
+
+
+class EpisodeError(Exception):
+    """An environment's step raised, or returned something that is not a valid ``Step``: the episode
+    ends there, recorded (``Episodes.errors``); the run goes on."""
+
+
+class EnvironmentFailure(RewardError):
+    """The environment failed the same way in every episode of a batch: the run stops (one line)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +96,9 @@ class Episodes:
     ``observation_tokens``, ``cuts`` (observations cut to fit), ``ended`` (one of
     ``ENDINGS``), ``truncated`` (the last reply cut before its end of turn); ``replies``: the texts;
     ``prefill_tokens``: the prompt and observation tokens the model read in (what re-prefilling each
-    turn's whole history would have multiplied)."""
+    turn's whole history would have multiplied); ``errors``: per episode, the environment error that
+    ended it (None: none); ``nonfinite``: per episode, the first non-finite reward its environment
+    gave (None: none)."""
 
     tokens: np.ndarray
     attention_mask: np.ndarray
@@ -90,6 +117,8 @@ class Episodes:
     truncated: np.ndarray
     replies: list[list[str]]
     prefill_tokens: int
+    errors: list[str | None]
+    nonfinite: list[str | None]
 
 
 @dataclasses.dataclass
@@ -108,6 +137,8 @@ class _Row:
     cuts: int = 0
     ended: str | None = None
     truncated: bool = False
+    error: str | None = None
+    nonfinite: str | None = None
 
 
 def opening_turns(prompt_format: PromptFormat, messages: list[dict]) -> list[dict]:
@@ -138,8 +169,9 @@ def run_episodes(policy: CausalLM, tokenizer, environment: Callable[[], Environm
     (``multihost.largest``) on whether a turn is left and on each observation block's width, so all
     call the same compiled decode and append."""
     n, rows = sampling.n, len(examples) * sampling.n
-    environments = [environment() for _ in range(rows)]
-    openings = [env.reset(examples[r // n]) for r, env in enumerate(environments)]
+    environments = [_user_call(environment, "the environment factory") for _ in range(rows)]
+    openings = [_user_call(lambda: env.reset(examples[r // n]), f"{type(env).__name__}.reset")
+                for r, env in enumerate(environments)]
     episodes = [_Row(opening_turns(prompt_format, messages)) for messages in openings]
     ids = opening_ids(tokenizer, prompt_format, openings)
     for r in range(rows):
@@ -182,7 +214,69 @@ def run_episodes(policy: CausalLM, tokenizer, environment: Callable[[], Environm
             prefilled += int(mask.sum())
     for row in episodes:
         row.ended = row.ended or "turns"
+    _check_systematic(episodes, mesh)
     return _assemble(episodes, prompts.repeat(n, axis=0), prompt_mask.repeat(n, axis=0), prefilled)
+
+
+def _user_call(call: Callable, what: str):
+    """``call()``, the user's code that starts an episode (no reply of the policy's in it): any
+    exception is an EnvironmentFailure naming ``what`` and the ``file:line`` it was raised at."""
+    try:
+        return call()
+    except RewardError:
+        raise
+    except Exception as error:                     # noqa: BLE001 - the user's environment
+        where = raised_at(error)
+        raise EnvironmentFailure(f"{what} raised {error_text(error)}" + (f" ({where})" if where else "")) from None
+
+
+def _check_systematic(episodes: list[_Row], mesh: Mesh | None) -> None:
+    """EnvironmentFailure when every episode of every process (two or more on a process) ended in the
+    same environment error: an environment broken for any reply, not one a reply found."""
+    errors = {row.error for row in episodes}
+    alike = len(errors) == 1 and None not in errors
+    if not largest(int(not alike), mesh) and largest(len(episodes), mesh) >= 2:
+        raise EnvironmentFailure(f"the environment failed in every episode: {errors.pop()}")
+
+
+def checked_step(environment: Environment, reply: str) -> Step:
+    """``environment.step(reply)``, checked (``step_problem``); EpisodeError naming the environment and
+    what went wrong (an exception with the ``file:line`` it was raised at). A ``RewardError`` (the
+    task's verifier) passes through."""
+    name = type(environment).__name__
+    try:
+        step = environment.step(reply)
+    except RewardError:
+        raise
+    except Exception as error:                     # noqa: BLE001 - the user's environment, on the policy's reply
+        where = raised_at(error)
+        raise EpisodeError(f"{name}.step raised {error_text(error)}" + (f" ({where})" if where else "")) from None
+    problem = step_problem(step)
+    if problem:
+        raise EpisodeError(f"{name}.step returned {problem}")
+    return step
+
+
+def step_problem(step) -> str | None:
+    """What makes ``step`` unusable (None: nothing): not a ``Step``; a reward that is not a real number
+    (a string, even ``"1.0"``, included); an observation that is not a list of ``{"role": str,
+    "content": str}`` messages; ``info`` that is not a dict, or whose ``calls``, ``valid_calls`` or
+    ``correct`` are not numbers; ``done`` that is not a bool."""
+    if not isinstance(step, Step):
+        return f"{described_value(step)}, not a pgjax.agents.Step"
+    if step.reward is not None and not isinstance(step.reward, numbers.Real):
+        return f"reward {described_value(step.reward)}: a reward is a number or None"
+    messages = step.observation
+    if messages is not None and not (isinstance(messages, list | tuple) and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages)):
+        return f"observation {described_value(messages)}: a list of {{'role': str, 'content': str}} messages, or None"
+    if not isinstance(step.info, dict) or not all(isinstance(step.info.get(key, 0), numbers.Real)
+                                                  for key in ("calls", "valid_calls", "correct")):
+        return f"info {described_value(step.info)}: a dict whose calls, valid_calls and correct are numbers"
+    if not isinstance(step.done, bool | np.bool_):
+        return f"done {described_value(step.done)}: True or False"
+    return None
 
 
 def _take_turn(row: _Row, environment: Environment, tokenizer, prompt_format: PromptFormat, eos_ids,
@@ -195,11 +289,18 @@ def _take_turn(row: _Row, environment: Environment, tokenizer, prompt_format: Pr
     reply = tokenizer.decode(ids[:-1] if closing else ids)
     reply_end = tokenizer.decode(ids[-1:]) if closing else ""
     row.replies.append(reply)
-    step = environment.step(reply)
-    if not isinstance(step, Step):
-        raise TypeError(f"{type(environment).__name__}.step must return a pgjax.agents.Step, got {type(step).__name__}")
+    try:
+        step = checked_step(environment, reply)
+    except EpisodeError as error:
+        row.error, row.ended, row.truncated = str(error), "error", not ended
+        return None
     if step.reward is not None:
-        row.rewards.append((len(row.segments) - 1, float(step.reward)))
+        reward = float(step.reward)
+        if not math.isfinite(reward):
+            row.nonfinite = row.nonfinite or (f"{type(environment).__name__}.step returned reward {reward} at turn "
+                                              f"{len(row.replies)}")
+            reward = 0.0
+        row.rewards.append((len(row.segments) - 1, reward))
     row.calls += int(step.info.get("calls", 0))
     row.valid_calls += int(step.info.get("valid_calls", 0))
     row.correct = float(step.info.get("correct", row.correct))
@@ -275,7 +376,8 @@ def _assemble(episodes: list[_Row], prompts: np.ndarray, prompt_mask: np.ndarray
                     correct=np.array([row.correct for row in episodes], np.float32),
                     observation_tokens=observation_tokens, cuts=np.array([row.cuts for row in episodes], np.int32),
                     ended=[row.ended for row in episodes], truncated=np.array([row.truncated for row in episodes]),
-                    replies=[row.replies for row in episodes], prefill_tokens=prefilled)
+                    replies=[row.replies for row in episodes], prefill_tokens=prefilled,
+                    errors=[row.error for row in episodes], nonfinite=[row.nonfinite for row in episodes])
 
 
 def demonstrated_episodes(tokenizer, environment: Callable[[], Environment], examples: Sequence[dict],
@@ -304,6 +406,8 @@ def demonstrated_episodes(tokenizer, environment: Callable[[], Environment], exa
             zeros = np.zeros(len(ids), np.float32)
             _take_turn(row, env, tokenizer, prompt_format, (end_id,), limits, ids, zeros, zeros, ended=True,
                        last_turn=turn == limits.max_turns - 1)
+        if row.error or row.nonfinite:
+            raise ValueError(f"example {index}'s demonstration: {row.error or row.nonfinite}")
         if row.ended != "done" or row.correct < 1.0:
             raise ValueError(f"example {index}'s demonstration ({len(replies)} replies) does not end its episode "
                              + ("correct" if row.ended == "done" else f"within {limits}"))
@@ -313,7 +417,7 @@ def demonstrated_episodes(tokenizer, environment: Callable[[], Environment], exa
 def _unplayable(row: _Row, length: int, limits: EpisodeLimits, reply_tokens: int) -> str | None:
     """Why a demonstrated reply of ``length`` tokens cannot be the row's next one (None: it can)."""
     if row.ended:
-        why = {"done": "the environment ended it", "turns": f"max_turns is {limits.max_turns}",
+        why = {"done": "the environment ended it", "turns": f"max_turns is {limits.max_turns}", "error": row.error,
                "tokens": f"the observation passes its {limits.max_tokens} tokens"}[row.ended]
         return f"the episode ended before it ({why})"
     if length > reply_tokens:
@@ -358,7 +462,12 @@ def episode_rollout(episodes: Episodes, examples: list[dict], tokenizer, config:
     width = episodes.tokens.shape[1] - episodes.mask.shape[1]
     tokens, attention = (np.concatenate([x[:, :width], widened(x[:, width:], budget)], axis=1)
                          for x in (episodes.tokens, episodes.attention_mask))
-    keep = np.ones(len(episodes.returns), bool)
+    failed = np.array([error is not None for error in episodes.errors])
+    nonfinite = np.array([reward is not None for reward in episodes.nonfinite])
+    if nonfinite.any() and config.nonfinite_rewards == "error":
+        raise RewardError(f"{next(r for r in episodes.nonfinite if r)} (rollout.nonfinite_rewards=mask leaves such "
+                          "prompt groups out)")
+    keep = ~np.repeat((failed | nonfinite).reshape(-1, k).any(1), k)       # a group baseline needs all K returns
     if config.mask_truncated:
         keep &= ~episodes.truncated
     if config.filter_equal_groups:
@@ -376,7 +485,14 @@ def episode_rollout(episodes: Episodes, examples: list[dict], tokenizer, config:
     texts = [tokenizer.decode(row[width:width + n]) for row, n in zip(tokens, lengths)]
     correct = np.nan_to_num(episodes.correct, nan=0.0)
     stats = {"reward": episodes.returns, "correct": correct, "length": episodes.mask.sum(1).astype(np.int32),
-             "truncated": episodes.truncated, "kept": keep, "nonfinite": np.zeros(len(keep), bool),
+             "truncated": episodes.truncated, "kept": keep, "nonfinite": nonfinite,
              "completions": texts, "prompts": [e["prompt"] for e in examples for _ in range(k)],
-             **{name: getattr(episodes, name) for name in EPISODE_STATS}}
+             "environment_errors": failed, "environment_error_ids": np.array([error_id(e) for e in episodes.errors]),
+             "environment_error_texts": episodes.errors,
+             **{name: getattr(episodes, name) for name in EPISODE_TALLIES}}
     return rollout, stats
+
+
+def error_id(message: str | None) -> int:
+    """A number for an environment error's message that processes can compare (CRC-32; 0: none)."""
+    return 0 if message is None else zlib.crc32(message.encode("utf-8", "replace")) or 1

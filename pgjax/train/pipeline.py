@@ -34,7 +34,8 @@ from pgjax.train.context import TaskContext
 from pgjax.train.experiment import Experiment, RunStopped, stream_seed
 from pgjax.train.learner import Learner, Rollout, TrainState, placeholder_rollout
 from pgjax.train.records import LEARNED_STATS, STAT_KEYS
-from pgjax.train.episodes import EPISODE_STATS, Episodes, collect_episodes, episode_rollout
+from pgjax.train.episodes import (ENVIRONMENT_ERROR_REPEATS, EPISODE_STATS, Episodes, collect_episodes, episode_rollout,
+                                  error_id)
 from pgjax.train.rollout import collect, dispatch_samples, keep_columns, pad_columns, pad_id
 
 
@@ -65,6 +66,28 @@ class Sampled:
         return cls(rollout, stats, record["sampled_at"], record.get("logged"))
 
 
+class EnvironmentErrors:
+    """Environment errors step after step: the run stops when one error (by its message's id, the same
+    on every process) ended episodes in ``ENVIRONMENT_ERROR_REPEATS`` steps in a row."""
+
+    def __init__(self):
+        self.streaks: dict[int, int] = {}          # error id -> steps in a row it occurred in
+        self.texts: dict[int, str] = {}            # error id -> its message, where this process saw it
+
+    def check(self, index: int, stats: dict, texts: list[str | None]) -> str:
+        """Count step ``index``'s errors (``stats["environment_error_ids"]``, every process's rows;
+        ``texts``: this process's rows' messages); RunStopped at a repeat. Returns the step's first
+        message this process saw ("" if none), which the step record holds."""
+        self.texts.update((error_id(text), text) for text in texts if text)
+        ids = {int(i) for i in np.unique(stats["environment_error_ids"]) if i}
+        self.streaks = {i: self.streaks.get(i, 0) + 1 for i in ids}
+        for i, streak in self.streaks.items():
+            if streak >= ENVIRONMENT_ERROR_REPEATS:
+                raise RunStopped(f"step {index}: the same environment error ended episodes in {streak} steps in a "
+                                 f"row: {self.texts.get(i, 'an error another process saw')}")
+        return next((text for text in texts if text), "")
+
+
 def sampling_key(state: TrainState, ahead: int):
     """The sampling key of the batch ``ahead`` steps after the state's step (1: the next step's),
     from the state's key."""
@@ -89,6 +112,7 @@ class RolloutPipeline:
         self._ahead = None                      # the batch dispatched during this step: (dispatched, weights, key)
         # the response columns of a full-width rollout: a reply's, or an episode's after its prompt
         self.response_budget = exp.rollout.episode_budget() if context.environment else exp.rollout.max_new_tokens
+        self.environment_errors = EnvironmentErrors()
 
     def _sampler_graphdef(self, policy: CausalLM):
         """The sampler's model graph: the policy's, or with ``rollout.compute_dtype`` set to another
@@ -128,9 +152,12 @@ class RolloutPipeline:
         share = multihost.process_share(examples, self.sampler_mesh)
         policy = nnx.merge(self.graphdef, params)
         if context.environment is not None:      # episodes: the host drives every turn, so they run here
-            return share, collect_episodes(policy, context.tokenizer, share, context.environment,
-                                           self._on_sampler(key), exp.rollout, context.eos_ids, self.sampler_mesh,
-                                           context.prompt_format)
+            try:
+                return share, collect_episodes(policy, context.tokenizer, share, context.environment,
+                                               self._on_sampler(key), exp.rollout, context.eos_ids, self.sampler_mesh,
+                                               context.prompt_format)
+            except RewardError as error:
+                raise RunStopped(f"step {index}: {error}") from None
         sampling = exp.rollout.sampling(context.eos_ids, pad_id(context.tokenizer), n=exp.rollout.samples_per_prompt)
         samples = dispatch_samples(policy, context.tokenizer, share, exp.rollout.max_prompt_tokens,
                                    self._on_sampler(key), sampling, self.sampler_mesh, context.prompt_format)
@@ -157,8 +184,11 @@ class RolloutPipeline:
         rows = exp.prompts_per_step * exp.rollout.samples_per_prompt
         logged = (sample_rows(exp, stats, index, multihost.process_rows(rows, mesh), context.task.format_pattern)
                   if logged_at(exp.logging, index) else None)
+        error_texts = stats.get("environment_error_texts")
         stats = multihost.gather_rows({k: stats[k] for k in (*STAT_KEYS, *LEARNED_STATS, *EPISODE_STATS) if k in stats},
                                       rows, mesh)
+        if error_texts is not None:
+            stats["environment_error"] = np.asarray(self.environment_errors.check(index, stats, error_texts))
         if mesh is not self.mesh:
             rollout = jax.device_put(rollout, mesh_lib.batch_sharding(self.mesh))
         return Sampled(rollout, stats, sampled_at, logged)

@@ -21,8 +21,10 @@ LEARNED_STATS = ("learned", "agreement_pairs", "agreement_wins")
 TIMING_KEYS = ("time_sample", "time_prepare", "time_update", "time_step", "tokens_per_second")
 MISMATCH_KEYS = ("mismatch_abs", "mismatch_abs_max", "mismatch_kl", "mismatch_outside")
 # multi-turn episodes only (``pgjax.train.episodes``): per episode, the mean replies, tool calls, the share
-# of episodes that call a tool, the share of calls that ran, tokens after the prompt, and the observations cut
-EPISODE_KEYS = ("turns", "calls", "call_rate", "valid_call_rate", "episode_tokens", "observation_cuts")
+# of episodes that call a tool, the share of calls that ran, tokens after the prompt, and the observations cut;
+# the episodes an environment error ended, and the first such error's message ("": none)
+EPISODE_KEYS = ("turns", "calls", "call_rate", "valid_call_rate", "episode_tokens", "observation_cuts",
+                "environment_errors", "environment_error")
 RECORD_KEYS = ("step", "reward", "accuracy", "length", "length_correct", "length_incorrect", "truncated", "kept",
                "nonfinite_rewards", "skipped_updates", "policy_loss", "clip_fraction", "grad_norm", "entropy",
                "kl_ref", "kl_old", "value_loss", "policy_lag", *MISMATCH_KEYS, "is_weight", "is_limited",
@@ -65,5 +67,7 @@ def step_record(stats: dict, metrics: dict, times: dict) -> dict:
                    call_rate=float((stats["calls"] > 0).mean()),
                    valid_call_rate=float(stats["valid_calls"].sum() / calls) if calls else None,
                    episode_tokens=float((lengths + stats["observation_tokens"]).mean()),
-                   observation_cuts=int(stats["cuts"].sum()))
+                   observation_cuts=int(stats["cuts"].sum()),
+                   environment_errors=int(stats["environment_errors"].sum()) if "environment_errors" in stats else 0,
+                   environment_error=str(stats.get("environment_error", "")) or None)
     return out
