@@ -318,6 +318,34 @@ def test_a_tool_that_raises_or_returns_no_result_is_an_environment_error(setup):
             checked_step(environment, "<boom>go</boom>")
 
 
+def test_a_step_that_never_returns_ends_its_episode_at_the_timeout(setup):
+    """``task.reward_timeout`` covers environments (``context.TimedEnvironment``): a step that hangs
+    ends its episode with the timeout named; the others play on; demonstrations pass through."""
+    import time
+    from pgjax.train.context import TimedEnvironment
+
+    class Sleepy(OneTurn):
+        made = 0
+
+        def __init__(self):
+            self.sleeps, Sleepy.made = Sleepy.made % 2 == 0, Sleepy.made + 1
+
+        def step(self, reply):
+            if self.sleeps:
+                time.sleep(30)
+            return super().step(reply)
+
+        def demonstration(self, example):
+            return ["1"]
+
+    start = time.monotonic()
+    episodes = play(setup, lambda: TimedEnvironment(Sleepy(), 0.2), n=2)
+    assert time.monotonic() - start < 10
+    assert episodes.errors[0::2] == ["Sleepy.step did not return within task.reward_timeout=0.2 s"] * 2
+    assert episodes.errors[1::2] == [None, None] and episodes.ended[1::2] == ["done", "done"]
+    assert TimedEnvironment(Sleepy(), 0.2).demonstration({}) == ["1"]
+
+
 def test_the_same_environment_error_step_after_step_stops_the_run():
     """``EnvironmentErrors``: an error id present in 3 steps in a row stops the run, naming the
     message; a step without it resets its streak."""

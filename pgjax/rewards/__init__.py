@@ -72,6 +72,7 @@ from pgjax.rewards.base import (
     per_example,
     raised_at,
     reward_name,
+    call_within,
     with_timeout,
 )
 from pgjax.rewards.countdown import CountdownTask, countdown_reward, evaluate_expression, is_countdown_solution
@@ -113,5 +114,5 @@ __all__ = [
     "is_scratchpad_answer", "load_jsonl", "located_error", "make_task", "math_reward", "normalize_answer",
     "parse_number", "per_example", "raised_at", "reader_format", "reference_answer", "reward_function", "reward_name",
     "scratchpad_reward", "task_factory", "trailing_scratch_reward", "WordMathTask", "boxed_answer_reward",
-    "is_word_math_answer", "with_timeout", "word_math_format_reward", "word_math_reward",
+    "is_word_math_answer", "call_within", "with_timeout", "word_math_format_reward", "word_math_reward",
 ]

@@ -167,26 +167,34 @@ def with_timeout(fn: RewardFn, seconds: float) -> RewardFn:
     name = reward_name(fn)
 
     def timed(prompts: Sequence[str], completions: Sequence[str], **fields: Sequence):
-        outcome = {}
-
-        def call():
-            try:
-                outcome["value"] = fn(prompts, completions, **fields)
-            except BaseException as error:      # re-raised in the caller's thread
-                outcome["error"] = error
-
-        thread = threading.Thread(target=call, name=f"reward function {name}", daemon=True)
-        thread.start()
-        thread.join(seconds)
-        if thread.is_alive():
-            raise RewardError(f"reward function {name} did not return within task.reward_timeout={seconds} s "
-                              f"(called on {len(completions)} completions)")
-        if "error" in outcome:
-            raise outcome["error"]
-        return outcome["value"]
+        return call_within(seconds, lambda: fn(prompts, completions, **fields), f"reward function {name}",
+                           lambda: RewardError(f"reward function {name} did not return within task.reward_timeout="
+                                               f"{seconds} s (called on {len(completions)} completions)"))
 
     timed.__name__ = timed.__qualname__ = name
     return timed
+
+
+def call_within(seconds: float, call: Callable[[], Any], name: str, late: Callable[[], BaseException]) -> Any:
+    """``call()`` in a daemon thread called ``name``: its value, or the exception it raised (re-raised
+    here); ``late()`` is raised when it has not returned within ``seconds``, and the thread is left
+    running (it does not keep the process from exiting)."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = call()
+        except BaseException as error:          # re-raised in the caller's thread
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise late()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def described_value(value) -> str:

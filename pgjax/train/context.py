@@ -9,7 +9,8 @@ every checkpoint's ``generation_config.json`` EOS ids) and the held-out evaluati
 first fitted to the prompt budget (``fit_prompts``), so every caller draws the same prompts from
 the same records. A user's task (``task.name=package.module:factory``) is the user's code: any
 exception in it, or a factory that returns no task, is a ConfigError naming ``task.name`` and where
-it was raised; ``task.reward_timeout`` limits each call of the task's verifier (``rewards.with_timeout``).
+it was raised; ``task.reward_timeout`` limits each call of the task's verifier (``rewards.with_timeout``)
+and each step of its environment (``TimedEnvironment``).
 """
 from __future__ import annotations
 
@@ -19,12 +20,12 @@ import pathlib
 import sys
 from collections.abc import Callable
 
-from pgjax.agents import Calculator, Environment, JsonCalls, PythonSandbox, ToolEnvironment, call_format_for
+from pgjax.agents import Calculator, Environment, JsonCalls, PythonSandbox, Step, ToolEnvironment, call_format_for
 from pgjax.models import hf
 from pgjax.parallel import multihost
-from pgjax.rewards import (batch_fields, call_reward, described_value, error_text, finite_rewards, make_task, raised_at,
-                           reward_name, with_timeout)
-from pgjax.train.episodes import opening_ids
+from pgjax.rewards import (batch_fields, call_reward, call_within, described_value, error_text, finite_rewards, make_task,
+                           raised_at, reward_name, with_timeout)
+from pgjax.train.episodes import EpisodeError, checked_step, opening_ids
 from pgjax.train.experiment import ConfigError, Experiment, stream_seed
 from pgjax.train.rollout import PromptFormat, prompt_format_for, stop_tokens
 
@@ -58,6 +59,27 @@ def checked_examples(task, n: int, seed: int) -> list[dict]:
                              "with a str 'prompt'")
     batch_fields(examples)      # every example has the first one's fields
     return list(examples)
+
+
+class TimedEnvironment:
+    """``environment`` whose every ``step`` must return within ``seconds`` (``task.reward_timeout``):
+    a late one is the episode's error (``EpisodeError``), its call left running in a daemon thread;
+    every other attribute is the environment's own."""
+
+    def __init__(self, environment: Environment, seconds: float):
+        self.environment, self.seconds = environment, seconds
+
+    def reset(self, example: dict) -> list[dict]:
+        return self.environment.reset(example)
+
+    def step(self, reply: str) -> Step:
+        name = type(self.environment).__name__
+        return call_within(self.seconds, lambda: checked_step(self.environment, reply), f"{name}.step",
+                           lambda: EpisodeError(f"{name}.step did not return within task.reward_timeout="
+                                                f"{self.seconds} s"))
+
+    def __getattr__(self, name: str):
+        return getattr(self.environment, name)
 
 
 class TimedTask:
@@ -151,7 +173,8 @@ def environment_factory(exp: Experiment, task, tokenizer, prompt_format: PromptF
     ``ToolEnvironment`` of those tools whose final answer the task's verifier scores, in the call
     convention of the tokenizer's chat template (``call_format_for``; a template that takes tools
     gets their schemas); else the task's own ``environment`` (a factory) if it has one; else None
-    (single-turn rollouts), which ``rollout.max_turns`` > 1 refuses."""
+    (single-turn rollouts), which ``rollout.max_turns`` > 1 refuses. With ``task.reward_timeout`` each
+    environment is a ``TimedEnvironment``."""
     t = exp.task
     if t.tools:
         calls = call_format_for(getattr(tokenizer, "chat_template", None) if prompt_format.chat else None)
@@ -164,9 +187,12 @@ def environment_factory(exp: Experiment, task, tokenizer, prompt_format: PromptF
             raw = call_reward(task.reward_fn, [example["prompt"]], [reply], **fields)
             return float(finite_rewards(raw, reward_name(task.reward_fn), [example["prompt"]], [reply], "error")[0][0])
 
-        return (lambda: ToolEnvironment(tools, answer_reward, calls)), prompt_format
-    factory = getattr(task, "environment", None)
+        factory = lambda: ToolEnvironment(tools, answer_reward, calls)       # noqa: E731
+    else:
+        factory = getattr(task, "environment", None)
     if factory is None and exp.rollout.max_turns > 1:
         raise ConfigError(f"rollout.max_turns={exp.rollout.max_turns} needs an environment: set task.tools, or give "
                           f"task {t.name!r} an environment() of its own (docs/agents.md)")
+    if factory is not None and t.reward_timeout:
+        return (lambda: TimedEnvironment(factory(), t.reward_timeout)), prompt_format
     return factory, prompt_format

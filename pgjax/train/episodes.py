@@ -246,7 +246,7 @@ def checked_step(environment: Environment, reply: str) -> Step:
     name = type(environment).__name__
     try:
         step = environment.step(reply)
-    except RewardError:
+    except (RewardError, EpisodeError):
         raise
     except Exception as error:                     # noqa: BLE001 - the user's environment, on the policy's reply
         where = raised_at(error)
