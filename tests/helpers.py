@@ -201,6 +201,34 @@ class EmitXOneTurn(EmitX):
     environment = OneTurnX
 
 
+class FlakyXGame(XGame):
+    """XGame whose step raises on a reply that opens with ``b`` (a bug the policy's replies find)."""
+
+    def step(self, reply):
+        if reply.startswith("b"):
+            raise KeyError("b")
+        return super().step(reply)
+
+
+class BrokenXGame(XGame):
+    """XGame whose step raises on every reply."""
+
+    def step(self, reply):
+        raise RuntimeError("the environment is broken")
+
+
+@dataclasses.dataclass(frozen=True)
+class EmitXFlaky(EmitX):
+    """EmitX played as ``FlakyXGame`` episodes."""
+    environment = FlakyXGame
+
+
+@dataclasses.dataclass(frozen=True)
+class EmitXBroken(EmitX):
+    """EmitX played as ``BrokenXGame`` episodes."""
+    environment = BrokenXGame
+
+
 TOOL_ALPHABET = "0123456789+-*/^()[]=<>.:,;'?!_ abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ\n"
 
 

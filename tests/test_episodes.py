@@ -9,6 +9,7 @@ episodes are the single-device ones."""
 import dataclasses
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -542,6 +543,32 @@ def test_the_trainer_trains_on_multi_turn_episodes(tmp_path):
     for r in records:
         assert 1 <= r["turns"] <= 2 and r["episode_tokens"] >= r["length"] and r["calls"] == 0
         assert np.isfinite(r["policy_loss"]) and 0 <= r["accuracy"] <= 1 and 0 <= r["reward"] <= 1.5
+
+
+def test_a_run_goes_on_past_an_environment_error_until_it_repeats(tmp_path):
+    """An environment that raises on some replies: the run goes on, each record counting the episodes
+    the error ended and naming it, their groups left out of the update, until the same error has ended
+    episodes in 3 steps in a row: then one line stops it. One that raises on every reply stops the run
+    at the first step (its every episode failed alike on different replies; the greedy evaluation's
+    replies to one prompt are all the same, so it does not count), nothing trained on it."""
+    from pgjax.train.experiment import RunStopped
+    from pgjax.train.sinks import read_records
+    from pgjax.train.trainer import train
+    exp = episode_experiment(tmp_path / "flaky", "EmitXFlaky", max_turns=2, max_observation_tokens=4)
+    message = r"FlakyXGame.step raised KeyError: 'b' \(tests/helpers.py:\d+\)"
+    with pytest.raises(RunStopped, match=f"step 3: the same environment error ended episodes in 3 steps in a row: "
+                                         f"{message}"):
+        train(exp, progress=False)
+    records = [r for r in read_records(exp.run_dir) if r.get("turns") is not None]
+    assert [r["step"] for r in records] == [1, 2]
+    for r in records:
+        assert r["environment_errors"] > 0 and re.fullmatch(message, r["environment_error"])
+        assert r["kept"] < 1 and (r["policy_loss"] is None or np.isfinite(r["policy_loss"]))
+    broken = episode_experiment(tmp_path / "broken", "EmitXBroken", max_turns=2, max_observation_tokens=4)
+    with pytest.raises(RunStopped, match=r"step 1: the environment failed in every episode: "
+                                         r"BrokenXGame.step raised RuntimeError: the environment is broken"):
+        train(broken, progress=False)
+    assert not any(r.get("policy_loss") is not None for r in read_records(broken.run_dir))
 
 
 def test_a_one_turn_environment_trains_line_for_line_as_the_single_turn_task(tmp_path):

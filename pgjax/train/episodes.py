@@ -17,8 +17,8 @@ something that is not a ``Step`` (or one whose reward is not a number, whose obs
 list of ``{"role": str, "content": str}`` messages) ends that episode with ``ended="error"`` and its
 message in ``Episodes.errors`` (``checked_step``), never the run; a non-finite reward is set to 0 and
 named in ``Episodes.nonfinite``. ``episode_rollout`` leaves the prompt groups of such episodes out of
-the update and counts them; the same error in every episode of a batch of two or more
-(``EnvironmentFailure``) stops the run, as does one repeating step after step (``Pipeline``). A
+the update and counts them; the same error in every episode of a batch, on replies that differ
+(``EnvironmentFailure``), stops the run, as does one repeating step after step (``Pipeline``). A
 ``RewardError`` from the task's verifier is not the environment's: it stops the run as in a
 single-turn rollout.
 
@@ -231,11 +231,13 @@ def _user_call(call: Callable, what: str):
 
 
 def _check_systematic(episodes: list[_Row], mesh: Mesh | None) -> None:
-    """EnvironmentFailure when every episode of every process (two or more on a process) ended in the
-    same environment error: an environment broken for any reply, not one a reply found."""
+    """EnvironmentFailure when every episode of every process ended in the same environment error, on
+    replies that differ: an environment broken for any reply, not one a reply found (greedy episodes
+    of one prompt all find the same)."""
     errors = {row.error for row in episodes}
     alike = len(errors) == 1 and None not in errors
-    if not largest(int(not alike), mesh) and largest(len(episodes), mesh) >= 2:
+    varied = len({row.replies[-1] if row.replies else "" for row in episodes}) >= 2
+    if not largest(int(not alike), mesh) and largest(int(varied), mesh):
         raise EnvironmentFailure(f"the environment failed in every episode: {errors.pop()}")
 
 
