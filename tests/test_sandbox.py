@@ -272,6 +272,20 @@ def test_a_missing_layer_is_an_error_before_any_code_runs(monkeypatch, tmp_path)
     assert result.stdout == b"ran\n" and result.layers["syscalls"] is False
 
 
+def test_a_task_with_the_python_tool_on_a_machine_without_a_layer_is_a_configuration_error(monkeypatch, tmp_path):
+    """task.tools=python tries the sandbox once when the task is built: a missing layer is a
+    ConfigError naming it before anything is written, not an error in every episode."""
+    from helpers import tiny_experiment
+    from pgjax.train.context import task_context
+    from pgjax.train.experiment import ConfigError, TaskSection
+    monkeypatch.setattr(syscalls, "filter_program", lambda: "no libseccomp here")
+    exp = tiny_experiment(tmp_path, task=TaskSection(name="helpers:SumWithCalculator", tools="python"))
+    with pytest.raises(ConfigError, match=r"task.tools=python: this machine cannot set up the sandbox's syscalls "
+                                          r"\(no libseccomp here\)"):
+        task_context(exp)
+    assert not os.path.exists(exp.run_dir)
+
+
 def test_the_allowlist_leaves_out_every_call_that_reaches_outside():
     """The calls the issue's attacks used, and their relatives, are not on the allowlist (so they fail
     with EPERM whatever the audit hook sees), every allowed name is one libseccomp knows, and the

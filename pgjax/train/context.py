@@ -20,7 +20,8 @@ import pathlib
 import sys
 from collections.abc import Callable
 
-from pgjax.agents import Calculator, Environment, JsonCalls, PythonSandbox, Step, ToolEnvironment, call_format_for
+from pgjax.agents import (Calculator, Environment, JsonCalls, PythonSandbox, SandboxUnavailable, Step, ToolEnvironment,
+                          call_format_for)
 from pgjax.models import hf
 from pgjax.parallel import multihost
 from pgjax.rewards import (batch_fields, call_reward, call_within, described_value, error_text, finite_rewards, make_task,
@@ -167,6 +168,16 @@ def check_openings(environment, examples: list[dict], tokenizer, prompt_format: 
                          f"more than rollout.max_prompt_tokens={width}: raise it")
 
 
+def check_tool(tool) -> None:
+    """A sandboxed tool's layers, tried once before anything is written: a machine that cannot set one
+    up is a ConfigError naming it (``SandboxUnavailable``), not an error in every episode."""
+    if isinstance(tool, PythonSandbox):
+        try:
+            tool.run("pass")
+        except SandboxUnavailable as error:
+            raise ConfigError(f"task.tools={tool.name}: {error}") from None
+
+
 def environment_factory(exp: Experiment, task, tokenizer, prompt_format: PromptFormat
                         ) -> tuple[Callable[[], Environment] | None, PromptFormat]:
     """What makes an episode's environment, and the prompt format it needs: with ``task.tools`` a
@@ -179,6 +190,8 @@ def environment_factory(exp: Experiment, task, tokenizer, prompt_format: PromptF
     if t.tools:
         calls = call_format_for(getattr(tokenizer, "chat_template", None) if prompt_format.chat else None)
         tools = [TOOL_CLASSES[name]() for name in t.tool_names]
+        for tool in tools:
+            check_tool(tool)
         if isinstance(calls, JsonCalls):
             prompt_format = dataclasses.replace(prompt_format, tools=json.dumps(JsonCalls.schemas(tools)))
 
