@@ -559,9 +559,10 @@ def test_the_program_holds_no_capability_and_root_calls_fail(who):
             "attr = (ctypes.c_uint64 * 4)(0, 4 | 8, 0, 0)\n"
             "call('mount_setattr', libc.syscall(442, -100, b'.', 0x8000, attr, 32))\n"
             "call('mknod', libc.mknod(b'kmsg', 0o020600, os.makedev(1, 11)))\n"
-            "call('clock_settime', libc.clock_settime(0, (ctypes.c_long * 2)(0, 0)))\n"
-            "call('settimeofday', libc.settimeofday((ctypes.c_long * 2)(0, 0), None))\n"
-            "call('reboot', libc.reboot(0x4321FEDC))\ncall('memfd', libc.memfd_create(b'x', 0))\n"
+            "now = (ctypes.c_long * 2)()\nlibc.clock_gettime(0, now)\n"              # harmless if it got through:
+            "call('clock_settime', libc.clock_settime(0, now))\n"                     # the clock set to now,
+            "call('settimeofday', libc.settimeofday((ctypes.c_long * 2)(now[0], 0), None))\n"
+            "call('reboot', libc.reboot(0x12345678))\ncall('memfd', libc.memfd_create(b'x', 0))\n"   # no such command
             "print(os.uname().nodename, os.geteuid())\n")
     _, seen = hostile(code, who)
     lines = seen.text.splitlines()
