@@ -217,6 +217,19 @@ class BrokenXGame(XGame):
         raise RuntimeError("the environment is broken")
 
 
+class UnopenedXGame(XGame):
+    """XGame whose reset raises."""
+
+    def reset(self, example):
+        raise LookupError(f"no game for {example['prompt']!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class EmitXUnopened(EmitX):
+    """EmitX played as ``UnopenedXGame`` episodes."""
+    environment = UnopenedXGame
+
+
 @dataclasses.dataclass(frozen=True)
 class EmitXFlaky(EmitX):
     """EmitX played as ``FlakyXGame`` episodes."""

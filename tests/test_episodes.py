@@ -571,6 +571,16 @@ def test_a_run_goes_on_past_an_environment_error_until_it_repeats(tmp_path):
     assert not any(r.get("policy_loss") is not None for r in read_records(broken.run_dir))
 
 
+def test_an_environment_whose_reset_fails_is_a_configuration_error_before_anything_is_written(tmp_path):
+    from pgjax.train.experiment import ConfigError
+    from pgjax.train.trainer import Trainer
+    exp = episode_experiment(tmp_path, "EmitXUnopened", max_turns=2, max_observation_tokens=4)
+    with pytest.raises(ConfigError, match=r"task.name='helpers:EmitXUnopened': tests/helpers.py:\d+: LookupError: "
+                                          r"no game for 'ab'$"):
+        Trainer(exp)
+    assert not os.path.exists(exp.run_dir)
+
+
 def test_a_one_turn_environment_trains_line_for_line_as_the_single_turn_task(tmp_path):
     """EmitX as one-turn episodes (max_turns = 1) gives the single-turn run's records, every metric
     (losses, mismatch, accuracy, lengths), but the episode counts it adds."""
