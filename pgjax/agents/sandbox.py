@@ -65,7 +65,8 @@ LAYERS = ("limits", "keyring", "userns", "network", "pids", "ipc", "uts", "reado
 MAX_OUTPUT_BYTES = 1 << 20        # more output than this and the program is stopped
 MONITOR_GRACE = 1.0               # seconds the monitor has past the deadline to report before it is killed
 REPORT_BYTES = 1 << 16            # the most of the report pipe kept (its lines are a few hundred bytes)
-CPU_SLACK = 0.05                  # CPU seconds short of the limit a SIGKILL still counts as the limit's
+CPU_SHARE = 0.9                   # the share of its CPU limit a program killed by SIGXCPU / SIGKILL used (at least)
+                                  # for the limit to be why: the kernel's accounting reads a little short of it
 ENVIRONMENT_KEYS = ("PATH", "HOME", "TMPDIR", "LANG")
 
 
@@ -402,7 +403,7 @@ def observation(run: SandboxRun, sandbox: PythonSandbox) -> ToolResult:
         reason = f"error: stopped after {sandbox.wall_seconds:g} s (the time limit)"
     elif run.output_exceeded:
         reason = f"error: stopped after printing more than {MAX_OUTPUT_BYTES} bytes"
-    elif signalled in (signal.SIGXCPU, signal.SIGKILL) and run.cpu_seconds >= sandbox.cpu_seconds - CPU_SLACK:
+    elif signalled in (signal.SIGXCPU, signal.SIGKILL) and run.cpu_seconds >= CPU_SHARE * sandbox.cpu_seconds:
         reason = f"error: stopped after {sandbox.cpu_seconds} s of CPU time (the limit)"
     elif signalled is not None:
         reason = f"error: killed by {signal_name(signalled)}" + (f"\n{error}" if error else "")
