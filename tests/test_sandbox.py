@@ -17,7 +17,7 @@ import pytest
 
 from pgjax.agents import sandbox as sandbox_module
 from pgjax.agents import syscalls
-from pgjax.agents.sandbox import LAYERS, PythonSandbox, SandboxUnavailable, observation
+from pgjax.agents.sandbox import LAYERS, PythonSandbox, SandboxError, SandboxUnavailable, observation
 
 QUICK = dict(cpu_seconds=1, wall_seconds=3.0)
 
@@ -251,13 +251,13 @@ def test_memory_files_and_the_disk_are_bounded(hook, who):
     assert "No space left on device" in seen.text                   # 16 MiB of tmpfs in all
 
 
-def test_calls_share_nothing_and_leave_nothing():
+def test_calls_share_nothing_and_leave_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))          # where each call's directory is made
     sandbox = PythonSandbox(**QUICK)
-    before = set(os.listdir(tempfile.gettempdir()))
     assert sandbox("open('note', 'w').write('first call')\nprint('wrote')").text == "wrote"
     seen = sandbox("import os\nprint(os.listdir('.'))")
     assert seen.text == "['main.py']"
-    assert not {n for n in set(os.listdir(tempfile.gettempdir())) - before if n.startswith("pgjax-sandbox")}
+    assert os.listdir(tmp_path) == []
 
 
 def test_a_missing_layer_is_an_error_before_any_code_runs(monkeypatch, tmp_path):
@@ -679,25 +679,11 @@ def test_hostile_programs_leave_the_trainer_intact(who, monkeypatch):
             server.accept()                                                            # nothing connected
         assert trainer_state(canary) == before, f"PGJAX_FUZZ_SEED={seed}"
         assert os.listdir(calls) == [], seed
-        assert children_of(os.getpid()) == [], seed
+        assert sandbox_processes(calls) == [], seed                                     # no process left
     finally:
         server.close()
         shutil.rmtree(folder)
 
-
-
-def children_of(pid: int) -> list[int]:
-    """The processes whose parent is ``pid`` (from /proc)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat") as stat_file:
-                fields = stat_file.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(entry))
-    return found
 
 
 def test_when_the_trainer_dies_the_program_dies_with_it(tmp_path):
@@ -749,3 +735,22 @@ def test_without_user_namespaces_a_root_program_still_holds_no_capability(monkey
     assert result.stdout.decode().splitlines() == ["caps [0, 0, 0, 0, 0, 0] 0", "sethostname -1 1"], result.stderr
     assert result.layers["privileges"] and result.layers["pids"] and result.layers["readonly"]
     assert not result.layers["userns"]
+
+
+@pytest.mark.parametrize("stall, raised", [("import time; time.sleep(30)", None),
+                                           ("os.write(2, b'monitor broke'); os._exit(3)", SandboxError)],
+                         ids=["slow-start", "monitor-dies"])
+def test_a_sandbox_that_does_not_report_is_a_timeout_or_its_own_error(monkeypatch, stall, raised):
+    """A monitor too slow to report before the deadline (a loaded machine) is the call's timeout, an
+    observation; a monitor that ends without a report, not stopped, is a SandboxError naming its exit
+    status and error output, never an observation the policy would learn from."""
+    source = sandbox_module.confine_source().replace("def monitor(config: dict) -> None:\n",
+                                                     f"def monitor(config: dict) -> None:\n    {stall}\n")
+    monkeypatch.setattr(sandbox_module, "confine_source", lambda: source)
+    sandbox = PythonSandbox(cpu_seconds=1, wall_seconds=0.5)
+    if raised:
+        with pytest.raises(raised, match="ended without a report .exit status 3.: monitor broke"):
+            sandbox("print(1)")
+    else:
+        seen = sandbox("print(1)")
+        assert not seen.ok and seen.text == "error: stopped after 0.5 s (the time limit)"

@@ -65,8 +65,8 @@ LAYERS = ("limits", "keyring", "userns", "network", "pids", "ipc", "uts", "reado
 MAX_OUTPUT_BYTES = 1 << 20        # more output than this and the program is stopped
 MONITOR_GRACE = 1.0               # seconds the monitor has past the deadline to report before it is killed
 REPORT_BYTES = 1 << 16            # the most of the report pipe kept (its lines are a few hundred bytes)
-CPU_SHARE = 0.9                   # the share of its CPU limit a program killed by SIGXCPU / SIGKILL used (at least)
-                                  # for the limit to be why: the kernel's accounting reads a little short of it
+CPU_SHARE = 0.5                   # the share of its CPU limit a program killed by SIGXCPU / SIGKILL used (at least)
+                                  # for the limit to be why: the accounting read back can fall short of it
 ENVIRONMENT_KEYS = ("PATH", "HOME", "TMPDIR", "LANG")
 
 
@@ -289,13 +289,14 @@ class PythonSandbox:
             kept, stopped = _supervise(child, report, start + self.wall_seconds + MONITOR_GRACE, self.output_bytes)
         layers, status, monitor_stopped = _read_report(kept[report])
         missing = [layer for layer in config["require"] if not layers.get(layer)]
-        if missing:
+        if layers and missing:
             why = f" ({program_filter})" if "syscalls" in missing and isinstance(program_filter, str) else ""
             raise SandboxUnavailable(f"this machine cannot set up the sandbox's {', '.join(missing)}{why} "
                                      f"(layers: {layers}); PythonSandbox(allow_weaker=True) runs without them")
         if status is None and stopped is None and not monitor_stopped:
             raise SandboxError(f"the sandbox's monitor ended without a report (exit status {child.returncode}): "
                                + kept[child.stderr][-500:].decode("utf-8", "replace").strip())
+        # no layers and stopped: the time ran out before the program started (a loaded machine), as any timeout
         status = status or {"returncode": -signal.SIGKILL, "cpu_seconds": 0.0}
         return SandboxRun(kept[child.stdout], kept[child.stderr], status["returncode"],
                           monitor_stopped or stopped == "time", stopped == "output", layers,
