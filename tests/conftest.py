@@ -167,3 +167,21 @@ def pytest_terminal_summary(terminalreporter):
 def x64():
     with jax.enable_x64(True):
         yield
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished 4-step run (checkpoints at steps 2 and 4), a trainer of its experiment (whose
+    state is the layout to restore into) and the states of both checkpoints (test_faults,
+    test_run_dir_faults)."""
+    from helpers import EMIT_X, tiny_experiment
+    from pgjax.train.checkpoints import Checkpoints
+    from pgjax.train.trainer import Trainer, train
+    tmp = tmp_path_factory.mktemp("finished")
+    exp = tiny_experiment(tmp, task=EMIT_X)
+    directory = train(exp, progress=False)
+    trainer = Trainer(exp)
+    checkpoints = Checkpoints(directory / "checkpoints")
+    states = {step: checkpoints.restore(trainer.state, step)[0] for step in (2, 4)}
+    checkpoints.close()
+    return exp, directory, trainer, states

@@ -6,9 +6,12 @@ scalars and texts, an offline W&B run's history).
 Import them with ``from helpers import ...`` (pytest puts tests/ on sys.path; a subprocess started by
 a test puts it there itself). Nothing here compiles at import time."""
 import dataclasses
+import hashlib
 import importlib.util
 import json
 import pathlib
+import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -30,6 +33,7 @@ from pgjax.train.learner import Learner, Rollout
 from pgjax.train.optim import OptimConfig, make_optimizer
 from pgjax.train.records import TIMING_KEYS
 from pgjax.train.rollout import RolloutConfig, encode_prompts
+from pgjax.train.trainer import Callback
 
 # ---------------------------------------------------------------- simulated devices (subprocesses)
 
@@ -398,3 +402,39 @@ def save_tiny_tokenizer(directory, chat_template=None):
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<eos>", pad_token="<pad>")
     fast.chat_template = chat_template
     fast.save_pretrained(directory)
+
+
+# ---------------------------------------------------------------- faults (test_faults, test_run_dir_faults)
+
+def experiment_file(tmp_path, **changes) -> pathlib.Path:
+    """An experiment file for the command line: ``tiny_experiment`` on the EmitX task."""
+    file = tmp_path / "faulty.py"
+    extra = "".join(f", {k}={v}" for k, v in changes.items())
+    file.write_text("import pathlib\nfrom helpers import EMIT_X, tiny_experiment\n"
+                    "from pgjax.train.learner import UpdateConfig\nfrom pgjax.train.optim import OptimConfig\n\n"
+                    "def experiment():\n"
+                    f"    return tiny_experiment(pathlib.Path({str(tmp_path)!r}), task=EMIT_X{extra})\n")
+    return file
+
+
+def snapshot(directory: pathlib.Path) -> dict:
+    """Every file under ``directory`` (but the lock's note of its last holder) with a hash of its bytes."""
+    return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(directory.rglob("*")) if p.is_file() and p.name != ".lock"}
+
+
+def copy_of(finished, tmp_path) -> tuple:
+    exp, directory = finished[:2]
+    shutil.copytree(directory, tmp_path / "run")
+    return dataclasses.replace(exp, run_dir=str(tmp_path / "run")), tmp_path / "run"
+
+
+class SignalAt(Callback):
+    """Sends this process ``signum`` after step ``step``."""
+
+    def __init__(self, signum, step):
+        self.signum, self.step = signum, step
+
+    def after_step(self, trainer, record):
+        if record["step"] == self.step:
+            signal.raise_signal(self.signum)

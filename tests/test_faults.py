@@ -9,7 +9,6 @@ bit for bit (metrics, logged completions, weights); and a user's reward function
 hangs or returns no numbers is one line naming it. Functions and tasks defined here are addressable
 as ``test_faults:NAME``."""
 import dataclasses
-import hashlib
 import itertools
 import json
 import os
@@ -48,28 +47,11 @@ from pgjax.train import run_dir as run_dir_lib
 from pgjax.train.interrupts import RunInterrupted
 from pgjax.train.run_dir import RunDirectory, RunLock, locate
 from pgjax.train.sinks import read_completions, read_records
-from pgjax.train.trainer import Callback, Trainer, train
-from helpers import (EMIT_X, TINY_MODEL, EmitX, comparable, read_events, sampled_rollout, save_tiny_checkpoint,
-                     tiny_experiment, tiny_learner)
+from pgjax.train.trainer import Trainer, train
+from helpers import (TINY_MODEL, EmitX, SignalAt, comparable, copy_of, experiment_file, read_events,
+                     sampled_rollout, save_tiny_checkpoint, snapshot, tiny_experiment, tiny_learner)
 
 ROOT = pathlib.Path(__file__).parent.parent
-
-
-def experiment_file(tmp_path, **changes) -> pathlib.Path:
-    """An experiment file for the command line: ``tiny_experiment`` on the EmitX task."""
-    file = tmp_path / "faulty.py"
-    extra = "".join(f", {k}={v}" for k, v in changes.items())
-    file.write_text("import pathlib\nfrom helpers import EMIT_X, tiny_experiment\n"
-                    "from pgjax.train.learner import UpdateConfig\nfrom pgjax.train.optim import OptimConfig\n\n"
-                    "def experiment():\n"
-                    f"    return tiny_experiment(pathlib.Path({str(tmp_path)!r}), task=EMIT_X{extra})\n")
-    return file
-
-
-def snapshot(directory: pathlib.Path) -> dict:
-    """Every file under ``directory`` (but the lock's note of its last holder) with a hash of its bytes."""
-    return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(directory.rglob("*")) if p.is_file() and p.name != ".lock"}
 
 
 def assert_no_nan_on_disk(directory: pathlib.Path) -> None:
@@ -88,24 +70,7 @@ def assert_same_tree(a, b) -> None:
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(a), jax.device_get(b))
 
 
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory):
-    """A finished 4-step run (checkpoints at steps 2 and 4), a trainer of its experiment (whose
-    state is the layout to restore into) and the states of both checkpoints."""
-    tmp = tmp_path_factory.mktemp("finished")
-    exp = tiny_experiment(tmp, task=EMIT_X)
-    directory = train(exp, progress=False)
-    trainer = Trainer(exp)
-    checkpoints = Checkpoints(directory / "checkpoints")
-    states = {step: checkpoints.restore(trainer.state, step)[0] for step in (2, 4)}
-    checkpoints.close()
-    return exp, directory, trainer, states
 
-
-def copy_of(finished, tmp_path) -> tuple:
-    exp, directory = finished[:2]
-    shutil.copytree(directory, tmp_path / "run")
-    return dataclasses.replace(exp, run_dir=str(tmp_path / "run")), tmp_path / "run"
 
 
 def plain_mode() -> int:
@@ -782,17 +747,6 @@ def test_every_reward_masked_warns_and_stops(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------- SIGTERM and Ctrl-C
-
-class SignalAt(Callback):
-    """Sends this process ``signum`` after step ``step``."""
-
-    def __init__(self, signum, step):
-        self.signum, self.step = signum, step
-
-    def after_step(self, trainer, record):
-        if record["step"] == self.step:
-            signal.raise_signal(self.signum)
-
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_finishes_the_step_writes_its_checkpoint_and_the_resume_is_exact(finished, tmp_path, signum, capsys):

@@ -7,7 +7,8 @@ they are read.
 
 A checkpoint whose file list is missing (a save cut short) or whose files are missing, shorter or
 hold other bytes than written, or that then cannot be read, is reported in one line, set aside and
-the next older one tried (``fallback=False`` refuses instead). A checkpoint whose arrays do not have
+the next older one tried (``fallback=False`` refuses instead); what a save cut short left in orbax's
+temporary directories is removed on resume (``remove_leftovers``). A checkpoint whose arrays do not have
 the expected layout (a changed model, algorithm or optimizer) is refused naming the arrays that
 differ (``layout``). On several processes every process writes its shards and process 0 the file
 list. Also the two small helpers the run directory shares: ``write_atomically`` and ``one_line``.
@@ -139,15 +140,19 @@ class Checkpoints:
     """Step-numbered orbax checkpoints under ``directory``; keeps the newest ``keep``. A checkpoint is
     written atomically (orbax finalises a step directory only when complete), so a run killed at any
     moment resumes from the last complete step; then the size and SHA-256 of each of its files are
-    written to its ``pgjax_files.json``, and checked on restore."""
+    written to its ``pgjax_files.json``, and checked on restore. ``guard(writing)`` is called before
+    each save and its file list, and when a save fails: a RunStopped from it stops the save (the run
+    directory's check that it was not moved or deleted, ``RunDirectory.check_in_place``)."""
 
-    def __init__(self, directory, keep: int = 2):
+    def __init__(self, directory, keep: int = 2, guard=None):
         self.directory = pathlib.Path(directory).absolute()
+        self.guard = guard or (lambda writing: None)
         if not any(isinstance(f, _DeliberateWait) for f in _ORBAX_LOG.filters):
             _ORBAX_LOG.addFilter(_DeliberateWait())
         self.manager = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(
             max_to_keep=keep, create=True), item_handlers={"state": ocp.StandardCheckpointHandler(),
                                                            "record": ocp.JsonCheckpointHandler()})
+        self.newest = self.manager.latest_step()    # the newest complete checkpoint: found, written or restored
 
     def latest_step(self) -> int | None:
         """The newest complete checkpoint's step (None without one); not verified."""
@@ -157,14 +162,20 @@ class Checkpoints:
         """Write ``state`` and ``record`` as checkpoint ``step``, then its file list (process 0). A full
         disk is RunStopped in one line, the half-written checkpoint removed and the earlier ones kept
         (orbax reports it as an error whose text holds the OS's; ``no_space``)."""
+        writing = f"the checkpoint of step {step}"
+        self.guard(writing)
         try:
             self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                              record=ocp.args.JsonSave(record)), force=True)
             self.manager.wait_until_finished()
+            self.guard(writing)
             if multihost.is_primary():
                 write_atomically(self.directory / str(step) / FILE_LIST,
                                  json.dumps(_file_digests(self.directory / str(step))))
+        except RunStopped:
+            raise
         except Exception as error:
+            self.guard(writing)             # a directory moved mid-save: say so, not what orbax met
             if not no_space(error):
                 raise
             self._discard(step)
@@ -172,13 +183,29 @@ class Checkpoints:
                              f"{self.directory} (the checkpoints before it are kept: free some space, then --resume)"
                              ) from None
         multihost.barrier("checkpoint_file_list")
+        self.newest = step
+
+    def _cut_short(self, step: int | str = "*") -> list[pathlib.Path]:
+        """Orbax's temporary directories of the saves of ``step`` (default: any step), which only a save
+        cut short leaves."""
+        return sorted(self.directory.glob(f"{step}.orbax-checkpoint-tmp*"))
+
+    def remove_leftovers(self) -> None:
+        """Remove the temporary directories of saves cut short (a kill, a second signal), which are no
+        checkpoint, saying so in one line (process 0; a resume, under the run's lock)."""
+        leftovers = self._cut_short() if multihost.is_primary() else []
+        for partial in leftovers:
+            shutil.rmtree(partial)
+        if leftovers:
+            print(f"--resume: removed {', '.join(p.name for p in leftovers)} from {self.directory}: the temporary "
+                  "files of a checkpoint write cut short (not a checkpoint)", file=sys.stderr)
 
     def _discard(self, step: int) -> None:
         """Remove what a failed save of ``step`` left: orbax's temporary directory, or a step directory
         without its file list (process 0)."""
         if not multihost.is_primary():
             return
-        for partial in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
+        for partial in self._cut_short(step):
             shutil.rmtree(partial, ignore_errors=True)
         if (self.directory / str(step)).is_dir() and not (self.directory / str(step) / FILE_LIST).is_file():
             shutil.rmtree(self.directory / str(step), ignore_errors=True)
@@ -195,7 +222,10 @@ class Checkpoints:
         damaged = []
         for candidate in candidates:
             try:
-                return self._verified(like, candidate)
+                restored = self._verified(like, candidate)
+                if step is None:            # the damaged newer ones are set aside
+                    self.newest = candidate
+                return restored
             except _Damaged as error:
                 damaged.append(f"step {candidate}: {error}")
                 where = self.directory / str(candidate)

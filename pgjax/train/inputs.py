@@ -4,7 +4,8 @@ same path is found, not trained on silently.
 
   inputs.json   ``{"files": {label: {"path", "size", "sha256", "stat"}}}``, one entry per input file:
                 ``task.path`` (a dataset), ``model.path/<file>`` (each file of the checkpoint that
-                ``hf.load`` and the tokenizer read), ``task.name:module`` / ``task.reward:module`` (the
+                ``hf.load`` and the tokenizer read), ``task.reward_model/<file>`` (the same of the
+                trained reward model RL scores with), ``task.name:module`` / ``task.reward:module`` (the
                 source file of a user's module plugged in by import path), and for a reward model's
                 training ``reward_model.path`` / ``reward_model.eval_path`` (its preference pairs)
 
@@ -22,6 +23,7 @@ import pathlib
 
 from pgjax.models.hf import CHAT_TEMPLATE_DIR
 from pgjax.train.checkpoints import file_sha256
+from pgjax.train.learned_reward import reward_model_directory
 
 INPUTS_FILE = "inputs.json"
 CHECKPOINT_SUFFIXES = (".json", ".safetensors", ".txt", ".model", ".jinja")   # what a checkpoint's loaders read
@@ -50,14 +52,20 @@ def checkpoint_files(directory: pathlib.Path) -> list[pathlib.Path]:
     return sorted(files)
 
 
+def _checkpoint_inputs(key: str, root: pathlib.Path) -> dict[str, pathlib.Path]:
+    """``{"<key>/<file>": path}`` of the ``checkpoint_files`` of the directory ``root`` (none if it is not one)."""
+    return {f"{key}/{p.relative_to(root)}": p for p in checkpoint_files(root)} if root.is_dir() else {}
+
+
 def input_files(exp) -> dict[str, pathlib.Path]:
     """``{label: path}`` of every input file of the experiment ``exp`` (see the module docstring)."""
     files = {}
     if exp.task.path and pathlib.Path(exp.task.path).is_file():
         files["task.path"] = pathlib.Path(exp.task.path)
-    if exp.model.path and pathlib.Path(exp.model.path).is_dir():
-        root = pathlib.Path(exp.model.path)
-        files.update((f"model.path/{p.relative_to(root)}", p) for p in checkpoint_files(root))
+    if exp.model.path:
+        files.update(_checkpoint_inputs("model.path", pathlib.Path(exp.model.path)))
+    if exp.task.reward_model:
+        files.update(_checkpoint_inputs("task.reward_model", reward_model_directory(exp.task.reward_model)))
     if exp.stage != "rl":
         for key in ("path", "eval_path"):
             path = pathlib.Path(getattr(exp.reward_model, key))
@@ -89,15 +97,26 @@ def fingerprints(files: dict[str, pathlib.Path], known: dict | None = None) -> d
     return out
 
 
+def _counted(label: str) -> str:
+    """For a file of a checkpoint directory (a label ``<key>/<file>``), a note saying which of its files
+    are inputs (``checkpoint_files``); else nothing."""
+    key, sep, _ = label.partition("/")
+    if not sep:
+        return ""
+    return (f" (of {key}, the files ending in {', '.join(CHECKPOINT_SUFFIXES)} and those in {CHAT_TEMPLATE_DIR}/ "
+            "are inputs: move a file that is not the checkpoint's out of it)")
+
+
 def differences(saved: dict, current: dict) -> dict[str, str]:
-    """``{label: what changed}`` between two ``fingerprints``: a file gone, a new one, other bytes."""
+    """``{label: what changed}`` between two ``fingerprints``: a file gone, a new one (for a checkpoint's
+    file, saying which of its files count), other bytes."""
     out = {}
     for label in sorted(set(saved) | set(current)):
         old, new = saved.get(label), current.get(label)
         if old is None:
-            out[label] = f"{new['path']} is new"
+            out[label] = f"{new['path']} is new{_counted(label)}"
         elif new is None:
-            out[label] = f"{old.get('path')} is no longer an input"
+            out[label] = f"{old.get('path')} is no longer an input{_counted(label)}"
         elif old.get("sha256") != new["sha256"]:
             sizes = (f"{old.get('size')} -> {new['size']} bytes" if old.get("size") != new["size"]
                      else f"same size, {new['size']} bytes")

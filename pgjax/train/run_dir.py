@@ -12,7 +12,8 @@ changes a resume makes to them, and ``RunDirectory``, which writes everything el
   tokenizer/              the tokenizer the run used (and the checkpoint's generation_config.json)
   final/                  the trained policy as a Hugging Face checkpoint (``from_pretrained`` loads it);
                           with LoRA also the PEFT adapter (``final/adapter``), whose recorded base is an
-                          absolute path: ``model.path``, or ``final/base`` (written there) for a random base
+                          absolute path: ``model.path``, or ``final/base`` (written there) for a random base;
+                          written in final.partial/ and renamed (an old final/ is final.replaced/ meanwhile)
   .lock                   a note naming the holder of the lock (PID, host); the lock is on the directory
 
 ``RunDirectory(exp, resume)`` only finds the directory and checks it can be used (ConfigError
@@ -24,8 +25,11 @@ from the saved one in anything that changes the maths or the data, or whose inpu
 other bytes, is refused with the list of changes unless they are accepted (``accept_changes``).
 ``create`` takes the directory's lock (a second run on a live directory gets a ConfigError naming
 the holder) and makes it; ``start`` opens the metric sinks and completions.jsonl; the first record
-writes a new run's first files or a resume's changes. On several processes every process writes
-its shards of each checkpoint and process 0 alone writes everything else (and holds the lock).
+writes a new run's first files or a resume's changes. Every record, checkpoint and final/ is written
+only while the directory's path still leads to the directory locked (``check_in_place``): a run
+whose directory was moved or deleted stops (RunStopped) and writes nothing into what is there now.
+On several processes every process writes its shards of each checkpoint and process 0 alone writes
+everything else (and holds the lock).
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ import pathlib
 import shutil
 import socket
 import sys
+import tempfile
 
 import jax
 
@@ -86,7 +91,9 @@ class RunLock:
     """An exclusive OS lock (``flock``) on the run directory itself, so that no file a user may tidy
     away releases it; ``.lock`` is only a note naming the holder (PID, host, since). The OS releases
     the lock when its holder exits in any way, so a killed run leaves no stale lock. Where the file
-    system cannot lock a directory (some network file systems), the note file is locked instead."""
+    system cannot lock a directory (some network file systems), the note file is locked instead.
+    The locked directory is held open (``directory_fd``), so that ``moved`` tells when its path no
+    longer leads to it."""
 
     NOTE = ".lock"
 
@@ -94,23 +101,51 @@ class RunLock:
         self.directory = pathlib.Path(directory)
         self.note = self.directory / self.NOTE
         self.fd: int | None = None
+        self.directory_fd: int | None = None    # the locked directory (``fd`` too, but on the fallback)
         self.on_note = False        # the fallback: the lock is on the note file
 
     def _try(self) -> bool:
         """Take the lock if free (True), without writing the note."""
-        fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
+        directory_fd = fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
         try:
             taken = _take(fd)
         except OSError:             # no locks on directories here: lock the note file instead
-            os.close(fd)
             fd = os.open(self.note, os.O_RDWR | os.O_CREAT, 0o644)
             self.on_note = True
             taken = _take(fd)
         if not taken:
             os.close(fd)
+            if fd != directory_fd:
+                os.close(directory_fd)
             return False
-        self.fd = fd
+        self.fd, self.directory_fd = fd, directory_fd
         return True
+
+    def watch(self) -> None:
+        """Hold the directory open without locking it (a process but 0 of several, which holds no lock),
+        for ``moved``."""
+        self.directory_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
+
+    def moved(self) -> str | None:
+        """None while the path leads to the directory held (or none is held); else what became of that
+        directory: ``was deleted``, ``was moved to <path> (...)`` (where /proc says), ``was moved or
+        deleted``."""
+        if self.directory_fd is None:
+            return None
+        held = os.fstat(self.directory_fd)
+        try:
+            here = os.stat(self.directory)
+            if (here.st_dev, here.st_ino) == (held.st_dev, held.st_ino):
+                return None
+        except FileNotFoundError:
+            pass
+        if held.st_nlink == 0:
+            return "was deleted"
+        try:
+            now = os.readlink(f"/proc/self/fd/{self.directory_fd}")
+        except OSError:
+            return "was moved or deleted"
+        return f"was moved to {now} (the run's results so far are there)"
 
     def acquire(self) -> None:
         """Take the lock and write the note, or ConfigError naming the live run that holds it."""
@@ -131,10 +166,10 @@ class RunLock:
             write_atomically(self.note, text)
 
     def release(self) -> None:
-        """Let the lock go (nothing if not held)."""
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        """Let the lock go and the directory (nothing if not held)."""
+        for fd in {self.fd, self.directory_fd} - {None}:
+            os.close(fd)
+        self.fd = self.directory_fd = None
 
     @staticmethod
     def held(directory: pathlib.Path) -> bool:
@@ -199,10 +234,11 @@ def _aside(directory: pathlib.Path) -> pathlib.Path:
     return target
 
 
+# the paths model.path, task.path and task.reward_model among them: their files' content is compared instead
 OPERATIONAL_KEYS = ("name", "steps", "eval_every", "checkpoint_every", "run_dir", "logging.", "mesh.",
                     "distributed.", "update.micro_batches", "update.chunk_size", "update.max_skipped_steps",
                     "update.recompute_old_logprobs", "update.pack_width", "rollout.trim_padding", "model.remat",
-                    "task.reward_timeout", "model.path", "task.path")   # paths: their files' content is compared
+                    "task.reward_timeout", "model.path", "task.path", "task.reward_model")
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:
@@ -244,20 +280,23 @@ def _holds_tokenizer(folder: pathlib.Path) -> bool:
         (folder / name).is_file() for name in ("tokenizer.json", "vocab.json", "tokenizer.model"))
 
 
-def _check_export(partial: pathlib.Path, tokenizer: pathlib.Path, adapter: bool) -> None:
+def _check_export(partial: pathlib.Path, tokenizer: pathlib.Path, adapter: bool,
+                  generation: pathlib.Path | None) -> None:
     """RunStopped naming what the export in ``partial`` lacks: the weights and config, a tokenizer,
-    every tokenizer file of the run's ``tokenizer`` folder (generation config, chat template), and
-    with LoRA the PEFT adapter."""
+    every tokenizer file of the run's ``tokenizer`` folder (generation config, chat template), the
+    ``generation`` config of ``model.path`` where it has one, and with LoRA the PEFT adapter."""
     if not _holds_tokenizer(tokenizer):
         raise RunStopped(f"final/ was not written: {tokenizer} holds no tokenizer (tokenizer_config.json and a "
                          "vocabulary); --resume writes it again from the run's inputs")
-    needed = ["config.json", "model.safetensors", *sorted(p.name for p in tokenizer.iterdir()
-                                                          if p.name in hf.COPIED_FILES)]
+    copied = {p.name for p in tokenizer.iterdir() if p.name in hf.COPIED_FILES} | (
+        {generation.name} if generation is not None else set())
+    needed = ["config.json", "model.safetensors", *sorted(copied)]
     if adapter:
         needed += ["adapter/adapter_config.json", "adapter/adapter_model.safetensors"]
     missing = [name for name in needed if not (partial / name).is_file()]
     if missing:
-        raise RunStopped(f"final/ was not written: it would lack {', '.join(missing)} (the checkpoints are intact)")
+        raise RunStopped(f"final/ was not written: it would lack {', '.join(missing)} (the checkpoints are intact; "
+                         f"--resume writes what {tokenizer} lacks again from the run's inputs)")
 
 
 def _saved_json(path: pathlib.Path, what: str, accept: bool) -> dict:
@@ -342,13 +381,39 @@ class RunDirectory:
         return changed
 
     def create(self) -> None:
-        """Make the directory and take its lock (process 0, see ``_claim``), then its checkpoint manager."""
+        """Make the directory and take its lock (process 0, see ``_claim``; the others hold it open),
+        then its checkpoint manager, which checks the directory is in place before each save
+        (``check_in_place``); a resume first removes what saves cut short left."""
         self.primary = multihost.is_primary()
         if self.primary:
             self._claim()
         multihost.barrier("run_directory")
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.checkpoints = Checkpoints(self.directory / "checkpoints")
+        if not self.primary:
+            self.lock.watch()
+        self.checkpoints = Checkpoints(self.directory / "checkpoints", guard=self.check_in_place)
+        if self.resume:
+            self.checkpoints.remove_leftovers()
+
+    def check_in_place(self, writing: str) -> None:
+        """RunStopped, before ``writing`` is written, when the run directory's path no longer leads to
+        the directory this run locked (moved or deleted while the run was live; a new run may be there
+        now): the run writes nothing more, at that path or elsewhere."""
+        fate = self.lock.moved()
+        if fate is not None:
+            raise RunStopped(f"run_dir={str(self.directory)!r} {fate} while the run was live: {writing} was not "
+                             f"written, nor anything after it (what is at {self.directory} now is not this run's)")
+
+    def left_behind(self) -> str:
+        """What a run stopped at once leaves to resume (``interrupts.graceful_stop``): its newest
+        complete checkpoint, or none (then how to start again)."""
+        newest = None if self.checkpoints is None else self.checkpoints.newest
+        if newest is not None:
+            return f"the checkpoint of step {newest} is the last complete one (--resume continues from it)"
+        if self.resume:
+            return "the run's checkpoints are as they were (--resume continues from the newest intact one)"
+        again = "--restart starts it again" if run_results(self.directory) else "run it again to start over"
+        return f"no checkpoint was written yet: nothing to resume; {again}"
 
     def _claim(self) -> None:
         """Make the directory, take its lock, and check again now that no run can race (ConfigError
@@ -393,6 +458,7 @@ class RunDirectory:
         no results, a change that never ran is not recorded."""
         if not self.primary:
             return
+        self.check_in_place("metrics.jsonl")
         self.tokenizer, self.start_step = tokenizer, start_step
         logging, since = self.exp.logging, start_step if self.resume else None
         if logging.wandb:               # first: a failing wandb.init leaves nothing else written
@@ -404,20 +470,38 @@ class RunDirectory:
             self.completions_file = MetricsFile(self.completions_path, since)
         self.unrecorded = not self.resume or bool(self.changes or self.input_changes)
         if self.resume:
-            if not _holds_tokenizer(self.directory / "tokenizer"):
-                self._save_tokenizer()
-                print(f"{self.directory / 'tokenizer'} was missing or incomplete: written again from the run's "
-                      "tokenizer", file=sys.stderr)
+            self._complete_tokenizer()
             if not self.unrecorded and self.inputs != self.saved_inputs:    # same bytes, new file times
                 self._write_inputs()
 
-    def _save_tokenizer(self) -> None:
-        """tokenizer/: the run's tokenizer, with the checkpoint's generation_config.json (its stop ids
-        travel to final/ with the tokenizer)."""
-        self.tokenizer.save_pretrained(self.directory / "tokenizer")
+    def _generation_config(self) -> pathlib.Path | None:
+        """``model.path``'s generation_config.json, where it has one."""
         generation = pathlib.Path(self.exp.model.path) / "generation_config.json"
-        if self.exp.model.path and generation.is_file():
-            shutil.copyfile(generation, self.directory / "tokenizer" / generation.name)
+        return generation if self.exp.model.path and generation.is_file() else None
+
+    def _save_tokenizer(self, folder: pathlib.Path) -> None:
+        """The run's tokenizer into ``folder`` (tokenizer/), with the checkpoint's generation_config.json
+        (its stop ids travel to final/ with the tokenizer)."""
+        self.tokenizer.save_pretrained(folder)
+        generation = self._generation_config()
+        if generation is not None:
+            shutil.copyfile(generation, folder / generation.name)
+
+    def _complete_tokenizer(self) -> None:
+        """Write again each file tokenizer/ lacks (the run's tokenizer and ``model.path``'s generation
+        config, fingerprinted inputs, saved into a scratch folder and the missing files copied),
+        saying so in one line."""
+        folder = self.directory / "tokenizer"
+        with tempfile.TemporaryDirectory() as scratch:
+            self._save_tokenizer(pathlib.Path(scratch))
+            missing = sorted(str(p.relative_to(scratch)) for p in pathlib.Path(scratch).rglob("*")
+                             if p.is_file() and not (folder / p.relative_to(scratch)).is_file())
+            for name in missing:
+                (folder / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(pathlib.Path(scratch) / name, folder / name)
+        if missing:
+            print(f"{folder} was missing or incomplete: written again from the run's tokenizer (it lacked "
+                  f"{', '.join(missing)})", file=sys.stderr)
 
     def _write_inputs(self) -> None:
         write_atomically(self.directory / INPUTS_FILE, json.dumps({"files": self.inputs}, indent=2))
@@ -433,7 +517,7 @@ class RunDirectory:
             with (self.directory / "changes.jsonl").open("a") as f:
                 f.write(json.dumps(entry, default=str) + "\n")
         else:
-            self._save_tokenizer()
+            self._save_tokenizer(self.directory / "tokenizer")
         self._write_inputs()
         write_atomically(self.directory / "experiment.json", json.dumps(experiment_record(self.exp), indent=2))
 
@@ -445,7 +529,10 @@ class RunDirectory:
         """One step's record and its logged completions (``pgjax.train.completions``) to every sink,
         the completions to completions.jsonl too, a line per row (where ``logging.completions_every``
         logs any; nothing but on process 0); the first call after ``start`` writes what awaited it
-        (``_record_first``)."""
+        (``_record_first``). Nothing is written once the directory was moved or deleted
+        (``check_in_place``)."""
+        if self.primary:
+            self.check_in_place(f"the record of step {record['step']}")
         if self.primary and self.unrecorded:
             self._record_first()
             self.unrecorded = False
@@ -461,8 +548,11 @@ class RunDirectory:
         and the curves; a ``RewardModel`` as a transformers ``classifier`` (``hf.save_reward_model``'s
         kind; its adapters merged).
         ``policy`` holds full (gathered) parameters; process 0 writes. RunStopped, with no final/
-        written, when it would lack a file (``_check_export``)."""
+        written, when it would lack a file (``_check_export``) or the directory was moved or deleted
+        (``check_in_place``). It is written to final.partial/ and put in place by renames
+        (``_put_in_place``): a kill at any moment leaves no half final/."""
         if self.primary:
+            self.check_in_place("final/")
             final, partial = self.directory / "final", self.directory / "final.partial"
             tokenizer = self.directory / "tokenizer"
             shutil.rmtree(partial, ignore_errors=True)
@@ -473,10 +563,22 @@ class RunDirectory:
             else:
                 hf.save(lora.merged(policy), partial, tokenizer_dir=tokenizer)
                 hf.save_peft(policy, partial / "adapter", base_model=self._adapter_base(policy, partial))
-            _check_export(partial, tokenizer, not isinstance(policy, RewardModel) and policy.config.lora is not None)
-            shutil.rmtree(final, ignore_errors=True)
-            os.replace(partial, final)
+            _check_export(partial, tokenizer, not isinstance(policy, RewardModel) and policy.config.lora is not None,
+                          self._generation_config())
+            self.check_in_place("final/")
+            self._put_in_place(partial)
             plot(self.records(), self.directory / "curves.png", self.exp.name)
+
+    def _put_in_place(self, partial: pathlib.Path) -> None:
+        """``partial`` renamed to final/: an old final/ is first renamed to final.replaced/ and removed
+        after, so that final/ is always whole (the old or the new one) or, for a kill between the two
+        renames, absent with the old one in final.replaced/ (removed by the next export)."""
+        final, replaced = self.directory / "final", self.directory / "final.replaced"
+        shutil.rmtree(replaced, ignore_errors=True)
+        if final.exists():
+            os.replace(final, replaced)
+        os.replace(partial, final)
+        shutil.rmtree(replaced, ignore_errors=True)
 
     def _adapter_base(self, policy, partial: pathlib.Path) -> str:
         """The absolute path of the LoRA ``policy``'s base checkpoint, which its adapter records:

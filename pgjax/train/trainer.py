@@ -369,22 +369,24 @@ def train(exp: Experiment, resume: bool = False, progress: bool = True, callback
     experiment or an input file that changes the maths or the data unless ``accept_changes`` (see
     ``RunDirectory``); ``restart`` starts again in the directory a resume would take, its old results
     moved aside. A reward function's NaN, repeated non-finite updates or a non-finite state raise
-    RunStopped with the last checkpoint intact. SIGTERM or Ctrl-C stop the run after its current step
-    with a checkpoint (RunInterrupted; ``grace_period``: see ``interrupts.graceful_stop``). A
-    ``stage="reward_model"`` or ``"process_reward_model"`` experiment trains its learned reward the same
-    way (``RewardModelTrainer``)."""
-    with interrupts.graceful_stop(grace_period):
-        run = RunDirectory(exp, resume, accept_changes, fallback, restart)
-        resume = run.resume
+    RunStopped with the last checkpoint intact. SIGTERM, SIGHUP or Ctrl-C stop the run after its current
+    step with a checkpoint, or after final/ when it is being written (RunInterrupted; ``grace_period``:
+    see ``interrupts.graceful_stop``). A ``stage="reward_model"`` or ``"process_reward_model"``
+    experiment trains its learned reward the same way (``RewardModelTrainer``)."""
+    run = RunDirectory(exp, resume, accept_changes, fallback, restart)      # writes nothing
+    with interrupts.graceful_stop(run.left_behind, grace_period):
         trainer = (Trainer if exp.stage == "rl" else RewardModelTrainer)(exp)
         run.create()
         try:
-            if resume:
+            if run.resume:
                 trainer.restore(run.checkpoints, fallback=fallback)
                 print(f"resumed {run.directory} at step {trainer.step_count}", file=sys.stderr)
             run.start(trainer.tokenizer, trainer.step_count)
             trainer.fit(run, callbacks, progress)
-            trainer.export(run)
+            with interrupts.finishing("writing final/", "final/"):
+                trainer.export(run)
+            if interrupts.requested() is not None:
+                raise RunInterrupted(interrupts.requested(), "after writing final/: the run is complete")
         except BaseException:
             run.close(failed=True)
             raise
