@@ -53,16 +53,15 @@ import time
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
 from pgjax import core
 from pgjax.models import hf
 from pgjax.models.lora import LoRAConfig
-from pgjax.models.transformer import REMAT_POLICIES, CausalLM, ModelConfig
+from pgjax.models.transformer import REMAT_POLICIES, ModelConfig
 from pgjax.parallel import mesh as mesh_lib
 from pgjax.train.experiment import ModelSection
-from pgjax.train.learner import Learner, Rollout, UpdateConfig, build_learner, keeps_reference, placeholder_rollout
-from pgjax.train.optim import OptimConfig
+from pgjax.train.learner import Rollout, UpdateConfig, keeps_reference, placeholder_rollout
+from pgjax.train.memory import abstract_learner, human, placed, shard_bytes
 from pgjax.train.packing import Packing, most_packed_rows
 
 GIB = 2 ** 30
@@ -187,18 +186,6 @@ def check_batch_arguments(rows: int, group_size: int, micro_batches: int, mesh) 
         raise ValueError(f"{error} (batches that split: multiples of {unit} rows)") from None
 
 
-def _shard_bytes(tree) -> int:
-    """Bytes one device holds of ``tree``'s ShapeDtypeStructs (the largest shard of each leaf)."""
-    return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree))
-
-
-def _placed(tree, shardings):
-    """``tree``'s ShapeDtypeStructs carrying ``shardings`` (one per leaf, or one for all)."""
-    if isinstance(shardings, jax.sharding.Sharding):
-        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=shardings), tree)
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
-
-
 def _compiled(jitted, *args, inputs) -> Program:
     """Lower and compile ``jitted`` for ``args``; its memory analysis."""
     start = time.perf_counter()
@@ -233,25 +220,9 @@ class Planner:
         self.prompt_len, self.response_len, self.group_size = prompt_len, response_len, group_size
         self.update = UpdateConfig(micro_batches=micro_batches, pack_width=pack_width)
         self.unit = batch_unit(self.mesh, group_size, micro_batches)
-        self.learner, self.state = self._abstract_learner()
+        self.learner, self.state = abstract_learner(model, self.algorithm, group_size, self.update, self.mesh,
+                                                    self.reference)
         self._plans = {}
-
-    def _abstract_learner(self) -> tuple[Learner, object]:
-        """The Learner and its TrainState as ShapeDtypeStructs with the Learner's shardings.
-
-        Both are built inside ``jax.eval_shape``: the Learner's constructor copies the policy's arrays
-        (its own ``jax.eval_shape`` of a fresh state), which tracers allow and the ShapeDtypeStructs of
-        an ``nnx.eval_shape`` policy do not. What the Learner keeps of the policy is its graph definition."""
-        built = {}
-
-        def state():
-            policy = CausalLM(self.model, nnx.Rngs(0))
-            built["learner"] = build_learner(policy, self.algorithm, self.group_size, self.update, OptimConfig(),
-                                             OptimConfig(), self.mesh, self.reference)
-            return built["learner"].init_state(policy, jax.random.PRNGKey(0))
-
-        abstract = jax.eval_shape(state)
-        return built["learner"], _placed(abstract, built["learner"].state_sharding)
 
     def rollout(self, rows: int) -> Rollout:
         """The abstract rollout the sampler hands ``prepare`` (``learner.placeholder_rollout``: tokens,
@@ -272,21 +243,21 @@ class Planner:
         """Bytes one device holds of the training state (no compile): ``params``, ``optimizer``,
         ``reference``, ``gradients`` (the trainable parameters') and ``state`` (all of it)."""
         state = self.state
-        return {"params": _shard_bytes(state.params), "optimizer": _shard_bytes(state.opt_state),
-                "reference": _shard_bytes(state.ref_params),
-                "gradients": _shard_bytes(self.learner.trainable(state.params)[0]), "state": _shard_bytes(state)}
+        return {"params": shard_bytes(state.params), "optimizer": shard_bytes(state.opt_state),
+                "reference": shard_bytes(state.ref_params),
+                "gradients": shard_bytes(self.learner.trainable(state.params)[0]), "state": shard_bytes(state)}
 
     def _plan(self, rows: int) -> Plan:
         learner, state, same = self.learner, self.state, mesh_lib.replicated(self.mesh)
         rollout = self.rollout(rows)
-        prepared = _placed(jax.eval_shape(learner.prepare, state, rollout, self.hparams),
-                           mesh_lib.batch_sharding(self.mesh))
+        prepared = placed(jax.eval_shape(learner.prepare, state, rollout, self.hparams),
+                          mesh_lib.batch_sharding(self.mesh))
         order = jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=same)      # the minibatch's rows: all of them
-        prepare = _compiled(learner.prepare, state, rollout, self.hparams, inputs=_shard_bytes(rollout))
+        prepare = _compiled(learner.prepare, state, rollout, self.hparams, inputs=shard_bytes(rollout))
         packing = self._worst_packing(prepared) if learner.update_config.pack_width else None
         # the last argument: the step's LoRA-dropout key, None without dropout
         step = _compiled(learner._optimizer_step, state, prepared, order, packing, self.hparams, None,
-                         inputs=_shard_bytes((prepared, order, packing)))
+                         inputs=shard_bytes((prepared, order, packing)))
         options = {name: getattr(self.model, name) for name in ("param_dtype", "compute_dtype", "remat", "scan_layers")}
         options["lora_rank"] = self.model.lora.rank if self.model.lora else 0
         return Plan(model=self.name, options=options,
@@ -347,12 +318,6 @@ def plan(model: ModelConfig, mesh: mesh_lib.MeshConfig, batch: int, prompt_len: 
          **options) -> Plan:
     """Per-device memory of one training step at ``batch`` rows (``Planner``'s ``options``)."""
     return Planner(model, mesh, prompt_len, response_len, **options).plan(batch)
-
-
-def human(size: float) -> str:
-    """Bytes in GiB, MiB or KiB (two decimals)."""
-    unit = next(u for u in (3, 2, 1, 0) if size >= 2 ** (10 * u) or not u)
-    return f"{size / 2 ** (10 * unit):,.2f} {('B', 'KiB', 'MiB', 'GiB')[unit]}"
 
 
 def summary(plan: Plan, limit: int, fit: Fit | None = None) -> list[str]:

@@ -4,36 +4,44 @@ Parses the arguments, loads and overrides the experiment, and hands it to
 ``pgjax.train.trainer.train`` (the training loop itself lives in ``pgjax.train``). A mistake in
 the configuration (or a run directory in use, a changed experiment on resume, no intact checkpoint)
 is printed as one or two plain lines and exits with status 2, before anything is written to disk; a
-run stopped by a non-finite reward or repeated non-finite updates exits with status 1, its last
-checkpoint intact; SIGTERM or Ctrl-C finish the current step, write its checkpoint and exit with
-128 + the signal's number (``pgjax.train.interrupts``).
+run stopped by a non-finite reward, repeated non-finite updates, a failing environment or running
+out of memory exits with status 1, its last checkpoint intact; SIGTERM, SIGHUP or Ctrl-C finish the current step, write its checkpoint and exit
+with 128 + the signal's number (``pgjax.train.interrupts``); outside a run's steps (while the
+modules load, after the run) they end the process at once, in one line.
 """
 from __future__ import annotations
 
-import argparse
-import os
 import signal
 import sys
 
-from pgjax.parallel import multihost
-from pgjax.train import experiment as experiment_lib
-from pgjax.train.experiment import ConfigError, RunStopped
-from pgjax.train.interrupts import DEFAULT_GRACE_PERIOD, RunInterrupted
-from pgjax.train.sinks import read_records
-from pgjax.train.trainer import train
+from pgjax.train import interrupts
+
+if __name__ == "__main__":      # before the imports below, which take seconds
+    interrupts.stop_at_once()
+
+import argparse  # noqa: E402
+
+from pgjax.parallel import multihost  # noqa: E402
+from pgjax.train import experiment as experiment_lib  # noqa: E402
+from pgjax.train.experiment import ConfigError, RunStopped  # noqa: E402
+from pgjax.train.interrupts import DEFAULT_GRACE_PERIOD, RunInterrupted  # noqa: E402
+from pgjax.train.memory import out_of_memory  # noqa: E402
+from pgjax.train.sinks import read_records  # noqa: E402
+from pgjax.train.trainer import train  # noqa: E402
 
 
 def _epilog() -> str:
     lines = ["sections of an experiment (--set <section>.<field>=value; --print-config lists every key):"]
     lines += [f"  {name:<13} {summary}" for name, summary in experiment_lib.sections().items()]
     lines += ["  (the algorithm's traced hyperparameters, core.HParams: e.g. algorithm.hparams.kl_coef=0.01)",
-              "", "exit status: 0 done, 1 stopped by a non-finite reward or update (the last checkpoint is intact),",
+              "", "exit status: 0 done, 1 stopped by a non-finite reward or update, a failing environment or running out of",
+              "               memory (the last checkpoint is intact),",
               "             2 a configuration error, a run directory in use or holding another run, a changed input "
               "on resume,",
               "               or nothing intact to resume (nothing was written)",
-              "             130 / 143 stopped by Ctrl-C / SIGTERM after finishing the step and writing its checkpoint",
-              "               (--resume continues; a second signal, or the grace period running out, stops at once",
-              "               with the last complete checkpoint intact)"]
+              "             129 / 130 / 143 stopped by SIGHUP / Ctrl-C / SIGTERM after finishing the step and writing",
+              "               its checkpoint (--resume continues; a second signal, or the grace period running out,",
+              "               stops at once with the last complete checkpoint intact)"]
     return "\n".join(lines)
 
 
@@ -52,9 +60,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="start the run again in the directory --resume would take, first moving its results "
                              "(final/, metrics, checkpoints) aside to <dir>-replaced-<date>; nothing is deleted")
     parser.add_argument("--grace-period", type=float, default=DEFAULT_GRACE_PERIOD, metavar="SECONDS",
-                        help="after SIGTERM or Ctrl-C, how long the current step and its checkpoint may take before "
-                             f"the run stops at once (default {DEFAULT_GRACE_PERIOD:g}: schedulers send SIGTERM a "
-                             "minute before SIGKILL; 0: signals stop the run at once)")
+                        help="after SIGTERM, SIGHUP or Ctrl-C, how long the current step and its checkpoint may "
+                             f"take before the run stops at once (default {DEFAULT_GRACE_PERIOD:g}: schedulers send "
+                             "SIGTERM a minute before SIGKILL; 0: signals stop the run at once)")
     parser.add_argument("--no-fallback", action="store_true",
                         help="with --resume, stop if the newest checkpoint is damaged instead of going back to the "
                              "newest intact one")
@@ -66,8 +74,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if not args.grace_period >= 0:
-        print(f"pgjax.run: error: --grace-period={args.grace_period} is invalid: seconds >= 0", file=sys.stderr)
+    if not 0 <= args.grace_period <= experiment_lib.MAX_SECONDS:
+        print(f"pgjax.run: error: --grace-period={args.grace_period} is invalid: seconds >= 0, at most "
+              f"{experiment_lib.MAX_SECONDS:.0f}", file=sys.stderr)
         return 2
     try:
         exp = experiment_lib.override(experiment_lib.load(args.experiment), args.set)
@@ -89,6 +98,11 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:       # before or after the run (during it, Ctrl-C is a RunInterrupted)
         print("pgjax.run: interrupted (Ctrl-C)", file=sys.stderr)
         return 128 + signal.SIGINT
+    except Exception as error:      # out of host or device memory: one line; any other error as it is
+        if (line := out_of_memory(error)) is None:
+            raise
+        print(f"pgjax.run: stopped: {line}", file=sys.stderr)
+        return 1
     if multihost.is_primary():
         evals = [r for r in read_records(directory) if r.get("eval_accuracy") is not None]
         print(f"greedy eval accuracy: start {evals[0]['eval_accuracy']:.3f} -> end {evals[-1]['eval_accuracy']:.3f}"
@@ -97,6 +111,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    status = main()
-    signal.signal(signal.SIGINT, lambda *_: os._exit(128 + signal.SIGINT))   # no traceback from exit handlers
-    sys.exit(status)
+    sys.exit(main())        # signals end the process at once here too (``stop_at_once``): no traceback

@@ -118,7 +118,7 @@ CASES = {
     "an empty dataset": (["--set", "task.name=jsonl_math", "--set", "task.path={files}/empty.jsonl"],
                          "empty.jsonl' holds no records"),
     "a dataset that is not text": (["--set", "task.name=jsonl_math", "--set", "task.path={files}/binary.jsonl"],
-                                   "task: 'utf-8' codec can't decode byte 0xff"),
+                                   "binary.jsonl:1: not UTF-8 text: byte 0xff at column 1"),
     "a dataset that is one JSON array": (["--set", "task.name=jsonl_math", "--set", "task.path={files}/array.jsonl"],
                                          "array.jsonl:1: expected a JSON object, got list"),
     "a dataset whose prompts are numbers": (["--set", "task.name=jsonl_math", "--set",
@@ -426,11 +426,11 @@ FILE_CASES = {
                                   "run_dir=PosixPath('/tmp/x') is invalid: a str is expected"),
     "a float warm start": (returns("Experiment(warm_start=WarmStartSection(steps=1.5))"),
                            "warm_start.steps=1.5 is invalid: an int is expected"),
-    # a number as a string in a section whose own checks compare it first: one line, not naming the key
+    # a number as a string in a section whose own checks compare it first: the key named all the same
     "a sample count as a string": (returns('Experiment(rollout=RolloutConfig(samples_per_prompt="8"))'),
-                                   "'>=' not supported between instances of 'str' and 'int'"),
+                                   "rollout.samples_per_prompt='8' is invalid: an int is expected"),
     "a learning rate as a string": (returns('Experiment(optim=OptimConfig(lr="1e-3"))'),
-                                    "'>' not supported between instances of 'str' and 'int'"),
+                                    "OptimConfig.lr='1e-3' is invalid: a number is expected"),
 }
 
 

@@ -6,7 +6,6 @@ the file is not there, the server got no connection, the process is alive, the r
 import os
 import pathlib
 import shutil
-import signal
 import socket
 import subprocess
 import sys

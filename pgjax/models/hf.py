@@ -118,7 +118,9 @@ def _token_ids(hf_config):
 
 
 def _read_safetensors(directory: pathlib.Path) -> dict:
-    """Every tensor of the checkpoint's weight files by name, as host (NumPy) arrays."""
+    """Every tensor of the checkpoint's weight files by name, as host (NumPy) arrays; a ValueError naming
+    a file that safetensors cannot read."""
+    from safetensors import SafetensorError
     from safetensors.flax import load_file
     index = directory / "model.safetensors.index.json"
     if index.exists():
@@ -133,7 +135,10 @@ def _read_safetensors(directory: pathlib.Path) -> dict:
         if not path.exists():
             raise FileNotFoundError(f"{path} is listed in the index but missing")
         with jax.default_device(jax.local_devices(backend="cpu")[0]):     # this process's own CPU
-            tensors.update((k, np.asarray(v)) for k, v in load_file(str(path)).items())
+            try:
+                tensors.update((k, np.asarray(v)) for k, v in load_file(str(path)).items())
+            except SafetensorError as error:
+                raise ValueError(f"{path} is not a whole safetensors file (cut short or damaged?): {error}") from None
     return tensors
 
 
@@ -190,6 +195,12 @@ def load(directory, **options) -> CausalLM:
     fresh adapters, B = 0, on the checkpoint's weights)."""
     directory = pathlib.Path(directory)
     return _load_trunk(directory, _hf_config(directory), options)[0]
+
+
+def load_config(directory, **options) -> ModelConfig:
+    """The ``ModelConfig`` of the local checkpoint ``directory`` (its config.json, nothing else read);
+    ``options``: ``config_from_hf``'s."""
+    return config_from_hf(_hf_config(pathlib.Path(directory)), **options)
 
 
 def _hf_config(directory: pathlib.Path):

@@ -15,8 +15,8 @@ Rules, the same for every reward in this package:
   a row rule wrapped by ``per_example`` never yields NaN or infinity and
   never raises for a bad completion;
 - a batched function is called through ``call_reward``: an exception it raises
-  (or, with a timeout, ``with_timeout``, a call that does not return) and a
-  result that is not one number per completion (``as_rewards``: a wrong shape,
+  (``sys.exit()`` included), a call that does not return in time (``with_timeout``)
+  and a result that is not one number per completion (``as_rewards``: a wrong shape,
   a string, even ``"1.0"``, None, a list) are a ``RewardError`` naming the
   function; ``finite_rewards`` is the one check of the numbers that reach
   training: a NaN or infinite reward is a ``RewardError`` naming the function
@@ -34,6 +34,7 @@ import numbers
 import os
 import pathlib
 import re
+import signal
 import sysconfig
 import threading
 import traceback
@@ -144,17 +145,28 @@ def located_error(error: BaseException) -> str:
 
 def call_reward(fn: RewardFn, prompts: Sequence[str], completions: Sequence[str], **fields: Sequence) -> np.ndarray:
     """``fn(prompts, completions, **fields)`` as ``as_rewards`` float32 ``[len(completions)]``, NaN and
-    infinities kept; any exception ``fn`` raises is a RewardError naming it, the exception and where
-    in the user's code it was raised."""
+    infinities kept; any exception ``fn`` raises (``raised_by_code``: also ``sys.exit()``, which would
+    end the whole process) is a RewardError naming it, the exception and where in the user's code it
+    was raised."""
     try:
         values = fn(prompts, completions, **fields)
     except RewardError:
         raise
-    except Exception as error:
+    except BaseException as error:
+        if not raised_by_code(error):
+            raise
         where = raised_at(error)
-        raise RewardError(f"reward function {reward_name(fn)} raised {error_text(error)}"
-                          + (f" ({where})" if where else "")) from error
+        what = (f"called sys.exit() ({error_text(error)}), which would end the run" if isinstance(error, SystemExit)
+                else f"raised {error_text(error)}")
+        raise RewardError(f"reward function {reward_name(fn)} {what}" + (f" ({where})" if where else "")) from error
     return as_rewards(values, len(completions), reward_name(fn))
+
+
+def raised_by_code(error: BaseException) -> bool:
+    """Whether ``error`` came from the code that ran, not from outside it: any exception, ``SystemExit``
+    (``sys.exit()``) and the other ``BaseException``s, but a ``KeyboardInterrupt`` only where Ctrl-C
+    cannot raise one (SIGINT has a handler of its own, as during a run: ``interrupts.graceful_stop``)."""
+    return not isinstance(error, KeyboardInterrupt) or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
 
 
 def with_timeout(fn: RewardFn, seconds: float) -> RewardFn:

@@ -18,8 +18,8 @@ string, or a conversation: a list of ``{"role", "content"}`` chat messages, whic
 missing file is FileNotFoundError. Every record is checked as it is read; a bad one is a
 ValueError ``"{path}:{place}: {reason}"`` naming the field at fault:
 
-- a line is valid JSON (the column of an error is counted within the line), an object, and
-  holds no ``NaN`` / ``Infinity`` / ``-Infinity``; a table row's fields asked for hold no NaN or
+- a line is UTF-8 text, valid JSON (the column of an error is counted within the line), an
+  object, and holds no ``NaN`` / ``Infinity`` / ``-Infinity``; a table row's fields asked for hold no NaN or
   infinity;
 - it has every field asked for;
 - the prompt is a string that is not blank, or a list of messages ``Conversation`` accepts (its
@@ -45,6 +45,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -58,6 +59,7 @@ FILE_FORMATS = ("auto", "jsonl", "json", "parquet", "arrow", "csv")
 _SUFFIXES = {".parquet": "parquet", ".arrow": "arrow", ".csv": "csv"}     # auto: any other suffix is JSON Lines
 DATA_EXTRA = "pip install -e '.[data]'"
 ROLES = ("system", "user", "assistant")
+_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")    # a byte that is not UTF-8, as ``surrogateescape`` reads it
 _NEXT_ROLES = {None: ("system", "user"), "system": ("user",), "user": ("assistant",), "assistant": ("user",)}
 
 
@@ -163,7 +165,12 @@ def _leaf(value, test: Callable[[Any], bool]):
 
 
 def _parse(line: str) -> dict[str, Any]:
-    """The JSON object of one line (without its newline); _Invalid if it is not one."""
+    """The JSON object of one line (without its newline, bytes that are not UTF-8 escaped: ``_lines``);
+    _Invalid if it is not one."""
+    undecodable = _ESCAPED_BYTE.search(line)
+    if undecodable:
+        raise _Invalid(f"not UTF-8 text: byte 0x{ord(undecodable.group()) - 0xdc00:02x} at column "
+                       f"{undecodable.start() + 1}")
     try:
         record = json.loads(line, parse_constant=_Constant)
     except json.JSONDecodeError as err:  # pos, not colno: colno restarts after a newline in the text
@@ -219,8 +226,9 @@ def _check_answer(answer, field: str, raw) -> str | int | float:
 
 
 def _lines(path: str) -> Iterator[tuple[int, str]]:
-    """(1-based line number, text without its newline) of each non-blank line."""
-    with open(path, encoding="utf-8-sig") as f:
+    """(1-based line number, text without its newline) of each non-blank line; a byte that is not UTF-8
+    is kept as a lone surrogate (``surrogateescape``), for ``_parse`` to name its line."""
+    with open(path, encoding="utf-8-sig", errors="surrogateescape") as f:
         for lineno, line in enumerate(f, start=1):
             line = line.rstrip("\r\n")
             if line.strip():

@@ -13,8 +13,9 @@ valid: an unknown key (with the closest valid one), a value of the wrong type,
 a value out of its range (each section's ``__post_init__`` checks its own
 fields), and the checks that need several sections (``validate``: a group
 baseline with one sample per prompt, batches that do not split into
-micro-batches or over the mesh, a missing checkpoint or dataset). The command
-line prints it as plain lines and exits with status 2.
+micro-batches or over the mesh, a missing checkpoint or dataset, a run whose
+model and batches cannot fit the machine's memory). The command line prints it
+as plain lines and exits with status 2.
 """
 from __future__ import annotations
 
@@ -23,13 +24,17 @@ import difflib
 import importlib.util
 import json
 import math
+import os
 import pathlib
+import threading
+import traceback
 import types
 import typing
 
 import numpy as np
 
 from pgjax import core
+from pgjax.models import hf
 from pgjax.models.lora import TARGETS, LoRAConfig
 from pgjax.models.transformer import RUNTIME_OPTIONS, ModelConfig
 from pgjax.parallel.mesh import MeshConfig, check_divisible_rows
@@ -38,6 +43,7 @@ from pgjax.rewards import (FILE_FORMATS, accepted_options, error_text, raised_at
                            task_factory)
 from pgjax.train.learned_reward import NORMALIZE
 from pgjax.train.learner import UpdateConfig
+from pgjax.train.memory import check_run_memory
 from pgjax.train.optim import OptimConfig
 from pgjax.train.rollout import RolloutConfig
 
@@ -47,6 +53,10 @@ RENAMED = {"model.layers": "model.num_hidden_layers", "model.heads": "model.num_
            "update.correction_mode": "algorithm.correction_mode"}
 
 HPARAMS = "algorithm.hparams."      # the traced hyperparameters' keys: algorithm.hparams.<core.HParams field>
+MAX_SECONDS = threading.TIMEOUT_MAX     # the longest wait a thread or timer takes (about 292 years); longer overflows
+# the longest name of a run directory, and of each folder above it, in bytes: a file system takes 255 a
+# name, and --restart renames the directory to <name>-replaced-<date>
+NAME_BYTES = 200
 
 
 def renamed(key: str) -> str | None:
@@ -273,8 +283,8 @@ class TaskSection:
             _require(math.isfinite(getattr(self, key)), f"task.{key}", getattr(self, key), "a finite number")
         _require(self.reward_model_normalize in NORMALIZE, "task.reward_model_normalize", self.reward_model_normalize,
                  f"one of {', '.join(NORMALIZE)}")
-        _require(0 <= self.reward_timeout < math.inf, "task.reward_timeout", self.reward_timeout,
-                 "finite seconds >= 0 (0: no limit)")
+        _require(0 <= self.reward_timeout <= MAX_SECONDS, "task.reward_timeout", self.reward_timeout,
+                 f"finite seconds >= 0 (0: no limit), at most {MAX_SECONDS:.0f}")
         _require(all(name in TOOLS for name in self.tool_names), "task.tools", self.tools,
                  f"comma-separated tools of {', '.join(TOOLS)} (empty: none)")
 
@@ -476,6 +486,10 @@ class Experiment:
         check_types(self)
         _require(self.name not in ("", ".", "..") and not {"/", "\0"} & set(self.name), "name", self.name,
                  "a non-empty name without '/', other than '.' and '..' (runs/<name> is the run directory)")
+        _require(_fits_file_names(self.name), "name", self.name,
+                 f"at most {NAME_BYTES} bytes (runs/<name> is the run directory)")
+        _require("\0" not in self.run_dir and _fits_file_names(self.run_dir), "run_dir", self.run_dir,
+                 f"a path without NUL whose every part is at most {NAME_BYTES} bytes")
         # jax.random.PRNGKey keeps the low 32 bits of a seed (2**32 would give seed 0's key) and
         # overflows from 2**63 on; the data streams' SeedSequence takes any
         _require(0 <= self.seed < 2**32, "seed", self.seed, "an integer in [0, 2**32)")
@@ -484,6 +498,11 @@ class Experiment:
         _require(self.steps >= 0, "steps", self.steps, "an integer >= 0 (0: only the warm start)")
         for name in ("prompts_per_step", "eval_every", "eval_prompts", "checkpoint_every"):
             _require(getattr(self, name) >= 1, name, getattr(self, name), "an integer >= 1")
+
+
+def _fits_file_names(path: str) -> bool:
+    """Whether every part of ``path`` is at most ``NAME_BYTES`` long in the file system's encoding."""
+    return all(len(os.fsencode(part)) <= NAME_BYTES for part in pathlib.PurePath(path).parts)
 
 
 def stream_seed(seed: int, stream: str, index: int) -> int:
@@ -496,8 +515,8 @@ def validate(exp: Experiment, mesh) -> None:
     """The checks that need several sections (each section checks its own fields): the algorithm and
     its hyperparameters (a KL coefficient only where there is a KL term), a group baseline's K >= 2, the
     scoring temperature equal to the sampling one, every batch size, the task (importing a user's task
-    or reward module) and the options it takes, and the files a run reads. Raises ConfigError; writes
-    nothing."""
+    or reward module) and the options it takes, the files a run reads, and what the run certainly
+    holds against the machine's memory. Raises ConfigError; writes nothing."""
     algo = exp.algorithm.build()
     k = exp.rollout.samples_per_prompt
     if algo.spec.baseline == "group" and k < 2:
@@ -535,6 +554,22 @@ def validate(exp: Experiment, mesh) -> None:
         _check_dataset_file(exp.task)
     if exp.logging.wandb and importlib.util.find_spec("wandb") is None:
         raise ConfigError("logging.wandb=True needs the wandb package: pip install -e '.[wandb]'")
+    _check_memory(exp, mesh)
+
+
+def _check_memory(exp: Experiment, mesh) -> None:
+    """What the run certainly holds fits this machine's memory (``memory.check_run_memory``), for the
+    architecture of ``model.path`` or a new model's (its vocabulary left out: the task's tokenizer is
+    not loaded yet)."""
+    try:
+        model = (hf.load_config(exp.model.path, **exp.model.runtime_options()) if exp.model.path
+                 else exp.model.config(vocab_size=1))
+    except (ValueError, TypeError, KeyError, OSError) as error:
+        raise ConfigError(f"model.path: {error}") from None
+    try:
+        check_run_memory(exp, model, mesh)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def _check_episodes(exp: Experiment, algo) -> None:
@@ -604,11 +639,15 @@ def check_batches(exp: Experiment, mesh) -> None:
 
 
 def load(path) -> Experiment:
-    """``experiment()`` of the Python file ``path``: ConfigError if it has none or a bad one, or if
-    importing the file or calling ``experiment()`` raises (naming the file and line where)."""
+    """``experiment()`` of the Python file ``path``: ConfigError if it is not a ``.py`` file, has no
+    ``experiment()`` or a bad one, or if importing the file or calling ``experiment()`` raises (naming
+    the file and line where)."""
     path = pathlib.Path(path)
     if not path.is_file():
         raise ConfigError(f"no experiment file {path}")
+    if path.suffix != ".py":
+        raise ConfigError(f"{path} is not a Python file: an experiment is a .py file defining experiment() "
+                          "returning a pgjax Experiment (experiments/ holds examples)")
     spec = importlib.util.spec_from_file_location(f"pgjax_experiment_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     try:
@@ -619,17 +658,51 @@ def load(path) -> Experiment:
         raise ConfigError(f"{path} must define experiment() returning a pgjax Experiment")
     try:
         experiment = module.experiment()
-    except ValueError as error:      # a section's own range check
-        raise ConfigError(f"{path}: {error}") from None
-    except TypeError as error:       # a field that does not exist (or was renamed), a value of the wrong type
-        moved = [f"{old.split('.')[-1]} is now {new}" for old, new in RENAMED.items()
-                 if f"'{old.split('.')[-1]}'" in str(error)]
-        raise ConfigError(f"{path}: {error}" + (f" ({'; '.join(moved)})" if moved else "")) from None
+    except (ValueError, TypeError) as error:    # a section's own check, a field that does not exist or was renamed
+        raise ConfigError(f"{raised_at(error) or path}: {_section_error(error)}") from None
     except Exception as error:       # the user's code in experiment() failed
         raise ConfigError(f"{raised_at(error) or path}: experiment() raised {error_text(error)}") from None
     if not isinstance(experiment, Experiment):
         raise ConfigError(f"{path}: experiment() returned {type(experiment).__name__}, not an Experiment")
     return experiment
+
+
+def _section_error(error: ValueError | TypeError) -> str:
+    """What a section's constructor raised in an experiment file, said plainly: a field of the wrong
+    type named with its key (``OptimConfig(lr="1e-3")``, whose own range check compares a str:
+    ``OptimConfig.lr='1e-3' is invalid: a number is expected``), a renamed field with its new key."""
+    section = _failed_section(error)
+    if section is not None:
+        keys = _section_keys().get(type(section), [])
+        try:
+            check_types(section, f"{keys[0] if len(keys) == 1 else type(section).__name__}.")
+        except ConfigError as mistyped:
+            return str(mistyped)
+    moved = [f"{old.split('.')[-1]} is now {new}" for old, new in RENAMED.items()
+             if f"'{old.split('.')[-1]}'" in str(error)]
+    return f"{error}" + (f" ({'; '.join(moved)})" if moved else "")
+
+
+def _failed_section(error: BaseException):
+    """The config section (of ``_section_keys``) whose ``__post_init__`` raised ``error``, innermost
+    first; None when no section's did."""
+    sections = _section_keys()
+    frames = [frame for frame, _ in traceback.walk_tb(error.__traceback__) if frame.f_code.co_name == "__post_init__"]
+    return next((frame.f_locals["self"] for frame in reversed(frames)
+                 if type(frame.f_locals.get("self")) in sections), None)
+
+
+def _section_keys(config=Experiment, prefix: str = "") -> dict[type, list[str]]:
+    """Each config section type ``Experiment`` holds, and the keys it is at (``OptimConfig``:
+    ``optim``, ``critic_optim``, ``warm_start.optim``)."""
+    found = {}
+    for field in dataclasses.fields(config):
+        kind = _field_type(config, field.name)
+        if dataclasses.is_dataclass(kind):
+            found.setdefault(kind, []).append(prefix + field.name)
+            for section, keys in _section_keys(kind, f"{prefix}{field.name}.").items():
+                found.setdefault(section, []).extend(keys)
+    return found
 
 
 SECTIONS = {
