@@ -71,6 +71,7 @@ from pgjax.rewards.base import (
     located_error,
     per_example,
     raised_at,
+    raised_text,
     reward_name,
     call_within,
     with_timeout,
@@ -112,7 +113,8 @@ __all__ = [
     "described_value", "error_text", "evaluate_expression", "extract_answer", "finite_rewards", "format_reward",
     "import_object", "is_arithmetic_answer", "is_countdown_solution",
     "is_scratchpad_answer", "load_jsonl", "located_error", "make_task", "math_reward", "normalize_answer",
-    "parse_number", "per_example", "raised_at", "reader_format", "reference_answer", "reward_function", "reward_name",
+    "parse_number", "per_example", "raised_at", "raised_text", "reader_format", "reference_answer", "reward_function",
+    "reward_name",
     "scratchpad_reward", "task_factory", "trailing_scratch_reward", "WordMathTask", "boxed_answer_reward",
     "is_word_math_answer", "call_within", "with_timeout", "word_math_format_reward", "word_math_reward",
 ]

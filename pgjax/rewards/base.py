@@ -143,6 +143,13 @@ def located_error(error: BaseException) -> str:
     return f"{where}: {error_text(error)}" if where else error_text(error)
 
 
+def raised_text(error: BaseException) -> str:
+    """``Type: message (file:line)``: what ``error`` says, then where in the user's code it arose
+    (``raised_at``; nothing where that is not known), for a message naming who raised it."""
+    where = raised_at(error)
+    return f"{error_text(error)} ({where})" if where else error_text(error)
+
+
 def call_reward(fn: RewardFn, prompts: Sequence[str], completions: Sequence[str], **fields: Sequence) -> np.ndarray:
     """``fn(prompts, completions, **fields)`` as ``as_rewards`` float32 ``[len(completions)]``, NaN and
     infinities kept; any exception ``fn`` raises (``raised_by_code``: also ``sys.exit()``, which would
@@ -155,10 +162,13 @@ def call_reward(fn: RewardFn, prompts: Sequence[str], completions: Sequence[str]
     except BaseException as error:
         if not raised_by_code(error):
             raise
-        where = raised_at(error)
-        what = (f"called sys.exit() ({error_text(error)}), which would end the run" if isinstance(error, SystemExit)
-                else f"raised {error_text(error)}")
-        raise RewardError(f"reward function {reward_name(fn)} {what}" + (f" ({where})" if where else "")) from error
+        if isinstance(error, SystemExit):
+            where = raised_at(error)
+            what = (f"called sys.exit() ({error_text(error)}), which would end the run"
+                    + (f" ({where})" if where else ""))
+        else:
+            what = f"raised {raised_text(error)}"
+        raise RewardError(f"reward function {reward_name(fn)} {what}") from error
     return as_rewards(values, len(completions), reward_name(fn))
 
 

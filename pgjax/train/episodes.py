@@ -45,7 +45,7 @@ from pgjax import core
 from pgjax.agents.environment import Environment, Step
 from pgjax.models.transformer import CausalLM
 from pgjax.parallel.multihost import largest, to_global, to_host
-from pgjax.rewards import Conversation, RewardError, described_value, error_text, raised_at
+from pgjax.rewards import Conversation, RewardError, described_value, raised_text
 from pgjax.sample.sampler import SamplingConfig, append, decode_turn, start
 from pgjax.train.learner import Rollout
 from pgjax.train.rollout import PromptFormat, RolloutConfig, left_pad, pad_id, trim_padding
@@ -226,8 +226,7 @@ def _user_call(call: Callable, what: str):
     except RewardError:
         raise
     except Exception as error:                     # noqa: BLE001 - the user's environment
-        where = raised_at(error)
-        raise EnvironmentFailure(f"{what} raised {error_text(error)}" + (f" ({where})" if where else "")) from None
+        raise EnvironmentFailure(f"{what} raised {raised_text(error)}") from None
 
 
 def _check_systematic(episodes: list[_Row], mesh: Mesh | None) -> None:
@@ -251,8 +250,7 @@ def checked_step(environment: Environment, reply: str) -> Step:
     except (RewardError, EpisodeError):
         raise
     except Exception as error:                     # noqa: BLE001 - the user's environment, on the policy's reply
-        where = raised_at(error)
-        raise EpisodeError(f"{name}.step raised {error_text(error)}" + (f" ({where})" if where else "")) from None
+        raise EpisodeError(f"{name}.step raised {raised_text(error)}") from None
     problem = step_problem(step)
     if problem:
         raise EpisodeError(f"{name}.step returned {problem}")
