@@ -59,8 +59,8 @@ from pgjax.models import hf
 from pgjax.models.lora import LoRAConfig
 from pgjax.models.transformer import REMAT_POLICIES, ModelConfig
 from pgjax.parallel import mesh as mesh_lib
-from pgjax.train.experiment import ModelSection
-from pgjax.train.learner import Rollout, UpdateConfig, keeps_reference, placeholder_rollout
+from pgjax.train.experiment import AlgorithmSection, ModelSection
+from pgjax.train.learner import Rollout, UpdateConfig, placeholder_rollout
 from pgjax.train.memory import abstract_learner, human, placed, shard_bytes
 from pgjax.train.packing import Packing, most_packed_rows
 
@@ -199,23 +199,27 @@ class Planner:
     ``plan(rows)`` compiles its programs at a batch size, ``largest_batch`` searches the batch."""
 
     def __init__(self, model: ModelConfig, mesh: mesh_lib.MeshConfig, prompt_len: int, response_len: int, *,
-                 devices: int | None = None, algorithm: str = "grpo", group_size: int = 8,
+                 devices: int | None = None, algorithm: str | core.Estimator = "grpo", group_size: int = 8,
                  micro_batches: int = 1, pack_width: int = 0, reference: bool | None = None, name: str = ""):
         """``devices``: the mesh's device count (default ``default_devices(mesh)``), at most this process's;
-        ``reference``: keep a frozen reference policy (default: as the Trainer decides, when the preset's
-        KL term is on; False turns the KL off); ``pack_width``: the update's ``update.pack_width``,
+        ``algorithm``: a preset's name, the import path ``package.module:name`` of an estimator of your own
+        (``experiment.AlgorithmSection.preset``) or an estimator object;
+        ``reference``: keep a frozen reference policy (default: as the Trainer decides, when the estimator
+        requires ``ref_logp``; False turns a preset's KL off); ``pack_width``: the update's ``update.pack_width``,
         planned at its most packed rows (``packing.most_packed_rows``)."""
         if min(prompt_len, response_len) < 1:
             raise ValueError(f"prompt and response lengths must be >= 1, got {prompt_len} and {response_len}")
         devices = default_devices(mesh) if devices is None else devices
         self.mesh = mesh_lib.make_mesh(mesh, _devices(devices))
-        self.algorithm = core.preset(algorithm)
-        if group_size < 1 or (self.algorithm.spec.baseline == "group" and group_size < 2):
-            raise ValueError(f"group size {group_size}: {algorithm} needs at least "
-                             f"{2 if self.algorithm.spec.baseline == 'group' else 1}")
-        self.reference = keeps_reference(self.algorithm) if reference is None else reference
-        self.hparams = self.algorithm.hparams if self.reference else dataclasses.replace(
-            self.algorithm.hparams, kl_coef=0.0)
+        self.algorithm = algorithm if isinstance(algorithm, core.Estimator) else AlgorithmSection(
+            preset=algorithm).build()
+        if group_size < max(1, self.algorithm.min_group_size):
+            raise ValueError(f"group size {group_size}: {self.algorithm.name} needs at least "
+                             f"{max(1, self.algorithm.min_group_size)}")
+        self.reference = "ref_logp" in self.algorithm.requires if reference is None else reference
+        self.hparams = self.algorithm.hparams
+        if not self.reference and isinstance(self.algorithm, core.Algorithm):
+            self.hparams = dataclasses.replace(self.hparams, kl_coef=0.0)
         self.model, self.name = model, name or f"{model.family} {model.num_hidden_layers} layers"
         self.prompt_len, self.response_len, self.group_size = prompt_len, response_len, group_size
         self.update = UpdateConfig(micro_batches=micro_batches, pack_width=pack_width)
@@ -229,7 +233,7 @@ class Planner:
         response mask, rewards, the sampler's log-probs, ReMax's greedy rewards), split over the batch axes."""
         sharding = mesh_lib.batch_sharding(self.mesh)
         return placeholder_rollout(rows, self.prompt_len, self.response_len, self.group_size,
-                                   self.algorithm.spec.baseline == "greedy",
+                                   "greedy_rewards" in self.algorithm.requires,
                                    lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding))
 
     def plan(self, rows: int) -> Plan:
@@ -392,7 +396,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--compute-dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--lora", type=int, default=0, metavar="RANK",
                    help="LoRA adapters of this rank on every projection, alpha = 2 x rank (0: full fine-tuning)")
-    p.add_argument("--algorithm", default="grpo", help="a preset of pgjax.core.PRESETS")
+    p.add_argument("--algorithm", default="grpo", help="a preset of pgjax.core.PRESETS, or the import path "
+                   "package.module:name of your own estimator")
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--micro-batches", type=int, default=1)
     p.add_argument("--pack-width", type=int, default=0,

@@ -519,10 +519,10 @@ def test_token_weights_per_difficulty_bucket_match_a_hand_computed_example():
     batch = Batch(mask=mask, rewards=rewards, logp=logp, old_logp=logp, ref_logp=logp, group_size=4)
     buckets = lambda c: np.abs(np.asarray(c)).sum(1).reshape(3, 4).sum(1)
     dr = core.preset("dr_grpo")
-    np.testing.assert_allclose(buckets(core.token_weights(dr.spec, batch, dr.hparams)), [1.5, 5 / 3, 7 / 6],
+    np.testing.assert_allclose(buckets(core.token_weights(dr, batch, dr.hparams)), [1.5, 5 / 3, 7 / 6],
                                rtol=1e-5)
     both = dr.hparams.replace(divide_by_std=1.0, divide_by_length=1.0)
-    weights = jax.jit(core.token_weights, static_argnums=0)(dr.spec, batch, both)
+    weights = jax.jit(core.token_weights, static_argnums=0)(dr, batch, both)
     np.testing.assert_allclose(buckets(weights), [1.0, 2 / np.sqrt(3), 1.0], rtol=1e-5)
     # per token: A_b / std / |o_b| / 3 on the response, 0 on padding
     adv = np.asarray([.25, .25, .25, -.75, .5, .5, -.5, -.5, .75, -.25, -.25, -.25])
@@ -531,5 +531,5 @@ def test_token_weights_per_difficulty_bucket_match_a_hand_computed_example():
                                rtol=1e-5, atol=1e-7)
     # GRPO's preset (seq_mean: N = B = 12, k3 KL in the loss, zero gradient at ref = logp)
     grpo = core.preset("grpo")
-    np.testing.assert_allclose(np.asarray(core.token_weights(grpo.spec, batch, grpo.hparams)),
+    np.testing.assert_allclose(np.asarray(core.token_weights(grpo, batch, grpo.hparams)),
                                np.asarray(weights) / 4, rtol=1e-5, atol=1e-7)

@@ -189,7 +189,7 @@ def test_token_weights_and_the_gradient_split_into_shares_of_rows():
     batch = core.Batch(mask=got.mask, rewards=got.rewards, logp=logp, old_logp=logp,
                        advantages=got.advantages, group_size=4)
     np.testing.assert_allclose(np.asarray(learner.token_weights(state, rollout, hp)),
-                               np.asarray(core.token_weights(algo.spec, batch, hp)), atol=1e-7)
+                               np.asarray(core.token_weights(algo, batch, hp)), atol=1e-7)
     first = jnp.asarray(np.arange(16) < 8, jnp.float32)[:, None]
     parts = [learner.policy_gradient(state, rollout.with_mask(rollout.mask * m), hp) for m in (first, 1 - first)]
     whole = learner.policy_gradient(state, rollout, hp)

@@ -6,9 +6,12 @@ Dr. GRPO: a unified perspective on LLM post-training".
 from pgjax.core.advantages import (broadcast_over_tokens, greedy_baseline_advantages, group_advantages,
                                    group_mean, group_std, leave_one_out_mean, sequence_scores, whiten)
 from pgjax.core.aggregation import AGGREGATIONS, Normalizer, aggregate, length_weights, loss_normalizer
-from pgjax.core.algorithms import (CORRECTIONS, Algorithm, Batch, HParams, Spec, advantages, check_hparams, combine_metrics,
+from pgjax.core.algorithms import (CORRECTIONS, Algorithm, Batch, HParams, Spec, advantages, batch_metrics, check_hparams,
+                                   combine_metrics,
                                    finalize_metrics, hparam_grid, loss, stack_hparams, token_weights,
                                    value_targets)
+from pgjax.core.estimator import REQUIRABLE, Estimator, hparam_items
+from pgjax.core.estimator_checks import check_estimator
 from pgjax.core.logprobs import chunked_logprobs_and_entropy, entropy_from_logits, token_logprobs
 from pgjax.core.objectives import (clipped_mask, clipped_objective, importance_ratio, kl_estimate,
                                    modified_ratio, on_policy_ratio, sequence_ratio, truncated_is_weight, value_loss)

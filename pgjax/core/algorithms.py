@@ -30,6 +30,7 @@ from pgjax.core.advantages import check_group_size
 from pgjax.core import objectives as obj_lib
 from pgjax.core import off_policy as op_lib
 from pgjax.core.dtypes import at_least_f32
+from pgjax.core.estimator import Estimator
 from pgjax.core.aggregation import AGGREGATIONS, Normalizer, aggregate, loss_normalizer
 from pgjax.core.returns import as_token_rewards, gae
 
@@ -379,14 +380,13 @@ def loss(spec: Spec, batch: Batch, hp: HParams, norm: Normalizer | None = None):
         entropy_bonus = agg(batch.entropy)
         total = total - hp.entropy_coef * entropy_bonus
         metrics["entropy_bonus"] = entropy_bonus
-    metrics.update(_token_metrics(batch, ratio, clipped, adv, old_logp), **correction)
-    if batch.behaviour_logp is not None:
-        metrics.update(op_lib.mismatch_metrics(jax.lax.stop_gradient(old_logp), batch.behaviour_logp, mask))
+    metrics.update(batch_metrics(batch), **_ratio_metrics(batch, ratio, clipped, adv), **correction)
     return total, metrics
 
 
-def token_weights(spec: Spec, batch: Batch, hp: HParams, norm: Normalizer | None = None) -> Array:
-    """The weight c_t of each token's score in the update, ``[B, T]``:
+def token_weights(estimator, batch: Batch, hp, norm: Normalizer | None = None) -> Array:
+    """The weight c_t of each token's score in the update of ``estimator`` (a preset or any
+    ``core.Estimator``), ``[B, T]``:
 
       grad_theta loss = -sum_{b,t} c_bt grad_theta log pi(a_bt | s_bt),   c_bt = -d loss / d logp_bt,
 
@@ -394,8 +394,10 @@ def token_weights(spec: Spec, batch: Batch, hp: HParams, norm: Normalizer | None
     no token is clipped, so c_bt = A_bt w_b / N: the advantage times the aggregation's weight,
     eq. 18 / 21, plus the KL term's pull where it is in the loss). Summing |c| over a subset of
     rows (e.g. a difficulty bucket) gives that subset's share of the update's weight; 0 on padding.
+    ``norm`` None: this batch's own (``loss_normalizer``).
     """
-    value = lambda logp: loss(spec, batch.replace(logp=logp), hp, norm)[0]
+    norm = loss_normalizer(batch.mask, batch.group_size) if norm is None else norm
+    value = lambda logp: estimator.loss(batch.replace(logp=logp), hp, norm)[0]
     return -jax.grad(value)(batch.logp) * (batch.mask > 0)
 
 
@@ -407,27 +409,33 @@ def _zero_padding(batch: Batch) -> Batch:
                             if getattr(batch, name) is not None})
 
 
-def _token_metrics(batch: Batch, ratio, clipped, adv, old_logp) -> dict:
-    """Sums and counts over the masked tokens; combine with ``combine_metrics``."""
+def batch_metrics(batch: Batch) -> dict:
+    """What any estimator's update is measured by, from the batch alone (sums and counts over the
+    masked tokens; combine with ``combine_metrics``): tokens, sequences, the k3 KL of the old policy
+    to the current one (``approx_kl``), to the reference (``ref_kl``, with ``ref_logp``), the entropy
+    (with ``entropy``) and the learner-sampler mismatch (with ``behaviour_logp``)."""
+    batch = _zero_padding(batch)
     m = batch.mask
-    on = m > 0
     sg = jax.lax.stop_gradient
-    ratio = sg(ratio)
-    out = {
-        "tokens": jnp.sum(m),
-        "sequences": jnp.asarray(m.shape[0], m.dtype),
-        "clipped_tokens": jnp.sum(clipped * m),
-        "ratio_sum": jnp.sum(ratio * m),
-        "ratio_min": jnp.min(jnp.where(on, ratio, jnp.inf)),
-        "ratio_max": jnp.max(jnp.where(on, ratio, -jnp.inf)),
-        "advantage_sum": jnp.sum(adv * m),
-        "approx_kl_sum": jnp.sum(obj_lib.kl_estimate(old_logp, sg(batch.logp), "k3") * m),
-    }
+    out = {"tokens": jnp.sum(m), "sequences": jnp.asarray(m.shape[0], m.dtype),
+           "approx_kl_sum": jnp.sum(obj_lib.kl_estimate(_old_logp(batch), sg(batch.logp), "k3") * m)}
     if batch.ref_logp is not None:
         out["ref_kl_sum"] = jnp.sum(obj_lib.kl_estimate(sg(batch.logp), batch.ref_logp, "k3") * m)
     if batch.entropy is not None:
         out["entropy_sum"] = jnp.sum(sg(batch.entropy) * m)
+    if batch.behaviour_logp is not None:
+        out.update(op_lib.mismatch_metrics(sg(_old_logp(batch)), batch.behaviour_logp, m))
     return out
+
+
+def _ratio_metrics(batch: Batch, ratio, clipped, adv) -> dict:
+    """The ratio's sum, min and max, the clipped tokens and the advantages' sum over the masked tokens."""
+    m = batch.mask
+    on = m > 0
+    ratio = jax.lax.stop_gradient(ratio)
+    return {"clipped_tokens": jnp.sum(clipped * m), "ratio_sum": jnp.sum(ratio * m),
+            "ratio_min": jnp.min(jnp.where(on, ratio, jnp.inf)), "ratio_max": jnp.max(jnp.where(on, ratio, -jnp.inf)),
+            "advantage_sum": jnp.sum(adv * m)}
 
 
 def combine_metrics(a: dict, b: dict) -> dict:
@@ -442,26 +450,60 @@ def combine_metrics(a: dict, b: dict) -> dict:
 
 
 def finalize_metrics(metrics: dict) -> dict:
-    """Divide sums by their counts once: ``x_sum`` per token -> ``x_mean``; clip fraction."""
+    """Divide sums by their counts once: ``x_sum`` per token -> ``x_mean``; the clip fraction where
+    ``clipped_tokens`` is counted."""
     tokens = jnp.maximum(metrics["tokens"], 1.0)
     out = {k: v for k, v in metrics.items() if not k.endswith("_sum") and k != "clipped_tokens"}
     out.update({k[:-4] + "_mean": v / tokens for k, v in metrics.items() if k.endswith("_sum")})
-    out["clip_fraction"] = metrics["clipped_tokens"] / tokens
+    if "clipped_tokens" in metrics:
+        out["clip_fraction"] = metrics["clipped_tokens"] / tokens
     return out
 
 
 @dataclasses.dataclass(frozen=True)
-class Algorithm:
-    """A preset: static ``spec`` and default traced ``hparams``."""
+class Algorithm(Estimator):
+    """A preset: static ``spec`` and default traced ``hparams``; an ``Estimator`` whose methods are
+    this module's ``advantages``, ``loss`` and ``value_targets`` of ``spec``."""
     spec: Spec
     hparams: HParams
     summary: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def requires(self) -> frozenset:
+        """A critic's ``values`` (baseline ``value``), ReMax's ``greedy_rewards``, the reference
+        policy's ``ref_logp`` when the KL term is on (a placement and ``kl_coef`` > 0) and the old
+        policy's ``old_logp`` when the KL sits in the reward (the advantages read it)."""
+        spec = self.spec
+        needs = {"value": {"values"}, "greedy": {"greedy_rewards"}}.get(spec.baseline, set())
+        if spec.kl_placement != "none" and float(np.max(np.asarray(self.hparams.kl_coef))) > 0:
+            needs.add("ref_logp")
+        if spec.kl_placement == "reward":
+            needs.add("old_logp")
+        return frozenset(needs)
+
+    @property
+    def min_group_size(self) -> int:
+        return 2 if self.spec.baseline == "group" else 1
 
     def advantages(self, batch: Batch, hp: HParams | None = None) -> Array:
         return advantages(self.spec, batch, self.hparams if hp is None else hp)
 
     def loss(self, batch: Batch, hp: HParams | None = None, norm: Normalizer | None = None):
         return loss(self.spec, batch, self.hparams if hp is None else hp, norm)
+
+    def value_targets(self, batch: Batch, hp: HParams | None = None) -> Array:
+        return value_targets(self.spec, batch, self.hparams if hp is None else hp)
+
+    def check_hparams(self, hp: HParams, group_size: int | None = None) -> None:
+        """``check_hparams`` (module function), with K only for the group baseline (``std_ddof < K``)."""
+        check_hparams(hp, group_size if self.spec.baseline == "group" else None)
+
+    def with_hparams(self, **changes) -> Algorithm:
+        return dataclasses.replace(self, hparams=self.hparams.replace(**changes))
 
 
 def stack_hparams(settings: list[HParams]) -> HParams:
@@ -471,13 +513,18 @@ def stack_hparams(settings: list[HParams]) -> HParams:
     return jax.tree.map(lambda *xs: jnp.stack([at_least_f32(x) for x in xs]), *settings)
 
 
-def hparam_grid(base: HParams, **axes) -> tuple[HParams, list[dict]]:
-    """Cartesian product of ``axes`` (name -> list of values) over ``base``.
+def hparam_grid(base, **axes) -> tuple:
+    """Cartesian product of ``axes`` (name -> list of values) over ``base``: ``HParams``, or an
+    estimator (``core.Estimator``: its own hyperparameters, checked by its ``check_hparams``).
 
     Returns the stacked grid and the list of settings (dicts) in its order.
     """
     names = list(axes)
     settings = [dict(zip(names, combo)) for combo in itertools.product(*(axes[n] for n in names))]
-    grid = stack_hparams([base.replace(**s) for s in settings])
-    check_hparams(grid)
+    if isinstance(base, Estimator):
+        grid = stack_hparams([base.with_hparams(**s).hparams for s in settings])
+        base.check_hparams(grid)
+    else:
+        grid = stack_hparams([base.replace(**s) for s in settings])
+        check_hparams(grid)
     return grid, settings

@@ -87,6 +87,14 @@ def _batch(mdp, prompt, rows, logp_all, values_all, greedy, k, behaviour_all=Non
                       ref_logp=reference)
 
 
+def correction_weights(algo: core.Estimator, hp, batch: core.Batch):
+    """c_t [B, T] of ``spec_correction_weights`` for a preset; for an estimator of the user's, whose
+    correction (if any) is its own, 1 on every response token (its ESS fraction is then 1)."""
+    if isinstance(algo, core.Algorithm):
+        return spec_correction_weights(algo.spec, hp, batch)
+    return batch.mask
+
+
 def spec_correction_weights(spec: core.Spec, hp: core.HParams, batch: core.Batch):
     """c_t [B, T], the factor the spec's off-policy correction puts on token t's term A_t grad log pi
     of the estimate at theta with pi_old = pi (0 on padding), for every ``Spec.correction``
@@ -119,24 +127,27 @@ def spec_correction_weights(spec: core.Spec, hp: core.HParams, batch: core.Batch
 _COMPILED: dict = {}
 
 
-def _moments_fn(mdp, logits_fn, spec: core.Spec, hp: core.HParams, k: int):
+def _moments_fn(mdp, logits_fn, algo: core.Estimator, hp, k: int):
     """The jitted chunk moments (sum_i w_i g_i, sum_i w_i |g_i|^2 and the weighted sums of E[sum_t 1],
-    E[sum_t c_t], E[sum_t c_t^2]) for one (MDP, policy, spec, hyperparameters, K); kept, so that audits
-    at other parameters or behaviour policies reuse its compilation. ``hp`` stays a constant of the
-    program (as ``core.loss`` sees it eagerly: its concrete checks still raise)."""
+    E[sum_t c_t], E[sum_t c_t^2]) for one (MDP, policy, estimator, hyperparameters, K); kept, so that
+    audits at other parameters or behaviour policies reuse its compilation (a preset is known by its
+    spec, any other estimator by its identity). ``hp`` stays a constant of the program (as the loss
+    sees it eagerly: its concrete checks still raise)."""
     hp_key = tuple(np.asarray(x, np.float64).tobytes() for x in jax.tree.leaves(hp))
-    key = (id(mdp), id(logits_fn), spec, hp_key, k)
+    static = algo.spec if isinstance(algo, core.Algorithm) else id(algo)
+    key = (id(mdp), id(logits_fn), static, hp_key, k)
     hit = _COMPILED.get(key)
-    if hit is not None and hit[0] is mdp and hit[1] is logits_fn:
+    if hit is not None and hit[0] is mdp and hit[1] is logits_fn and (isinstance(algo, core.Algorithm)
+                                                                      or hit[3] is algo):
         return hit[2]
 
     def estimate(th, values_all, greedy, behaviour_all, reference_all, prompt, rows):
         def batch(t):
             logp_all = mdp_lib.loss_logprobs(mdp, logits_fn(t))
             return _batch(mdp, prompt, rows, logp_all, values_all, greedy, k, behaviour_all, reference_all)
-        c = spec_correction_weights(spec, hp, batch(th))
+        c = correction_weights(algo, hp, batch(th))
         sums = jnp.stack([jnp.sum(jnp.asarray(mdp_lib.loss_mask(mdp))[rows]), jnp.sum(c), jnp.sum(c * c)])
-        return -jax.grad(lambda t: core.loss(spec, batch(t), hp)[0])(th).reshape(-1), sums
+        return -jax.grad(lambda t: estimate_loss(algo, batch(t), hp))(th).reshape(-1), sums
 
     @jax.jit
     def moments(th, values_all, greedy, behaviour_all, reference_all, prompt, rows, weights):
@@ -146,14 +157,22 @@ def _moments_fn(mdp, logits_fn, spec: core.Spec, hp: core.HParams, k: int):
 
     if len(_COMPILED) >= 64:
         _COMPILED.clear()
-    _COMPILED[key] = (mdp, logits_fn, moments)
+    _COMPILED[key] = (mdp, logits_fn, moments, algo)
     return moments
 
 
-def audit(mdp: mdp_lib.TokenMDP, policy, theta, algo: core.Algorithm, hp: core.HParams | None = None,
+def estimate_loss(algo: core.Estimator, batch: core.Batch, hp):
+    """The estimator's loss on one batch as training computes it: advantages on that batch (the whole
+    rollout), then the loss with that batch's normaliser."""
+    prepared = batch.replace(advantages=algo.advantages(batch.replace(logp=jax.lax.stop_gradient(batch.logp)), hp))
+    return algo.loss(prepared, hp, core.loss_normalizer(batch.mask, batch.group_size))[0]
+
+
+def audit(mdp: mdp_lib.TokenMDP, policy, theta, algo: core.Estimator, hp=None,
           k: int = 2, chunk: int = 4096, state_baseline=None, behaviour_logits=None,
           reference_logits=None) -> AuditResult:
-    """Exact E[g] and trace E[g g^T] of ``algo``'s gradient estimate with K samples per prompt.
+    """Exact E[g] and trace E[g g^T] of ``algo``'s gradient estimate with K samples per prompt
+    (``algo``: a preset or any ``core.Estimator``; ``hp`` its hyperparameters, default its own).
 
     ``policy`` is ``(logits_fn, shape)`` from ``mdp.tabular_policy`` / ``shared_policy``.
     The value baseline b(s_t) is ``state_baseline`` ([P, S]), by default the exact
@@ -179,9 +198,9 @@ def audit(mdp: mdp_lib.TokenMDP, policy, theta, algo: core.Algorithm, hp: core.H
     traj_logp = np.asarray(jnp.sum(mdp_lib.step_logprobs(mdp, sampler), axis=2))         # [P, N]
     tuples = _tuples(mdp.num_trajectories, k)
     true_grad = np.asarray(jax.grad(lambda th: mdp_lib.objective(mdp, logits_fn(th)))(theta)).reshape(-1)
-    moments = _moments_fn(mdp, logits_fn, algo.spec, hp, k)
+    moments = _moments_fn(mdp, logits_fn, algo, hp, k)
 
-    core.check_hparams(hp, k if algo.spec.baseline == "group" else None)
+    algo.check_hparams(hp, k)
     mean = np.zeros(true_grad.shape)
     second = 0.0
     sums = np.zeros(3)

@@ -39,8 +39,8 @@ from pgjax.models.lora import TARGETS, LoRAConfig
 from pgjax.models.transformer import RUNTIME_OPTIONS, ModelConfig
 from pgjax.parallel.mesh import MeshConfig, check_divisible_rows
 from pgjax.parallel.multihost import DistributedConfig
-from pgjax.rewards import (FILE_FORMATS, accepted_options, error_text, raised_at, reader_format, reward_function,
-                           task_factory)
+from pgjax.rewards import (FILE_FORMATS, accepted_options, described_value, error_text, import_object, located_error,
+                           raised_at, reader_format, reward_function, task_factory)
 from pgjax.train.learned_reward import NORMALIZE
 from pgjax.train.learner import UpdateConfig
 from pgjax.train.memory import check_run_memory
@@ -364,42 +364,85 @@ class LoggingSection:
 
 @dataclasses.dataclass(frozen=True)
 class AlgorithmSection:
-    """The estimator (the paper's unified policy gradient, docs/design.md): ``preset``, a name of
-    ``core.PRESETS`` (REINFORCE, ReMax, RLOO, PPO, GRPO, Dr. GRPO and relatives); ``hparams``, its
-    traced hyperparameters (``core.HParams`` fields by name, e.g. ``{"kl_coef": 0.01}``) over the
-    preset's own; ``correction`` and ``correction_mode``, what the loss does with the sampler's
-    log-probs (the ``core.Spec`` fields of those names: ``ignore`` measures the learner-sampler
-    mismatch only; importance weights pi_old / mu per ``token``, ``sequence`` or ``geometric`` mean,
-    truncated or masked at ``hparams.is_cap`` / ``is_floor``; or ``behaviour_ratio``, the PPO clip
-    against mu). In an experiment file ``algorithm="grpo"`` is short for
-    ``AlgorithmSection(preset="grpo")``."""
+    """The estimator (the paper's unified policy gradient, docs/design.md; your own: docs/estimators.md):
+    ``preset``, a name of ``core.PRESETS`` (REINFORCE, ReMax, RLOO, PPO, GRPO, Dr. GRPO and
+    relatives) or the import path ``package.module:name`` of your own estimator (a ``core.Estimator``,
+    or a class or function called with no arguments that returns one); ``estimator``, an estimator
+    object instead (Python only: an experiment file or ``Trainer(exp, algorithm=...)``; it replaces
+    ``preset``); ``hparams``, its traced hyperparameters by name (a preset's: ``core.HParams``
+    fields, e.g. ``{"kl_coef": 0.01}``) over its own; ``correction`` and ``correction_mode`` (presets
+    only), what the loss does with the sampler's log-probs (the ``core.Spec`` fields of those names:
+    ``ignore`` measures the learner-sampler mismatch only; importance weights pi_old / mu per
+    ``token``, ``sequence`` or ``geometric`` mean, truncated or masked at ``hparams.is_cap`` /
+    ``is_floor``; or ``behaviour_ratio``, the PPO clip against mu). In an experiment file
+    ``algorithm="grpo"`` is short for ``AlgorithmSection(preset="grpo")``."""
     preset: str = "dr_grpo"
     hparams: dict = dataclasses.field(default_factory=dict)
     correction: str = "ignore"
     correction_mode: str = "truncate"
+    estimator: core.Estimator | None = None
 
     def __post_init__(self):
         check_types(self, "algorithm.")
         for name, value in self.hparams.items():
             _require(_fits(value, float), f"{HPARAMS}{name}", value, EXPECTED[float])
-        _require(self.preset in core.PRESETS, "algorithm.preset", self.preset, f"one of {', '.join(core.PRESETS)}")
+        _require(self.preset in core.PRESETS or ":" in self.preset, "algorithm.preset", self.preset,
+                 f"one of {', '.join(core.PRESETS)}, or the import path package.module:name of your own estimator")
         _require(self.correction in core.CORRECTIONS, "algorithm.correction", self.correction,
                  f"one of {', '.join(core.CORRECTIONS)}")
         _require(self.correction_mode in core.IS_MODES, "algorithm.correction_mode", self.correction_mode,
                  f"one of {', '.join(core.IS_MODES)}")
 
-    def build(self) -> core.Algorithm:
-        """The preset with ``hparams`` and the off-policy correction applied (ConfigError for a
-        correction the preset's ratio cannot take, or an unknown or invalid hyperparameter)."""
-        algo = core.preset(self.preset)
+    @property
+    def key(self) -> str:
+        """The setting that names the estimator, for messages: ``algorithm.preset=...`` or ``algorithm.estimator``."""
+        return "algorithm.estimator" if self.estimator is not None else f"algorithm.preset={self.preset}"
+
+    def build(self) -> core.Estimator:
+        """The estimator with ``hparams`` (and a preset's off-policy correction) applied: ConfigError for
+        an import path that does not give a ``core.Estimator``, a correction the preset's ratio cannot
+        take or set for an estimator of the user's, or an unknown or invalid hyperparameter."""
+        if self.estimator is None and self.preset in core.PRESETS:
+            algo = core.preset(self.preset)
+            try:
+                algo = dataclasses.replace(algo, spec=algo.spec.replace(correction=self.correction,
+                                                                        correction_mode=self.correction_mode))
+            except ValueError as error:
+                raise ConfigError(f"algorithm.correction={self.correction!r}: {error}") from None
+        else:
+            algo = self.estimator if self.estimator is not None else _imported_estimator(self.preset)
+            if (self.correction, self.correction_mode) != ("ignore", "truncate"):
+                raise ConfigError(f"algorithm.correction={self.correction!r}, algorithm.correction_mode="
+                                  f"{self.correction_mode!r} are the presets' off-policy corrections; "
+                                  f"{algo.name} reads the sampler's log-probs (batch.behaviour_logp) itself")
         try:
-            spec = algo.spec.replace(correction=self.correction, correction_mode=self.correction_mode)
-        except ValueError as error:
-            raise ConfigError(f"algorithm.correction={self.correction!r}: {error}") from None
-        try:
-            return dataclasses.replace(algo, spec=spec, hparams=algo.hparams.replace(**self.hparams))
-        except ValueError as error:
+            return algo.with_hparams(**self.hparams) if self.hparams else algo
+        except (ValueError, TypeError) as error:
             raise ConfigError(f"algorithm.hparams: {error}") from None
+
+
+def _imported_estimator(path: str) -> core.Estimator:
+    """The estimator at the import path ``path``: the object there, or what calling it with no
+    arguments returns when it is a class or function; ConfigError unless that is a ``core.Estimator``."""
+    try:
+        found = import_object(path, "algorithm.preset")
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    if not isinstance(found, core.Estimator) and callable(found):
+        try:
+            found = found()
+        except Exception as error:      # the user's code
+            raise ConfigError(f"algorithm.preset={path!r}: calling it with no arguments raised "
+                              f"{located_error(error)}") from None
+    if not isinstance(found, core.Estimator):
+        raise ConfigError(f"algorithm.preset={path!r} is {described_value(found)}, not an estimator: subclass "
+                          "pgjax.core.Estimator (docs/estimators.md)")
+    try:
+        core.estimator.requirements(found)
+        found.check_hparams(found.hparams)
+    except (ValueError, TypeError) as error:
+        raise ConfigError(f"algorithm.preset={path!r}: {error}") from None
+    return found
 
 
 STAGES = ("rl", "reward_model", "process_reward_model")
@@ -518,18 +561,7 @@ def validate(exp: Experiment, mesh) -> None:
     or reward module) and the options it takes, the files a run reads, and what the run certainly
     holds against the machine's memory. Raises ConfigError; writes nothing."""
     algo = exp.algorithm.build()
-    k = exp.rollout.samples_per_prompt
-    if algo.spec.baseline == "group" and k < 2:
-        raise ConfigError(f"rollout.samples_per_prompt={k} is invalid for {exp.algorithm.preset}: its group baseline "
-                          "compares K >= 2 responses per prompt")
-    try:
-        core.check_hparams(algo.hparams, k if algo.spec.baseline == "group" else None)
-    except ValueError as error:
-        raise ConfigError(f"algorithm.hparams: {error}") from None
-    if algo.spec.kl_placement == "none" and float(algo.hparams.kl_coef) != 0:
-        raise ConfigError(f"algorithm.hparams.kl_coef={float(algo.hparams.kl_coef)} does nothing for "
-                          f"{exp.algorithm.preset}: its "
-                          "preset has no KL term (use grpo, ppo or reinforce_pp for one)")
+    _check_estimator(exp, algo)
     if exp.update.temperature != exp.rollout.temperature:
         raise ConfigError(f"update.temperature={exp.update.temperature} differs from rollout.temperature="
                           f"{exp.rollout.temperature}: the update would score another policy than the one that "
@@ -557,6 +589,31 @@ def validate(exp: Experiment, mesh) -> None:
     _check_memory(exp, mesh)
 
 
+def _check_estimator(exp: Experiment, algo: core.Estimator) -> None:
+    """The estimator against the run: K samples per prompt at least its ``min_group_size``, its
+    hyperparameters in range for K, a preset's KL coefficient only where it has a KL term, and an
+    estimator of the user's following the protocol (``core.check_estimator``: it traces, returns a
+    scalar, and with ``update.micro_batches`` > 1 is additive over micro-batches)."""
+    k = exp.rollout.samples_per_prompt
+    if k < algo.min_group_size:
+        raise ConfigError(f"rollout.samples_per_prompt={k} is invalid for {algo.name}: its group baseline "
+                          f"compares K >= {algo.min_group_size} responses per prompt")
+    try:
+        algo.check_hparams(algo.hparams, k)
+    except ValueError as error:
+        raise ConfigError(f"algorithm.hparams: {error}") from None
+    if isinstance(algo, core.Algorithm):
+        if algo.spec.kl_placement == "none" and float(algo.hparams.kl_coef) != 0:
+            raise ConfigError(f"algorithm.hparams.kl_coef={float(algo.hparams.kl_coef)} does nothing for "
+                              f"{exp.algorithm.preset}: its preset has no KL term (use grpo, ppo or reinforce_pp "
+                              "for one)")
+        return
+    try:
+        core.check_estimator(algo, k, exp.update.micro_batches)
+    except ValueError as error:
+        raise ConfigError(f"{exp.algorithm.key}: {error}") from None
+
+
 def _check_memory(exp: Experiment, mesh) -> None:
     """What the run certainly holds fits this machine's memory (``memory.check_run_memory``), for the
     architecture of ``model.path`` or a new model's (its vocabulary left out: the task's tokenizer is
@@ -578,7 +635,7 @@ def _check_episodes(exp: Experiment, algo) -> None:
     the user's, the format reward, the overlong penalty."""
     if not exp.task.tools:
         return
-    conflicts = [(algo.spec.baseline == "greedy", f"algorithm.preset={exp.algorithm.preset} (a greedy baseline)"),
+    conflicts = [("greedy_rewards" in algo.requires, f"{exp.algorithm.key} (a greedy baseline)"),
                  (bool(exp.task.reward), f"task.reward={exp.task.reward!r}"),
                  (exp.task.format_weight != 0, f"task.format_weight={exp.task.format_weight}"),
                  (exp.rollout.overlong_buffer > 0, f"rollout.overlong_buffer={exp.rollout.overlong_buffer}")]
@@ -736,6 +793,8 @@ def valid_keys(config=Experiment, prefix: str = "") -> list[str]:
             keys += valid_keys(kind, f"{prefix}{field.name}.")
         elif field.name == "hparams" and config is AlgorithmSection:
             keys += [f"{prefix}hparams.{name}" for name in core.algorithms.field_names(core.HParams)]
+        elif field.name == "estimator" and config is AlgorithmSection:
+            continue        # an object: Python only (the command line names one by import path, preset)
         else:
             keys.append(prefix + field.name)
     return keys
@@ -751,10 +810,17 @@ def resolved(exp: Experiment) -> dict:
         for part in key.split("."):
             value = getattr(value, part)
         out[key] = value
-    hparams = exp.algorithm.build().hparams
-    out.update({f"{HPARAMS}{name}": float(getattr(hparams, name))
-                for name in core.algorithms.field_names(core.HParams)})
+    estimator = exp.algorithm.build()
+    if exp.algorithm.estimator is not None:
+        out["algorithm.estimator"] = estimator_label(estimator)
+    out.update({f"{HPARAMS}{name}": float(value) for name, value in core.hparam_items(estimator.hparams).items()})
     return out
+
+
+def estimator_label(estimator: core.Estimator) -> str:
+    """What names an estimator object in a run's records: ``module:class`` and its name."""
+    kind = type(estimator)
+    return f"{kind.__module__}:{kind.__qualname__} ({estimator.name})"
 
 
 def override(experiment: Experiment, assignments: list[str]) -> Experiment:
@@ -768,21 +834,30 @@ def override(experiment: Experiment, assignments: list[str]) -> Experiment:
         key, text = key.strip(), text.strip()
         if not sep:
             raise ConfigError(f"--set expects key=value, got {assignment!r}")
-        if key not in keys:
-            close = ([renamed(key)] if renamed(key) else [k for k in keys if k.endswith("." + key)][:2]
-                     or difflib.get_close_matches(key, keys, n=1, cutoff=0.6))
-            hint = f"; did you mean {' or '.join(close)}?" if close else ""
-            raise ConfigError(f"unknown config key {key!r}{hint}\n(--print-config lists every key and its value)")
+        if key not in keys and not key.startswith(HPARAMS):     # an estimator of the user's names its own
+            raise _unknown_key(key, keys)
         path = tuple(key.split("."))
         changes[path] = _parse(text, float if key.startswith(HPARAMS) else _key_type(path), key)
         texts[key] = text
     try:
-        return _apply(experiment, changes)
+        changed = _apply(experiment, changes)
     except ConfigError:
         raise
     except (ValueError, TypeError) as error:
         named = [k for k in texts if k.split(".")[-1] in str(error)] or list(texts)
         raise ConfigError(", ".join(f"{k}={texts[k]!r}" for k in named) + f" is invalid: {error}") from None
+    unknown = [key for key in texts if key not in keys]
+    if unknown and changed.algorithm.estimator is None and changed.algorithm.preset in core.PRESETS:
+        raise _unknown_key(unknown[0], keys)
+    return changed
+
+
+def _unknown_key(key: str, keys: list[str]) -> ConfigError:
+    """The error of an unknown ``key``, with the closest of ``keys`` (or the new name of a renamed one)."""
+    close = ([renamed(key)] if renamed(key) else [k for k in keys if k.endswith("." + key)][:2]
+             or difflib.get_close_matches(key, keys, n=1, cutoff=0.6))
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    return ConfigError(f"unknown config key {key!r}{hint}\n(--print-config lists every key and its value)")
 
 
 def _key_type(path: tuple[str, ...]):

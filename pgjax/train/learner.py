@@ -164,20 +164,16 @@ def placeholder_rollout(rows: int, prompt_width: int, budget: int, group_size: i
     return Rollout(tokens=array((rows, width), np.int32), attention_mask=array((rows, width), np.int32), batch=batch)
 
 
-def keeps_reference(algorithm: core.Algorithm) -> bool:
-    """Whether training ``algorithm`` keeps a frozen reference policy: its KL term is on (a KL
-    placement and ``kl_coef`` > 0)."""
-    return algorithm.spec.kl_placement != "none" and float(algorithm.hparams.kl_coef) > 0
-
-
-def build_learner(policy: CausalLM, algorithm: core.Algorithm, group_size: int, update: UpdateConfig,
+def build_learner(policy: CausalLM, algorithm: core.Estimator, group_size: int, update: UpdateConfig,
                   optim: OptimConfig, critic_optim: OptimConfig, mesh: Mesh | None = None,
                   reference: bool | None = None) -> Learner:
-    """The ``Learner`` a run of ``algorithm`` trains with (the Trainer's and the memory planner's): AdamW
-    from ``optim``, a critic's AdamW from ``critic_optim`` when the baseline is the value model, and a
-    reference policy when ``keeps_reference`` (``reference``: say so instead)."""
-    critic = make_optimizer(critic_optim) if algorithm.spec.baseline == "value" else None
-    reference = keeps_reference(algorithm) if reference is None else reference
+    """The ``Learner`` a run of ``algorithm`` (a preset or any ``core.Estimator``) trains with (the
+    Trainer's and the memory planner's): AdamW from ``optim``, a critic's AdamW from ``critic_optim``
+    when the estimator requires ``values``, and a reference policy when it requires ``ref_logp``
+    (``reference``: say so instead)."""
+    required = core.estimator.requirements(algorithm)
+    critic = make_optimizer(critic_optim) if "values" in required else None
+    reference = "ref_logp" in required if reference is None else reference
     return Learner(policy, algorithm, group_size, update, make_optimizer(optim), critic, reference, mesh)
 
 
@@ -186,19 +182,21 @@ class Learner:
     analysis ``policy_gradient`` (the loss gradient over a whole prepared rollout) and ``token_weights``
     (each token's weight in it, ``core.token_weights``)."""
 
-    def __init__(self, policy: CausalLM, algorithm: core.Algorithm, group_size: int, update: UpdateConfig,
+    def __init__(self, policy: CausalLM, algorithm: core.Estimator, group_size: int, update: UpdateConfig,
                  optimizer: optax.GradientTransformation, critic_optimizer: optax.GradientTransformation | None,
                  use_reference: bool, mesh: Mesh | None = None):
         self.graphdef = nnx.graphdef(policy)
         self.lora = policy.config.lora      # None: every parameter trains
-        self.spec, self.group_size, self.update_config = algorithm.spec, group_size, update
+        self.estimator, self.group_size, self.update_config = algorithm, group_size, update
         self.optimizer, self.critic_optimizer = optimizer, critic_optimizer
-        self.uses_critic = algorithm.spec.baseline == "value"
+        required = core.estimator.requirements(algorithm)
+        self.uses_critic = "values" in required
+        self.uses_greedy = "greedy_rewards" in required
         self.use_reference = use_reference
         self.needs_old_logp = (update.recompute_old_logprobs or update.epochs > 1 or update.minibatches > 1
-                               or algorithm.spec.kl_placement == "reward")
+                               or "old_logp" in required)
         if self.uses_critic and critic_optimizer is None:
-            raise ValueError(f"{algorithm.spec.name} needs a critic optimizer")
+            raise ValueError(f"{algorithm.name} needs a critic optimizer")
         self.critic_graphdef = (nnx.graphdef(nnx.eval_shape(lambda: ValueModel.from_policy(policy)))
                                 if self.uses_critic else None)
         self.mesh = mesh_lib.single_device_mesh() if mesh is None else mesh
@@ -282,8 +280,8 @@ class Learner:
         # advantages never read logp itself (only the behaviour log-probs, with the KL in the reward)
         batch = self._batch(rollout, old_logp).replace(old_logp=old_logp, ref_logp=ref_logp, values=values,
                                                        bootstrap=bootstrap)
-        targets = core.value_targets(self.spec, batch, hp) if self.uses_critic else None
-        return rollout.replace(batch=batch.replace(logp=None, advantages=core.advantages(self.spec, batch, hp)),
+        targets = self.estimator.value_targets(batch, hp) if self.uses_critic else None
+        return rollout.replace(batch=batch.replace(logp=None, advantages=self.estimator.advantages(batch, hp)),
                                targets=targets)
 
     def _batch(self, rollout: Rollout, logp, entropy=None) -> core.Batch:
@@ -374,7 +372,7 @@ class Learner:
         def policy_loss(trainable, part):
             part, key, packed = part
             logp, entropy = self._logprobs(self.join(trainable, frozen), part, key, packed)
-            return core.loss(self.spec, self._batch(part, logp, entropy), hp, norm)
+            return estimator_loss(self.estimator, self._batch(part, logp, entropy), hp, norm)
 
         return _accumulate(jax.grad(policy_loss, has_aux=True), trainable, (micro, keys, packing))
 
@@ -384,7 +382,7 @@ class Learner:
         skipped them), ``[B, N]``."""
         old_logp = rollout.batch.old_logp
         logp = self._logprobs(state.params, rollout)[0] if old_logp is None else old_logp
-        return core.token_weights(self.spec, self._batch(rollout, logp), hp,
+        return core.token_weights(self.estimator, self._batch(rollout, logp), hp,
                                   core.loss_normalizer(rollout.mask, self.group_size, rollout.budget))
 
     def _micro_batches(self, minibatch: Rollout) -> Rollout:
@@ -403,6 +401,13 @@ class Learner:
 
         grads, metrics = _accumulate(jax.grad(critic_loss, has_aux=True), critic_params, micro)
         return grads, metrics["value_loss"]
+
+
+def estimator_loss(estimator: core.Estimator, batch: core.Batch, hp, norm: core.Normalizer):
+    """``estimator.loss`` with the metrics every record reads filled in where the estimator does not
+    give them (``core.batch_metrics``; ``policy_loss``: its loss), the estimator's own kept as given."""
+    value, metrics = estimator.loss(batch, hp, norm)
+    return value, {**core.batch_metrics(batch), "policy_loss": value, **metrics}
 
 
 def all_finite(tree) -> jax.Array:

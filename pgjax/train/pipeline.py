@@ -105,7 +105,7 @@ class RolloutPipeline:
         shapes place the sampler's weight copy); ``mix``: a learned reward mixed in (``rollout.collect``)."""
         self.exp, self.context, self.learner, self.reward_fn, self.mix = exp, context, learner, reward_fn, mix
         self.mesh, self.sampler_mesh = mesh, sampler_mesh
-        self.greedy_baseline = learner.spec.baseline == "greedy"
+        self.greedy_baseline = learner.uses_greedy
         self.graphdef = self._sampler_graphdef(policy)
         self.weight_copy = self._weight_copy(params_like)
         self.in_flight: list[Sampled] = []      # rollout.staleness batches sampled ahead (oldest first)

@@ -31,9 +31,19 @@ RECORD_KEYS = ("step", "reward", "accuracy", "length", "length_correct", "length
                "eval_accuracy", "padding", "learned_reward", "reward_model_agreement", *TIMING_KEYS, *EPISODE_KEYS)
 
 
+# what the presets' loss and the learner measure besides the recorded keys: not recorded; any other metric
+# of an estimator's loss is (its own, under its name: a ``_sum`` as its token mean ``_mean``, a ``_min`` /
+# ``_max`` as it is, anything else per applied optimizer step)
+LOSS_METRICS = frozenset({"tokens", "sequences", "ratio_mean", "ratio_min", "ratio_max", "advantage_mean",
+                          "approx_kl_mean", "ref_kl_mean", "entropy_mean", "kl_loss", "entropy_bonus", "policy_loss",
+                          "clip_fraction", "grad_norm_max", "value_loss", "is_weight_mean", "is_limited_mean",
+                          "mismatch_abs_mean", "mismatch_abs_max", "mismatch_kl_mean", "mismatch_outside_mean"})
+
+
 def step_record(stats: dict, metrics: dict, times: dict) -> dict:
     """The record of one step: rollout statistics, finalized loss metrics (per applied optimizer step
-    where they are sums; None when every update was skipped), timing."""
+    where they are sums; None when every update was skipped; an estimator's own metrics under their
+    names, ``LOSS_METRICS``), timing."""
     correct = stats["correct"] == 1.0
     lengths = stats["length"].astype(float)
     fm = {k: float(v) for k, v in core.finalize_metrics(metrics).items()}
@@ -46,7 +56,9 @@ def step_record(stats: dict, metrics: dict, times: dict) -> dict:
         "truncated": float(stats["truncated"].mean()), "kept": float(stats["kept"].mean()),
         "nonfinite_rewards": int(stats["nonfinite"].sum()), "skipped_updates": int(fm.pop("skipped_updates")),
     }
-    losses = {"policy_loss": fm.pop("policy_loss") / max(steps, 1), "clip_fraction": fm["clip_fraction"],
+    own = {key: value / max(steps, 1) if not key.endswith(("_mean", "_min", "_max")) else value
+           for key, value in fm.items() if key not in LOSS_METRICS}
+    losses = {"policy_loss": fm.pop("policy_loss") / max(steps, 1), "clip_fraction": fm.get("clip_fraction"),
               "grad_norm": fm["grad_norm_max"], "entropy": fm.get("entropy_mean"),
               "kl_ref": fm.get("ref_kl_mean"), "kl_old": fm["approx_kl_mean"]}
     if "value_loss" in fm:
@@ -54,7 +66,7 @@ def step_record(stats: dict, metrics: dict, times: dict) -> dict:
     losses.update({key: fm.get(key if key.endswith("_max") else f"{key}_mean") for key in MISMATCH_KEYS})
     if "is_weight_mean" in fm:
         losses.update(is_weight=fm["is_weight_mean"], is_limited=fm["is_limited_mean"])
-    out.update({k: v if steps else None for k, v in losses.items()})
+    out.update({k: v if steps else None for k, v in {**own, **losses}.items()})
     generated = float(lengths.sum())
     out.update(times, tokens_per_second=generated / max(times["time_sample"], 1e-9))
     if "learned" in stats:

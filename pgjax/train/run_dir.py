@@ -46,11 +46,12 @@ import tempfile
 
 import jax
 
+from pgjax import core
 from pgjax.models import hf, lora
 from pgjax.models.heads import RewardModel
 from pgjax.parallel import multihost
 from pgjax.train.checkpoints import Checkpoints, one_line, write_atomically
-from pgjax.train.experiment import ConfigError, Experiment, RunStopped, resolved
+from pgjax.train.experiment import ConfigError, Experiment, RunStopped, estimator_label, resolved
 from pgjax.train.inputs import INPUTS_FILE, differences, fingerprints, input_files
 from pgjax.train.sinks import MetricsFile, Sink, TensorBoard, WandB, plot, read_records
 
@@ -253,8 +254,16 @@ def _flat(tree: dict, prefix: str = "") -> dict:
 
 
 def experiment_record(exp: Experiment) -> dict:
-    """The experiment as experiment.json holds it (JSON types: tuples as lists)."""
-    return json.loads(json.dumps(dataclasses.asdict(exp), default=str))
+    """The experiment as experiment.json holds it (JSON types: tuples as lists; an estimator object as
+    ``estimator_label`` with its hyperparameters)."""
+    estimator = exp.algorithm.estimator
+    if estimator is not None:
+        exp = dataclasses.replace(exp, algorithm=dataclasses.replace(exp.algorithm, estimator=None))
+    record = json.loads(json.dumps(dataclasses.asdict(exp), default=str))
+    if estimator is not None:
+        record["algorithm"]["estimator"] = {"label": estimator_label(estimator), "hparams": {
+            name: float(value) for name, value in core.hparam_items(estimator.hparams).items()}}
+    return record
 
 
 def experiment_changes(saved: dict, exp: Experiment) -> dict[str, tuple]:

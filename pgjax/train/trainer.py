@@ -20,6 +20,7 @@ rollout (``Learner.prepare``, one jitted call); then ``epochs`` x ``minibatches`
 """
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import sys
 import time
@@ -28,6 +29,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from pgjax import core
 from pgjax.models import hf
 from pgjax.models.transformer import CausalLM
 from pgjax.parallel import mesh as mesh_lib
@@ -74,8 +76,12 @@ class Callback:
 class Trainer(RunLoop):
     """The task context, policy, optimizer state, learner, rollout pipeline and step count of one experiment."""
 
-    def __init__(self, exp: Experiment):
+    def __init__(self, exp: Experiment, algorithm: core.Estimator | None = None):
+        """``algorithm``: an estimator object to train instead of ``exp.algorithm``'s (a preset with other
+        settings, or your own ``core.Estimator``; the same as ``exp.algorithm.estimator``)."""
         user_error("distributed", lambda: multihost.initialize(exp.distributed))   # before any other JAX call
+        if algorithm is not None:
+            exp = dataclasses.replace(exp, algorithm=dataclasses.replace(exp.algorithm, estimator=algorithm))
         self.exp = exp
         mesh_options = "mesh, rollout.sampler_devices" if exp.rollout.sampler_devices else "mesh"
         self.mesh, sampler_mesh = user_error(mesh_options, lambda: learner_and_sampler_meshes(
@@ -176,9 +182,9 @@ class Trainer(RunLoop):
             raise ConfigError("task.reward_model scores single responses; multi-turn episodes (task.tools or the "
                               "task's environment) are scored by the environment")
         model = user_error("task.reward_model", lambda: LearnedReward(t.reward_model, mesh))
-        if model.kind == "token" and self.learner.spec.baseline == "greedy":
+        if model.kind == "token" and self.learner.uses_greedy:
             raise ConfigError(f"task.reward_model={t.reward_model!r} is a process reward model, whose rewards sit "
-                              f"on the response's steps; {self.exp.algorithm.preset}'s greedy baseline takes one "
+                              f"on the response's steps; {self.algorithm.name}'s greedy baseline takes one "
                               "reward per response: use another algorithm")
         if model.kind == "token" and self.exp.rollout.mask_truncated:
             raise ConfigError(f"task.reward_model={t.reward_model!r} is a process reward model: with "
