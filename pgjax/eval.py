@@ -177,7 +177,8 @@ def setup(args: argparse.Namespace) -> dict:
         ids = opening_ids(context.tokenizer, context.prompt_format, [context.environment().reset(e) for e in examples])
     # an episode's replies are bounded by the evaluated budget (the largest, for the episode's total)
     limits = episode_limits(dataclasses.replace(exp.rollout, max_new_tokens=max(budgets)))
-    policy = hf.load(model_dir, param_dtype=exp.model.param_dtype, compute_dtype=exp.model.compute_dtype)
+    policy = hf.load(model_dir, family=exp.model.checkpoint_family, param_dtype=exp.model.param_dtype,
+                     compute_dtype=exp.model.compute_dtype)
     return {"policy": policy, "tokenizer": context.tokenizer,
             "task": context.task, "examples": examples, "samples": args.samples, "ks": ks,
             "decodings": [Decoding(max_new_tokens=budget, temperature=args.temperature) for budget in budgets],
@@ -185,7 +186,8 @@ def setup(args: argparse.Namespace) -> dict:
             "eos_ids": context.eos_ids, "prompt_format": context.prompt_format, "by": by,
             "environment": context.environment, "limits": limits,
             "batch_rows": args.batch_rows, "key": jax.random.PRNGKey(exp.seed),
-            "about": {"model": str(args.model), "task": exp.task.name, "task_options": exp.task.options(),
+            "about": {"model": str(args.model), "task": exp.task.name,
+                      "task_options": {**exp.task.factory_fields(), **exp.task.options},
                       "episodes": None if context.environment is None else {
                           "tools": exp.task.tools, **dataclasses.asdict(limits)},
                       "prompt_format": {key: getattr(exp.task, key) for key in PROMPT_KEYS}, "seed": exp.seed}}

@@ -36,8 +36,8 @@ def test_core_imports_only_core_and_does_no_io():
 
 # command lines (python -m pgjax.NAME; study: a study file's)
 ENTRY_POINTS = {"run", "eval", "compare", "demo", "plan", "study", "pairs"}
-LAYERS = {"core": 0, "host_memory": 0, "theory": 1, "models": 1, "parallel": 1, "sample": 2, "rewards": 2, "agents": 2,
-          "train": 3,
+LAYERS = {"core": 0, "host_memory": 0, "errors": 0, "plugins": 0, "theory": 1, "models": 1, "parallel": 1, "sample": 2,
+          "rewards": 2, "agents": 2, "train": 3,
           **dict.fromkeys(ENTRY_POINTS, 4)}
 PACKAGE = CORE.parent
 

@@ -232,7 +232,7 @@ def test_scratchpad_task_config_and_errors():
 def test_every_task_builds_from_an_experiment_task_section():
     from pgjax.train.experiment import TaskSection
 
-    build = lambda section: R.make_task(section.name, **section.options())
+    build = lambda section: R.make_task(section.name, section.options, **section.factory_fields())
     assert build(TaskSection(name="scratchpad_arithmetic")) == R.ScratchpadArithmeticTask(digits=2, ops="+",
                                                                                             max_scratch=8)
     section = TaskSection(name="scratchpad_arithmetic", digits=3, ops="+-", max_scratch=4, working="after")

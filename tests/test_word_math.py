@@ -217,7 +217,7 @@ def test_registry_and_task_section():
     task = R.make_task("word_math", digits=2)
     assert task == R.WordMathTask(digits=2) and R.TASKS["word_math"] is R.WordMathTask
     section = TaskSection(name="word_math", digits=3, ops="+*")
-    assert R.make_task(section.name, **section.options()) == R.WordMathTask(digits=3, ops="+*")
+    assert R.make_task(section.name, **section.factory_fields()) == R.WordMathTask(digits=3, ops="+*")
     for bad in ({"digits": 0}, {"ops": "+/"}, {"answer_from": "last"}, {"word_share": 1.5}):
         with pytest.raises(ValueError):
             R.WordMathTask(**bad)
@@ -300,7 +300,8 @@ def test_held_out_numbers_lie_outside_the_training_range(digits):
 
 def test_held_out_is_a_task_option_and_training_refuses_it(tmp_path):
     exp = override(Experiment(), ["task.name=word_math", "task.held_out=templates", "task.digits=3"])
-    assert R.make_task(exp.task.name, **exp.task.options()) == R.WordMathTask(digits=3, ops="+", held_out="templates")
+    assert R.make_task(exp.task.name, **exp.task.factory_fields()) == R.WordMathTask(digits=3, ops="+",
+                                                                                     held_out="templates")
     for bad, message in (({"held_out": "test"}, "held_out must be one of none, templates, numbers, both"),
                          ({"held_out": "numbers", "digits": 18}, "digits must be <= 17")):
         with pytest.raises(ValueError, match=message):

@@ -500,6 +500,7 @@ def hf_tensors(reader, config: dict) -> dict[str, np.ndarray]:
 def _check_tensors(tensors: dict, config) -> None:
     """Raise a ``ValueError`` for a missing weight or one whose shape disagrees with ``config``."""
     c = config
+    family = hf.FAMILIES[hf.FAMILY_OF[c.model_type]]
     h, kv, d, hd, m = (c.num_attention_heads, c.num_key_value_heads, c.hidden_size, c.head_dim,
                        c.intermediate_size)
     want = {"model.embed_tokens.weight": (c.vocab_size, d), "model.norm.weight": (d,)}
@@ -512,9 +513,10 @@ def _check_tensors(tensors: dict, config) -> None:
                      p + "mlp.gate_proj.weight": (m, d), p + "mlp.up_proj.weight": (m, d),
                      p + "mlp.down_proj.weight": (d, m), p + "input_layernorm.weight": (d,),
                      p + "post_attention_layernorm.weight": (d,)})
-        if c.model_type == "gemma3_text":
-            want.update({p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,),
-                         p + "pre_feedforward_layernorm.weight": (d,), p + "post_feedforward_layernorm.weight": (d,)})
+        if family.qk_norm:
+            want.update({p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)})
+        if family.gemma:
+            want.update({p + "pre_feedforward_layernorm.weight": (d,), p + "post_feedforward_layernorm.weight": (d,)})
     for name, shape in want.items():
         if name not in tensors:
             raise ValueError(f"GGUF lacks the weight for {name}")

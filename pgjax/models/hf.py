@@ -24,7 +24,7 @@ from flax import nnx
 
 from pgjax.models import lora as lora_lib
 from pgjax.models.heads import RewardModel
-from pgjax.models.transformer import RUNTIME_OPTIONS, CausalLM, ModelConfig
+from pgjax.models.transformer import FAMILIES, RUNTIME_OPTIONS, CausalLM, Family, ModelConfig, family_of
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "tokenizer.model")     # any one of them makes a directory a tokenizer's
@@ -32,24 +32,41 @@ TOKENIZER_EXTRAS = ("added_tokens.json", "chat_template.jinja", "chat_template.j
 CHAT_TEMPLATE_DIR = "additional_chat_templates"         # transformers 5: named templates besides the default
 # what ``save`` takes from ``tokenizer_dir`` (files where present, and CHAT_TEMPLATE_DIR whole)
 COPIED_FILES = TOKENIZER_FILES + TOKENIZER_EXTRAS + ("generation_config.json",)
-# each pgjax family's transformers model_type and architecture class
-HF_NAMES = {"llama": ("llama", "LlamaForCausalLM"), "qwen2": ("qwen2", "Qwen2ForCausalLM"),
-            "qwen3": ("qwen3", "Qwen3ForCausalLM"), "gemma3": ("gemma3_text", "Gemma3ForCausalLM")}
-FAMILY_OF = {model_type: family for family, (model_type, _) in HF_NAMES.items()}
+# the built-in family of each transformers model_type (``FAMILIES``' ``model_type``)
+FAMILY_OF = {family.model_type: name for name, family in FAMILIES.items()}
 
 
-def config_from_hf(hf_config, **options) -> ModelConfig:
+def checkpoint_family(hf_config, family: str | None = None) -> tuple[str, Family]:
+    """(the name ``ModelConfig.family`` takes, the ``Family``) of a transformers config: ``family`` (a
+    built-in name or a ``Family``'s import path, ``model.family``) where given, which must be the
+    family of the config's ``model_type``; else the built-in family of that model_type. ValueError for
+    a model_type no built-in family has, or one that differs from the named family's."""
+    model_type = hf_config.model_type
+    if family is not None:
+        spec = family_of(family, "model.family")
+        if spec.model_type != model_type:
+            raise ValueError(f"model.family={family!r} is the family of model_type {spec.model_type!r}, but the "
+                             f"checkpoint's config.json says model_type {model_type!r}")
+        return family, spec
+    if model_type not in FAMILY_OF:
+        raise ValueError(f"unsupported architecture {model_type!r}; supported model_type values: "
+                         f"{tuple(FAMILY_OF)}, or name a family of your own with that model_type by its import "
+                         "path: model.family=package.module:NAME (a pgjax.models.transformer.Family; "
+                         "docs/extending.md)")
+    return FAMILY_OF[model_type], FAMILIES[FAMILY_OF[model_type]]
+
+
+def config_from_hf(hf_config, family: str | None = None, **options) -> ModelConfig:
     """``ModelConfig`` from a transformers config object, with pgjax's own ``options`` (any of
-    ``RUNTIME_OPTIONS``: dtypes, remat, scan_layers); unsupported families and settings raise."""
+    ``RUNTIME_OPTIONS``: dtypes, remat, scan_layers); ``family``: the family to read it as (a built-in
+    name or a ``Family``'s import path; default: the built-in family of its ``model_type``, see
+    ``checkpoint_family``); unsupported families and settings raise."""
     unknown = set(options) - set(RUNTIME_OPTIONS)
     if unknown:
         raise TypeError(f"unknown model options {sorted(unknown)}; valid: {RUNTIME_OPTIONS}")
-    family = FAMILY_OF.get(hf_config.model_type)
-    if family is None:
-        raise ValueError(f"unsupported architecture {hf_config.model_type!r}; supported model_type values: "
-                         f"{tuple(FAMILY_OF)}")
-    _check_supported(hf_config)
-    theta, scaling = _rope(hf_config, "full_attention" if family == "gemma3" else None)
+    family, spec = checkpoint_family(hf_config, family)
+    _check_supported(hf_config, spec)
+    theta, scaling = _rope(hf_config, "full_attention" if spec.gemma else None)
     heads = hf_config.num_attention_heads
     return ModelConfig(
         family=family, vocab_size=hf_config.vocab_size, hidden_size=hf_config.hidden_size,
@@ -58,7 +75,7 @@ def config_from_hf(hf_config, **options) -> ModelConfig:
         head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads,
         rms_norm_eps=hf_config.rms_norm_eps, rope_theta=theta, rope_scaling=scaling,
         tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
-        **(_gemma_fields(hf_config) if family == "gemma3" else {}),
+        **(_gemma_fields(hf_config) if spec.gemma else {}),
         **options,
         max_position_embeddings=getattr(hf_config, "max_position_embeddings", None),
         bos_token_id=getattr(hf_config, "bos_token_id", None), eos_token_id=_token_ids(hf_config),
@@ -90,25 +107,30 @@ def _gemma_fields(hf_config) -> dict:
             "rope_local_theta": local_theta, "query_pre_attn_scalar": hf_config.query_pre_attn_scalar}
 
 
-def _check_supported(hf_config) -> None:
-    """Raise for settings that change the model's maths beyond what ``CausalLM`` implements (SiLU MLPs,
-    GELU-tanh in Gemma 3, without biases; q/k/v biases only in Qwen2; causal attention, windowed only
-    in Gemma 3's sliding layers; no logit soft-capping: transformers' Gemma 3 skips the attention one,
-    and a capped output would need the chunked log-probs to cap too)."""
-    gemma = hf_config.model_type == "gemma3_text"
+def _check_supported(hf_config, family: Family) -> None:
+    """Raise for settings that change the model's maths beyond what ``CausalLM`` implements for
+    ``family`` (SiLU MLPs, GELU-tanh in Gemma's layers, without biases; q/k/v biases only where the
+    family has them, as Qwen2; causal attention, windowed only in Gemma 3's sliding layers: a
+    ``sliding_window`` that a config applies unless ``use_sliding_window`` says otherwise, as Mistral's,
+    is refused too; no logit soft-capping: transformers' Gemma 3 skips the attention one, and a capped
+    output would need the chunked log-probs to cap too)."""
+    gemma = family.gemma
     act_name, act = ("hidden_activation", "gelu_pytorch_tanh") if gemma else ("hidden_act", "silu")
     flag = lambda name: bool(getattr(hf_config, name, False))
+    window = not gemma and getattr(hf_config, "sliding_window", None) is not None
     unsupported = {act_name: getattr(hf_config, act_name, act) != act, "mlp_bias": flag("mlp_bias"),
-                   "attention_bias": hf_config.model_type != "qwen2" and flag("attention_bias"),
+                   "attention_bias": not family.qkv_bias and flag("attention_bias"),
                    "use_sliding_window": flag("use_sliding_window"),
+                   "sliding_window": window and not hasattr(hf_config, "use_sliding_window"),
                    "use_bidirectional_attention": flag("use_bidirectional_attention"),
                    "attn_logit_softcapping": getattr(hf_config, "attn_logit_softcapping", None) is not None,
                    "final_logit_softcapping": getattr(hf_config, "final_logit_softcapping", None) is not None}
     found = [f"{name}={getattr(hf_config, name)!r}" for name, bad in unsupported.items() if bad]
     if found:
         raise ValueError(f"unsupported {hf_config.model_type} settings {', '.join(found)}: pgjax's CausalLM "
-                         f"implements SiLU MLPs (GELU-tanh in gemma3) without biases, q/k/v biases only in qwen2, "
-                         f"causal attention (sliding windows only in gemma3), no logit soft-capping")
+                         f"implements SiLU MLPs (GELU-tanh in gemma3) without biases, q/k/v biases only in qwen2 "
+                         f"(a Family with qkv_bias), causal attention (sliding windows only in gemma3), no logit "
+                         f"soft-capping")
 
 
 def _token_ids(hf_config):
@@ -192,7 +214,8 @@ def load(directory, **options) -> CausalLM:
     """A ``CausalLM`` with the weights of the local checkpoint ``directory`` (no random initialisation:
     the model is built abstractly and each variable set to its loaded weight); ``options``: those of
     ``config_from_hf`` (e.g. ``compute_dtype="bfloat16"``, ``scan_layers=True``, ``lora=LoRAConfig()``:
-    fresh adapters, B = 0, on the checkpoint's weights)."""
+    fresh adapters, B = 0, on the checkpoint's weights; ``family="my_pkg.models:MISTRAL"``: a family of
+    your own, for a checkpoint whose model_type no built-in family has)."""
     directory = pathlib.Path(directory)
     return _load_trunk(directory, _hf_config(directory), options)[0]
 
@@ -232,7 +255,7 @@ def _classifier_architecture(config: ModelConfig, kind: str) -> str:
                 "token": modeling_auto.MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES}
     if kind not in mappings:
         raise ValueError(f"unknown classifier kind {kind!r}; expected one of {tuple(mappings)}")
-    model_type = HF_NAMES[config.family][0]
+    model_type = config.family_spec.model_type
     name = mappings[kind].get(model_type)
     if name is None:
         raise ValueError(f"transformers has no {kind} classifier for model_type {model_type!r}")
@@ -370,14 +393,14 @@ def end_of_turn_ids(tokenizer) -> tuple[int, ...]:
 
 def hf_config_dict(config: ModelConfig) -> dict:
     """config.json content for ``config``."""
-    model_type, arch = HF_NAMES[config.family]
-    out = {"architectures": [arch], "model_type": model_type, "vocab_size": config.vocab_size,
+    family = config.family_spec
+    out = {"architectures": [family.architecture], "model_type": family.model_type, "vocab_size": config.vocab_size,
            "hidden_size": config.hidden_size, "intermediate_size": config.intermediate_size,
            "num_hidden_layers": config.num_hidden_layers, "num_attention_heads": config.num_attention_heads,
            "num_key_value_heads": config.num_key_value_heads, "head_dim": config.head_dim,
            "rms_norm_eps": config.rms_norm_eps, "tie_word_embeddings": config.tie_word_embeddings,
            "torch_dtype": config.param_dtype, "attention_bias": config.qkv_bias}
-    if config.gemma:        # transformers 5's per-layer-type rope_parameters
+    if family.gemma:        # transformers 5's per-layer-type rope_parameters
         rope = {"full_attention": {"rope_type": "default", **dict(config.rope_scaling or {}),
                                    "rope_theta": config.rope_theta}}
         if config.rope_local_theta is not None:
@@ -391,6 +414,7 @@ def hf_config_dict(config: ModelConfig) -> dict:
         out.update(hidden_act="silu", rope_theta=config.rope_theta)
         if config.rope_scaling:
             out["rope_scaling"] = dict(config.rope_scaling)
+    out.update(family.extra_config)
     carried = {"max_position_embeddings": config.max_position_embeddings, "bos_token_id": config.bos_token_id,
                "eos_token_id": config.eos_token_id, "pad_token_id": config.pad_token_id}
     out.update((k, list(v) if isinstance(v, tuple) else v) for k, v in carried.items() if v is not None)

@@ -1,4 +1,5 @@
-"""A decoder-only transformer in Flax NNX covering the Llama 3.x, Qwen2, Qwen3 and Gemma 3 (text) families.
+"""A decoder-only transformer in Flax NNX covering the Llama 3.x, Qwen2, Qwen3 and Gemma 3 (text) families,
+and any other family built of the same layers (a ``Family`` of your own: ``FAMILIES``, ``family_of``).
 
 RMSNorm, rotary position embeddings (with Llama 3's or linear frequency scaling),
 grouped-query attention (Qwen2's q/k/v biases, Qwen3's and Gemma 3's q/k RMSNorm), SwiGLU MLP,
@@ -23,10 +24,56 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from pgjax.errors import described_value
 from pgjax.models.lora import Adapter, LoRAConfig, adapter, dropout_keys
 from pgjax.parallel.mesh import constrain
+from pgjax.plugins import is_import_path, resolve
 
-FAMILIES = ("llama", "qwen2", "qwen3", "gemma3")
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """What sets one model family apart: its ``name``; transformers' ``model_type`` (config.json's, what
+    ``hf.load`` recognises a checkpoint by) and ``architecture`` (the ``*ForCausalLM`` class ``hf.save``
+    names); the switches of ``CausalLM``'s layer: ``qkv_bias`` (biases on the q, k and v projections, as
+    Qwen2), ``qk_norm`` (an RMSNorm on each head's queries and keys, as Qwen3 and Gemma 3) and ``gemma``
+    (Gemma 3's layer: zero-centred norms, a norm on each sublayer's output too, a GELU-tanh-gated MLP,
+    embeddings scaled by sqrt(hidden_size), ``query_pre_attn_scalar``, sliding-window layers with their
+    own RoPE base, config.json's ``hidden_activation`` and per-layer-type ``rope_parameters``); every
+    other family has Llama's (SiLU MLP, ``hidden_act``, ``rope_theta``). ``extra_config``: entries
+    ``hf.save`` adds to config.json (e.g. ``{"sliding_window": None}`` where transformers' config class
+    would otherwise default to a window ``CausalLM`` does not implement). A family of your own is named
+    by its import path: ``model.family="my_pkg.models:MISTRAL"`` (docs/extending.md)."""
+    name: str
+    model_type: str
+    architecture: str
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    gemma: bool = False
+    extra_config: tuple[tuple[str, object], ...] = ()
+
+    def __post_init__(self):
+        if isinstance(self.extra_config, dict):       # given as a dict, kept as sorted pairs (hashable)
+            object.__setattr__(self, "extra_config", tuple(sorted(self.extra_config.items())))
+        for name in ("name", "model_type", "architecture"):
+            if not (isinstance(getattr(self, name), str) and getattr(self, name)):
+                raise ValueError(f"Family.{name}={getattr(self, name)!r} is invalid: a non-empty str")
+
+
+# the built-in families, by the names ModelConfig.family takes (or a Family's import path)
+FAMILIES = {"llama": Family("llama", "llama", "LlamaForCausalLM"),
+            "qwen2": Family("qwen2", "qwen2", "Qwen2ForCausalLM", qkv_bias=True),
+            "qwen3": Family("qwen3", "qwen3", "Qwen3ForCausalLM", qk_norm=True),
+            "gemma3": Family("gemma3", "gemma3_text", "Gemma3ForCausalLM", qk_norm=True, gemma=True)}
+
+
+def family_of(name: str, key: str = "family") -> Family:
+    """The ``Family`` that ``name`` names: one of ``FAMILIES``, or the ``Family`` at the import path
+    ``package.module:NAME`` (``pgjax.plugins.resolve``); ValueError naming the setting ``key`` otherwise."""
+    family = resolve(key, name, FAMILIES, "model family (a pgjax.models.transformer.Family)")
+    if not isinstance(family, Family):
+        raise ValueError(f"{key}={name!r} is {described_value(family)}, not a pgjax.models.transformer.Family")
+    return family
+
 # each layer's attention, named as Hugging Face's ``layer_types``; a layer's index here is its "kind"
 LAYER_TYPES = ("full_attention", "sliding_attention")
 GEMMA_FIELDS = ("layer_types", "sliding_window", "rope_local_theta", "query_pre_attn_scalar")   # None elsewhere
@@ -43,7 +90,8 @@ RUNTIME_OPTIONS = ("param_dtype", "compute_dtype", "remat", "scan_layers", "lora
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Architecture of one checkpoint (names follow Hugging Face's config.json)."""
+    """Architecture of one checkpoint (names follow Hugging Face's config.json). ``family``: a name of
+    ``FAMILIES`` or the import path of a ``Family`` of your own (``family_of``)."""
     family: str
     vocab_size: int
     hidden_size: int
@@ -84,8 +132,11 @@ class ModelConfig:
                  "num_key_value_heads", "head_dim")
         sliding = "sliding_attention" in (self.layer_types or ())
         positive = lambda name: getattr(self, name) is None or getattr(self, name) > 0      # noqa: E731
-        rules = [("family", lambda: self.family in FAMILIES, f"one of {FAMILIES}"),
-                 *((name, lambda name=name: getattr(self, name) >= 1, "an integer >= 1") for name in sizes),
+        if not (self.family in FAMILIES or is_import_path(self.family)):
+            raise ValueError(f"family={self.family!r} is invalid: one of {tuple(FAMILIES)}, or the import path "
+                             "package.module:NAME of a Family of your own")
+        family = family_of(self.family)         # a Family's import path: it imports and is a Family
+        rules = [*((name, lambda name=name: getattr(self, name) >= 1, "an integer >= 1") for name in sizes),
                  ("num_key_value_heads", lambda: self.num_attention_heads % self.num_key_value_heads == 0,
                   f"a divisor of num_attention_heads={self.num_attention_heads}"),
                  ("rms_norm_eps", lambda: self.rms_norm_eps > 0, "> 0"),
@@ -93,8 +144,8 @@ class ModelConfig:
                  ("param_dtype", lambda: self.param_dtype in DTYPES, f"one of {DTYPES}"),
                  ("compute_dtype", lambda: self.compute_dtype in DTYPES, f"one of {DTYPES}"),
                  ("remat", lambda: self.remat in REMAT_POLICIES, f"one of {tuple(REMAT_POLICIES)}"),
-                 *((name, lambda name=name: getattr(self, name) is None or self.family == "gemma3",
-                    "None unless family='gemma3'") for name in GEMMA_FIELDS),
+                 *((name, lambda name=name: getattr(self, name) is None or family.gemma,
+                    "None unless family='gemma3' (or another Family with gemma=True)") for name in GEMMA_FIELDS),
                  ("layer_types", lambda: self.layer_types is None or (
                      len(self.layer_types) == self.num_hidden_layers and set(self.layer_types) <= set(LAYER_TYPES)),
                   f"num_hidden_layers={self.num_hidden_layers} names, each one of {LAYER_TYPES}"),
@@ -109,18 +160,23 @@ class ModelConfig:
                 raise ValueError(f"{name}={getattr(self, name)!r} is invalid: {valid}")
 
     @property
+    def family_spec(self) -> Family:
+        """The ``Family`` that ``family`` names (``family_of``)."""
+        return family_of(self.family)
+
+    @property
     def qkv_bias(self) -> bool:
-        return self.family == "qwen2"
+        return self.family_spec.qkv_bias
 
     @property
     def qk_norm(self) -> bool:
-        return self.family in ("qwen3", "gemma3")
+        return self.family_spec.qk_norm
 
     @property
     def gemma(self) -> bool:
         """Gemma's layer: zero-centred norms, a norm on each sublayer's output too, GELU-gated MLP,
         embeddings scaled by sqrt(hidden_size)."""
-        return self.family == "gemma3"
+        return self.family_spec.gemma
 
     @property
     def layer_kinds(self) -> tuple[int, ...]:

@@ -35,8 +35,8 @@ Tasks (``examples(n, seed)`` -> dicts with ``prompt``, the demonstration
 ``JsonlMathTask`` and ``WordMathTask`` use the model's tokenizer (``tokenizer()`` is None); the
 others have character-level tokenizers (``char_tokenizer``);
 save one beside a checkpoint with ``tok.save_pretrained(dir)`` and read it
-back with ``pgjax.models.hf.load_tokenizer(dir)``. ``make_task(name, **options)`` builds a task of
-the registry ``TASKS`` or a user's own by import path (``registry``).
+back with ``pgjax.models.hf.load_tokenizer(dir)``. ``make_task(name, options, **fields)`` builds a task
+of the registry ``TASKS`` or a user's own by import path (``registry``), with its own ``options``.
 
 Math answers (``math_answers``): ``extract_answer``, the one answer extractor of ``jsonl_math`` and
 ``word_math`` (last non-blank ``\\boxed{}``, else ``####``, else the last number; options
@@ -86,10 +86,10 @@ from pgjax.rewards.math_answers import (
     parse_number,
     reference_answer,
 )
+from pgjax.plugins import import_object
 from pgjax.rewards.registry import (
     TASKS,
     accepted_options,
-    import_object,
     make_task,
     reward_function,
     task_factory,

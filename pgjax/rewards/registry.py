@@ -2,18 +2,20 @@
 
 ``make_task("countdown", count=4)`` builds a registered task;
 ``make_task("my_pkg.tasks:make_task", digits=3, path="data.jsonl")`` imports and calls a user's
-factory instead. Either way the factory receives the options its signature names (all of them
-if it takes ``**options``), so one flat set of options (an experiment's task section) serves
-every task.
+factory instead (``pgjax.plugins.resolve``: a name of ``TASKS`` or an import path). Either way the
+factory receives the flat options its signature names (all of them if it takes ``**options``), so
+one flat set of options (an experiment's task section) serves every task, and, in ``options``, the
+task's own options by name (``task.options``), every one of which it must take.
 """
 from __future__ import annotations
 
-import importlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from pgjax.rewards.arithmetic import ArithmeticTask, MixedArithmeticTask, ScratchpadArithmeticTask
-from pgjax.rewards.base import Task, described_value, located_error
+from pgjax.plugins import resolve
+from pgjax.rewards.base import Task, described_value
 from pgjax.rewards.countdown import CountdownTask
 from pgjax.rewards.data import JsonlMathTask
 from pgjax.rewards.word_math import WordMathTask
@@ -24,25 +26,11 @@ TASKS: dict[str, Callable[..., Task]] = {
     "word_math": WordMathTask}
 
 
-def import_object(path: str, key: str):
-    """The object named by ``package.module:name``; ValueError naming the setting ``key`` otherwise,
-    also when importing the module raises (a SyntaxError in it: ``file:line: SyntaxError: ...``)."""
-    module, sep, name = path.partition(":")
-    if not (sep and module and name):
-        raise ValueError(f"{key}={path!r} is not an import path: write package.module:name")
-    try:
-        return getattr(importlib.import_module(module), name)
-    except AttributeError as error:
-        raise ValueError(f"{key}={path!r} cannot be imported: {error}") from None
-    except Exception as error:      # the module's own code failed, or it is not there
-        raise ValueError(f"{key}={path!r} cannot be imported: {located_error(error)}") from None
-
-
 def reward_function(path: str):
     """The reward function at the import path ``path`` (``task.reward``); ValueError unless it can be
     called as ``fn(prompts, completions, **fields)``: a function or an object with ``__call__``, not a
     module, a class or a value."""
-    fn = import_object(path, "task.reward")
+    fn = resolve("task.reward", path, {}, "reward function")
     if inspect.isclass(fn):
         raise ValueError(f"task.reward={path!r} is a class, not a reward function fn(prompts, completions, **fields)")
     if not callable(fn):
@@ -60,12 +48,7 @@ def reward_function(path: str):
 
 def task_factory(name: str) -> Callable[..., Task]:
     """``TASKS[name]``, or the callable at the import path ``name``; ValueError naming the valid names."""
-    if name in TASKS:
-        return TASKS[name]
-    if ":" not in name:
-        raise ValueError(f"task.name={name!r} is unknown; valid: {', '.join(TASKS)}, or the import path "
-                         "package.module:factory of your own task")
-    factory = import_object(name, "task.name")
+    factory = resolve("task.name", name, TASKS, "task factory")
     if not callable(factory):
         raise ValueError(f"task.name={name!r} is not callable: it must build a task")
     return factory
@@ -82,12 +65,21 @@ def accepted_options(factory) -> list[str] | None:
 TASK_METHODS = ("examples", "reward_fn", "tokenizer")      # what training calls on a task
 
 
-def make_task(name: str, **options) -> Task:
-    """The task ``name`` built from the ``options`` its factory's signature names; ValueError when the
-    factory returns something without the ``Task`` interface (``TASK_METHODS``)."""
+def make_task(name: str, options: Mapping[str, Any] | None = None, **fields) -> Task:
+    """The task ``name`` built from the ``fields`` its factory's signature names (the others left out:
+    one flat set serves every task) and every one of its own ``options`` (``task.options``), which the
+    factory must take: TypeError naming an option it does not, before it is called (a factory that
+    takes ``**options`` checks its own, raising TypeError or ValueError). ValueError when the factory
+    returns something without the ``Task`` interface (``TASK_METHODS``)."""
     factory = task_factory(name)
     accepted = accepted_options(factory)
-    task = factory(**{k: v for k, v in options.items() if accepted is None or k in accepted})
+    options = dict(options or {})
+    refused = [key for key in options if accepted is not None and key not in accepted]
+    if refused:
+        raise TypeError(f"task {name!r} takes no option {refused[0]!r}; it takes "
+                        f"{', '.join(accepted) or 'no options'}")
+    task = factory(**{k: v for k, v in fields.items() if (accepted is None or k in accepted) and k not in options},
+                   **options)
     lacking = [method for method in TASK_METHODS if not callable(getattr(task, method, None))]
     if lacking:
         raise ValueError(f"{name} returned {described_value(task)}, not a task: it has no "

@@ -10,7 +10,9 @@ first fitted to the prompt budget (``fit_prompts``), so every caller draws the s
 the same records. A user's task (``task.name=package.module:factory``) is the user's code: any
 exception in it, or a factory that returns no task, is a ConfigError naming ``task.name`` and where
 it was raised; ``task.reward_timeout`` limits each call of the task's verifier (``rewards.with_timeout``)
-and each step of its environment (``TimedEnvironment``).
+and each step of its environment (``TimedEnvironment``). The tools of ``task.tools`` are built here
+(``make_tool``: a built-in of ``pgjax.agents.TOOLS`` or a user's by import path) and checked
+(``check_tool``) before anything is written.
 """
 from __future__ import annotations
 
@@ -20,17 +22,18 @@ import pathlib
 import sys
 from collections.abc import Callable
 
-from pgjax.agents import (Calculator, Environment, JsonCalls, PythonSandbox, SandboxUnavailable, Step, ToolEnvironment,
-                          call_format_for)
+from pgjax.agents import (TOOLS, Environment, JsonCalls, PythonSandbox, SandboxUnavailable, Step, Tool,
+                          ToolEnvironment, call_format_for)
 from pgjax.models import hf
 from pgjax.parallel import multihost
+from pgjax.plugins import is_import_path, resolve
 from pgjax.rewards import (batch_fields, call_reward, call_within, described_value, error_text, finite_rewards, make_task,
                            raised_at, reward_name, with_timeout)
 from pgjax.train.episodes import EpisodeError, checked_step, opening_ids
 from pgjax.train.experiment import ConfigError, Experiment, stream_seed
 from pgjax.train.rollout import PromptFormat, prompt_format_for, stop_tokens
 
-TOOL_CLASSES = {"calculator": Calculator, "python": PythonSandbox}      # experiment.TOOLS
+TOOL_FIELDS = ("name", "description", "parameter")     # a pgjax.agents.Tool's str attributes (and __call__)
 
 
 def user_error(what: str, build, user_code: bool = False):
@@ -127,7 +130,7 @@ def task_context(exp: Experiment, checkpoint: str | pathlib.Path = "", fit_to: i
     user_code = ":" in t.name           # a user's task by import path: anything it raises is a mistake in it
     what = f"task.name={t.name!r}" if user_code else "task"
     in_task = lambda build: user_error(what, build, user_code)     # noqa: E731
-    task = in_task(lambda: make_task(t.name, **t.options()))
+    task = in_task(lambda: make_task(t.name, t.options, **t.factory_fields()))
     in_task(lambda: checked_examples(task, 1, seed=0))          # a malformed dataset fails here, first
     tokenizer = in_task(task.tokenizer)
     if tokenizer is not None and not (hasattr(tokenizer, "eos_token_id") and callable(tokenizer)):
@@ -168,14 +171,43 @@ def check_openings(environment, examples: list[dict], tokenizer, prompt_format: 
                          f"more than rollout.max_prompt_tokens={width}: raise it")
 
 
-def check_tool(tool) -> None:
-    """A sandboxed tool's layers, tried once before anything is written: a machine that cannot set one
-    up is a ConfigError naming it (``SandboxUnavailable``), not an error in every episode."""
+def is_tool(value) -> bool:
+    """Whether ``value`` has the ``pgjax.agents.Tool`` interface: str ``name``, ``description`` and
+    ``parameter``, and a ``__call__(arguments)``; a class is not a tool (its instances may be)."""
+    return (not isinstance(value, type) and callable(value)
+            and all(isinstance(getattr(value, field, None), str) for field in TOOL_FIELDS))
+
+
+def make_tool(name: str) -> Tool:
+    """The tool ``name`` of ``task.tools``: a built-in (``pgjax.agents.TOOLS``) or the object at the import
+    path ``name`` (``pgjax.plugins.resolve``), called with no arguments unless it is a tool already;
+    checked by ``check_tool``. ConfigError naming ``task.tools`` for a path that does not import, a
+    factory that raises (where in the user's code) or something that is not a tool."""
+    try:
+        factory = resolve("task.tools", name, TOOLS, "tool (a pgjax.agents.Tool class or factory)")
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    tool = factory if is_tool(factory) else user_error(f"task.tools={name}", factory, is_import_path(name))
+    check_tool(tool, name)
+    return tool
+
+
+def check_tool(tool, name: str = "") -> None:
+    """A tool of ``task.tools`` (``name``, default the tool's own) before anything is written: one without
+    the ``pgjax.agents.Tool`` interface is a ConfigError naming it (``is_tool``), and so is a sandboxed
+    tool whose layers this machine cannot set up (tried once: ``SandboxUnavailable``), not an error in
+    every episode."""
+    if not is_tool(tool):
+        missing = [field for field in TOOL_FIELDS if not isinstance(getattr(tool, field, None), str)]
+        lacks = ", ".join([*(f"a str {field}" for field in missing), *([] if callable(tool) else ["__call__"])]
+                          ) or "an instance (it is a class)"
+        raise ConfigError(f"task.tools={name}: it gave {described_value(tool)}, not a tool: it lacks {lacks} "
+                          "(see pgjax.agents.Tool)")
     if isinstance(tool, PythonSandbox):
         try:
             tool.run("pass")
         except SandboxUnavailable as error:
-            raise ConfigError(f"task.tools={tool.name}: {error}") from None
+            raise ConfigError(f"task.tools={name or tool.name}: {error}") from None
 
 
 def environment_factory(exp: Experiment, task, tokenizer, prompt_format: PromptFormat
@@ -189,9 +221,11 @@ def environment_factory(exp: Experiment, task, tokenizer, prompt_format: PromptF
     t = exp.task
     if t.tools:
         calls = call_format_for(getattr(tokenizer, "chat_template", None) if prompt_format.chat else None)
-        tools = [TOOL_CLASSES[name]() for name in t.tool_names]
-        for tool in tools:
-            check_tool(tool)
+        tools = [make_tool(name) for name in t.tool_names]
+        names = [tool.name for tool in tools]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"task.tools={t.tools!r}: two tools have the same name ({', '.join(names)}); the "
+                              "policy calls a tool by its name")
         if isinstance(calls, JsonCalls):
             prompt_format = dataclasses.replace(prompt_format, tools=json.dumps(JsonCalls.schemas(tools)))
 

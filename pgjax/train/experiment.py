@@ -4,8 +4,12 @@ validated before anything runs or is written.
 An experiment file is a Python module with a function ``experiment()`` that
 returns an ``Experiment``. ``--set rollout.temperature=0.7`` replaces one
 field (dotted path, value parsed by the field's type); ``algorithm.hparams.<name>``
-overrides one of the algorithm's traced hyperparameters (``core.HParams``). A renamed key
-(``RENAMED``) is an unknown key whose message names the new one.
+overrides one of the algorithm's traced hyperparameters (``core.HParams``), and
+``task.options.<name>`` one of the task's own options (the value read as JSON where it parses, else
+kept as text). A renamed key (``RENAMED``) is an unknown key whose message names the new one.
+Research code plugs in by import path where a setting names it (``task.name``, ``task.reward``,
+``task.tools``, ``logging.sinks``, ``model.family``, ``algorithm.preset``: ``pgjax.plugins``,
+docs/extending.md).
 
 Every mistake a user can make in a configuration raises ``ConfigError`` (a
 ``ValueError``) with a message naming the key, the value and what would be
@@ -34,13 +38,15 @@ import typing
 import numpy as np
 
 from pgjax import core
+from pgjax.agents import TOOLS
 from pgjax.models import hf
 from pgjax.models.lora import TARGETS, LoRAConfig
 from pgjax.models.transformer import RUNTIME_OPTIONS, ModelConfig
 from pgjax.parallel.mesh import MeshConfig, check_divisible_rows
 from pgjax.parallel.multihost import DistributedConfig
-from pgjax.rewards import (FILE_FORMATS, accepted_options, described_value, error_text, import_object, located_error,
-                           raised_at, reader_format, reward_function, task_factory)
+from pgjax.plugins import is_import_path, resolve
+from pgjax.rewards import (FILE_FORMATS, accepted_options, described_value, error_text, located_error,
+                           make_task, raised_at, reader_format, reward_function, task_factory)
 from pgjax.train.learned_reward import NORMALIZE
 from pgjax.train.learner import UpdateConfig
 from pgjax.train.memory import check_run_memory
@@ -153,7 +159,13 @@ class ModelSection:
     compile time does not grow with depth; a run resumes only with the layout it started with).
     The defaults, stacked layers each recomputed in the backward pass, are the fastest and smallest
     update measured on SmolLM2-135M (docs/benchmarks.md, "The model options"); ``scan_layers=false``
-    with ``remat=off`` resume a run begun when they were the default."""
+    with ``remat=off`` resume a run begun when they were the default.
+
+    ``family``: ``llama``, ``qwen2``, ``qwen3``, ``gemma3`` (``pgjax.models.transformer.FAMILIES``) or the
+    import path ``package.module:NAME`` of a ``Family`` of your own (transformers' model_type and
+    architecture class, and which of ``CausalLM``'s switches its layers use: docs/extending.md). With
+    ``path`` the checkpoint's config.json names its family by its model_type; a family of your own
+    named here by import path is the one its model_type must then be (``hf.load``'s ``family``)."""
     path: str = ""
     # ModelConfig's architecture fields (a test keeps the names in step), with a tiny model's defaults
     family: str = "qwen3"
@@ -179,22 +191,30 @@ class ModelSection:
         except ValueError as error:
             raise ConfigError(f"model.{error}") from None
 
+    @property
+    def checkpoint_family(self) -> str | None:
+        """``family`` where it is an import path (a family of the user's, which a checkpoint at ``path``
+        is read as: ``hf.load``'s ``family``), else None (a checkpoint names its built-in family)."""
+        return self.family if is_import_path(self.family) else None
+
     def runtime_options(self) -> dict:
-        """The ``RUNTIME_OPTIONS`` (dtypes, remat, scan_layers) to load a checkpoint with."""
-        return {name: self.lora.config() if name == "lora" else getattr(self, name) for name in RUNTIME_OPTIONS}
+        """The ``RUNTIME_OPTIONS`` (dtypes, remat, scan_layers) to load a checkpoint with, and its
+        ``family`` where that is a family of the user's (``checkpoint_family``)."""
+        options = {name: self.lora.config() if name == "lora" else getattr(self, name) for name in RUNTIME_OPTIONS}
+        return options if self.checkpoint_family is None else {**options, "family": self.checkpoint_family}
 
     def config(self, vocab_size: int) -> ModelConfig:
         """The architecture of a new model over a vocabulary of ``vocab_size`` tokens."""
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                   if f.name != "path" and f.name not in RUNTIME_OPTIONS}
-        return ModelConfig(vocab_size=vocab_size, **fields, **self.runtime_options())
+        return ModelConfig(vocab_size=vocab_size, **{**fields, **self.runtime_options()})
 
 
 CHAT_TEMPLATE = ("auto", "none")
 # the task section's keys that say how a prompt reaches the model and where a response ends (not the
 # task factory's options; a pgjax.eval report records them beside those)
 PROMPT_KEYS = ("chat_template", "system_prompt", "prompt_template", "stop_text")
-TOOLS = ("calculator", "python")           # task.tools: pgjax.agents' Calculator and PythonSandbox
+OPTIONS = "task.options."       # a task's own options' keys: task.options.<name>, values read as JSON
 # the task section's keys that mix a learned reward into the training reward (pgjax.train.learned_reward)
 REWARD_KEYS = ("reward_model", "reward_model_weight", "reward_model_normalize", "verifier_weight")
 
@@ -202,7 +222,10 @@ REWARD_KEYS = ("reward_model", "reward_model_weight", "reward_model_normalize", 
 @dataclasses.dataclass(frozen=True)
 class TaskSection:
     """``name``: a task of ``pgjax.rewards.TASKS`` or the import path ``package.module:factory`` of
-    your own; the factory receives the fields below that its signature names. Built-in tasks:
+    your own; the factory receives the fields below that its signature names, and ``options``, a dict
+    of the task's own options by name (``--set task.options.NAME=VALUE``, the value read as JSON where
+    it parses, else kept as text), every one of which it must take: a factory that raises TypeError or
+    ValueError for them is a ConfigError naming ``task.options`` (docs/extending.md). Built-in tasks:
     ``arithmetic`` (``digits``, ``ops``), ``arithmetic_mix`` (1..``digits``-digit operands in equal
     shares, tagged by difficulty), ``scratchpad_arithmetic`` (``digits``, ``ops``, ``max_scratch``: the
     demonstrations' longest free text, ``working``: ``before`` or ``after`` the answer), ``countdown``
@@ -231,11 +254,13 @@ class TaskSection:
     with an error naming it (0: no limit; a function stuck in C code that holds the GIL cannot be
     interrupted, so then the limit cannot fire either). ``held_out`` (``word_math``): ``none``, or the held-out
     evaluation split ``templates``, ``numbers`` or ``both``, which the Trainer refuses to train on.
-    ``tools``: comma-separated tools (``calculator``, ``python``: ``pgjax.agents``) the policy may call
-    in multi-turn episodes (``rollout.max_turns``): the task's prompt opens the episode, each call's
-    result comes back as an observation, and the task's verifier scores the first reply that calls no
-    tool (docs/agents.md). ``reward_model``: a trained reward model (a ``stage="reward_model"`` run, or a
-    transformers sequence classifier) whose score joins the training reward:
+    ``tools``: comma-separated tools the policy may call in multi-turn episodes (``rollout.max_turns``),
+    each ``calculator`` or ``python`` (``pgjax.agents.TOOLS``) or the import path of a tool class or
+    factory of your own, called with no arguments (a ``pgjax.agents.Tool``: docs/extending.md): the
+    task's prompt opens the episode, each call's result comes back as an observation, and the task's
+    verifier scores the first reply that calls no tool (docs/agents.md). ``reward_model``: a trained
+    reward model (a ``stage="reward_model"`` run, or a transformers sequence classifier) whose score
+    joins the training reward:
     ``verifier_weight`` x the reward above + ``reward_model_weight`` x the score, whitened over the
     step's responses with ``reward_model_normalize="batch"`` (``pgjax.train.learned_reward``); accuracy is
     still the verifier's, and the record adds the score and its agreement with the verifier."""
@@ -266,9 +291,15 @@ class TaskSection:
     reward_model_weight: float = 1.0
     reward_model_normalize: str = "none"
     verifier_weight: float = 1.0
+    options: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         check_types(self, "task.")
+        for name in self.options:
+            _require(isinstance(name, str) and name.isidentifier(), f"task.options[{name!r}]", name,
+                     "an option's name is a Python identifier (a keyword argument of the task's factory)")
+            _require(name not in {f.name for f in dataclasses.fields(self)}, f"{OPTIONS}{name}", self.options[name],
+                     f"{name} is a field of the task section: set task.{name}")
         _require(bool(self.name), "task.name", self.name, "a registered task or package.module:factory")
         _require(self.chat_template in CHAT_TEMPLATE, "task.chat_template", self.chat_template,
                  f"one of {', '.join(CHAT_TEMPLATE)}")
@@ -285,8 +316,9 @@ class TaskSection:
                  f"one of {', '.join(NORMALIZE)}")
         _require(0 <= self.reward_timeout <= MAX_SECONDS, "task.reward_timeout", self.reward_timeout,
                  f"finite seconds >= 0 (0: no limit), at most {MAX_SECONDS:.0f}")
-        _require(all(name in TOOLS for name in self.tool_names), "task.tools", self.tools,
-                 f"comma-separated tools of {', '.join(TOOLS)} (empty: none)")
+        _require(all(name in TOOLS or is_import_path(name) for name in self.tool_names), "task.tools", self.tools,
+                 f"comma-separated tools, each one of {', '.join(TOOLS)} or the import path package.module:name of "
+                 "your own (empty: none)")
 
     @property
     def tool_names(self) -> tuple[str, ...]:
@@ -304,11 +336,12 @@ class TaskSection:
         characters)."""
         return with_escapes(self.prompt_template)
 
-    def options(self) -> dict:
-        """The fields a task factory may take, by name."""
+    def factory_fields(self) -> dict:
+        """The fields a task factory may take, by name (the ones its signature names reach it; its own
+        ``options`` reach it all)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name not in ("name", "reward", "format_weight", "reward_timeout", "tools", *REWARD_KEYS,
-                                  *PROMPT_KEYS)}
+                if f.name not in ("name", "reward", "format_weight", "reward_timeout", "tools", "options",
+                                  *REWARD_KEYS, *PROMPT_KEYS)}
 
 
 def with_escapes(text: str) -> str:
@@ -342,7 +375,13 @@ class LoggingSection:
     (the cut marked), go to ``completions.jsonl``, TensorBoard text and a W&B table. The default, 4
     rows every 10 steps, is the default ``eval_every``: a look at the samples beside each evaluation,
     at most 4 x 2 x 2000 characters of text per logged step, and a W&B table (a file each) every
-    tenth step rather than every step."""
+    tenth step rather than every step.
+
+    ``sinks``: comma-separated import paths ``package.module:name`` of logging sinks of your own, each a
+    ``pgjax.train.sinks.Sink`` subclass (or a factory of one) opened as ``factory(directory, since)``
+    (the run directory; the step a resume starts after, None for a new run) and given every record
+    and the step's logged completions after the run's own sinks; one that raises is reported and left
+    out for the rest of the run, never touching the other records (docs/extending.md)."""
     tensorboard: bool = True
     wandb: bool = False
     wandb_project: str = "pgjax"
@@ -350,9 +389,13 @@ class LoggingSection:
     completions_every: int = 10
     completions_per_step: int = 4
     completions_max_chars: int = 2000
+    sinks: str = ""
 
     def __post_init__(self):
         check_types(self, "logging.")
+        _require(all(map(is_import_path, self.sink_names)), "logging.sinks", self.sinks,
+                 "comma-separated import paths package.module:name of Sink classes or factories of your own "
+                 "(the built-in sinks have their own switches: logging.tensorboard, logging.wandb)")
         _require(self.progress_every >= 0, "logging.progress_every", self.progress_every, ">= 0 seconds")
         _require(self.completions_every >= 0, "logging.completions_every", self.completions_every,
                  "an integer >= 0 (RL steps between logged completions; 0: none)")
@@ -360,6 +403,11 @@ class LoggingSection:
                  "an integer >= 1 (rows logged per step, at most the batch's)")
         _require(self.completions_max_chars >= 1, "logging.completions_max_chars", self.completions_max_chars,
                  "an integer >= 1 (characters kept of each prompt and completion)")
+
+    @property
+    def sink_names(self) -> tuple[str, ...]:
+        """``sinks`` split at its commas."""
+        return tuple(name.strip() for name in self.sinks.split(",")) if self.sinks else ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -399,49 +447,49 @@ class AlgorithmSection:
         return "algorithm.estimator" if self.estimator is not None else f"algorithm.preset={self.preset}"
 
     def build(self) -> core.Estimator:
-        """The estimator with ``hparams`` (and a preset's off-policy correction) applied: ConfigError for
-        an import path that does not give a ``core.Estimator``, a correction the preset's ratio cannot
+        """The estimator (``estimator``, else ``preset`` looked up by ``pgjax.plugins.resolve``) with
+        ``hparams`` applied, and a preset's off-policy correction when it is set: ConfigError for an
+        import path that does not give a ``core.Estimator``, a correction the preset's ratio cannot
         take or set for an estimator of the user's, or an unknown or invalid hyperparameter."""
-        if self.estimator is None and self.preset in core.PRESETS:
-            algo = core.preset(self.preset)
-            try:
-                algo = dataclasses.replace(algo, spec=algo.spec.replace(correction=self.correction,
-                                                                        correction_mode=self.correction_mode))
-            except ValueError as error:
-                raise ConfigError(f"algorithm.correction={self.correction!r}: {error}") from None
-        else:
-            algo = self.estimator if self.estimator is not None else _imported_estimator(self.preset)
-            if (self.correction, self.correction_mode) != ("ignore", "truncate"):
+        algo = self.estimator if self.estimator is not None else _estimator(self.preset)
+        correction = dict(correction=self.correction, correction_mode=self.correction_mode)
+        if correction != {"correction": "ignore", "correction_mode": "truncate"}:
+            if not isinstance(algo, core.Algorithm):
                 raise ConfigError(f"algorithm.correction={self.correction!r}, algorithm.correction_mode="
                                   f"{self.correction_mode!r} are the presets' off-policy corrections; "
                                   f"{algo.name} reads the sampler's log-probs (batch.behaviour_logp) itself")
+            try:
+                algo = dataclasses.replace(algo, spec=algo.spec.replace(**correction))
+            except ValueError as error:
+                raise ConfigError(f"algorithm.correction={self.correction!r}: {error}") from None
         try:
             return algo.with_hparams(**self.hparams) if self.hparams else algo
         except (ValueError, TypeError) as error:
             raise ConfigError(f"algorithm.hparams: {error}") from None
 
 
-def _imported_estimator(path: str) -> core.Estimator:
-    """The estimator at the import path ``path``: the object there, or what calling it with no
-    arguments returns when it is a class or function; ConfigError unless that is a ``core.Estimator``."""
+def _estimator(name: str) -> core.Estimator:
+    """The preset ``name`` (``core.PRESETS``) or the estimator at the import path ``name``: the object
+    there, or what calling it with no arguments returns when it is a class or function; ConfigError
+    unless that is a ``core.Estimator`` whose ``requires`` and hyperparameters are valid."""
     try:
-        found = import_object(path, "algorithm.preset")
+        found = resolve("algorithm.preset", name, core.PRESETS, "estimator (a pgjax.core.Estimator)")
     except ValueError as error:
         raise ConfigError(str(error)) from None
     if not isinstance(found, core.Estimator) and callable(found):
         try:
             found = found()
         except Exception as error:      # the user's code
-            raise ConfigError(f"algorithm.preset={path!r}: calling it with no arguments raised "
+            raise ConfigError(f"algorithm.preset={name!r}: calling it with no arguments raised "
                               f"{located_error(error)}") from None
     if not isinstance(found, core.Estimator):
-        raise ConfigError(f"algorithm.preset={path!r} is {described_value(found)}, not an estimator: subclass "
+        raise ConfigError(f"algorithm.preset={name!r} is {described_value(found)}, not an estimator: subclass "
                           "pgjax.core.Estimator (docs/estimators.md)")
     try:
         core.estimator.requirements(found)
         found.check_hparams(found.hparams)
     except (ValueError, TypeError) as error:
-        raise ConfigError(f"algorithm.preset={path!r}: {error}") from None
+        raise ConfigError(f"algorithm.preset={name!r}: {error}") from None
     return found
 
 
@@ -579,6 +627,8 @@ def validate(exp: Experiment, mesh) -> None:
     if ignored:
         raise ConfigError(f"task.{ignored[0]}={getattr(exp.task, ignored[0])!r} does nothing for task "
                           f"{exp.task.name!r}, which takes {', '.join(accepted) or 'no options'}")
+    _check_task_options(exp)
+    _check_tools(exp)
     if exp.model.path and not (pathlib.Path(exp.model.path) / "config.json").is_file():
         raise ConfigError(f"model.path={exp.model.path!r}: no Hugging Face checkpoint there (config.json missing)")
     _check_context(exp)
@@ -645,6 +695,33 @@ def _check_episodes(exp: Experiment, algo) -> None:
                               "episode the environment's rewards are the training reward")
 
 
+def _check_task_options(exp: Experiment) -> None:
+    """The task's own options (``task.options``) against its factory, before anything is written: the
+    task is built with them (``rewards.make_task``; its factory is called again by the task context),
+    and an option it does not take, or a TypeError or ValueError it raises, is a ConfigError naming
+    ``task.options`` (any other exception, one naming ``task.name``), with where in the user's code."""
+    t = exp.task
+    if not t.options:
+        return
+    try:
+        make_task(t.name, t.options, **t.factory_fields())
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"task.options={t.options!r} for task {t.name!r}: {located_error(error)}") from None
+    except Exception as error:      # the user's factory failed otherwise
+        raise ConfigError(f"task.name={t.name!r}: {located_error(error)}") from None
+
+
+def _check_tools(exp: Experiment) -> None:
+    """Each tool of ``task.tools`` named by import path imports (``pgjax.plugins.resolve``); that it is
+    a tool is checked where the task context builds it (``context.make_tool``), before anything is
+    written too."""
+    for name in exp.task.tool_names:
+        try:
+            resolve("task.tools", name, TOOLS, "tool (a pgjax.agents.Tool class or factory)")
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+
+
 def _check_dataset_file(task: TaskSection) -> None:
     """``task.path`` is a file, and the package its format needs (``rewards.reader_format``) is installed."""
     if not pathlib.Path(task.path).is_file():
@@ -678,7 +755,7 @@ def _check_context(exp: Experiment) -> None:
 
 def _changed_options(section: TaskSection) -> list[str]:
     """The task options set to something other than their default."""
-    return [k for k, v in section.options().items() if v != getattr(TaskSection, k)]
+    return [k for k, v in section.factory_fields().items() if v != getattr(TaskSection, k)]
 
 
 def check_batches(exp: Experiment, mesh) -> None:
@@ -771,7 +848,7 @@ SECTIONS = {
     "optim": "the policy's AdamW: lr, warm-up, betas, eps, weight decay, gradient clipping",
     "critic_optim": "the critic's AdamW (PPO, REINFORCE with a baseline)",
     "warm_start": "supervised warm start before RL: steps, batch size, its optimizer",
-    "logging": "TensorBoard and Weights & Biases writers, progress lines when not on a terminal",
+    "logging": "TensorBoard and Weights & Biases writers, sinks of your own, progress lines when not on a terminal",
     "mesh": "device mesh sizes: data, fsdp, tensor (-1 = the rest)",
     "distributed": "how the processes of a multi-host run meet (jax.distributed)",
     "reward_model": "with stage=reward_model / process_reward_model: the pairs or step labels it trains on",
@@ -834,9 +911,15 @@ def override(experiment: Experiment, assignments: list[str]) -> Experiment:
         key, text = key.strip(), text.strip()
         if not sep:
             raise ConfigError(f"--set expects key=value, got {assignment!r}")
-        if key not in keys and not key.startswith(HPARAMS):     # an estimator of the user's names its own
-            raise _unknown_key(key, keys)
+        if key not in keys and not key.startswith((HPARAMS, OPTIONS)):     # an estimator or a task of the
+            raise _unknown_key(key, keys)                                   # user's names its own
         path = tuple(key.split("."))
+        if key.startswith(OPTIONS):
+            _require(len(path) == 3 and path[2].isidentifier(), key, text,
+                     f"{OPTIONS}NAME=VALUE sets the task's own option NAME (a Python identifier)")
+            changes[path] = _json_value(text)
+            texts[key] = text
+            continue
         changes[path] = _parse(text, float if key.startswith(HPARAMS) else _key_type(path), key)
         texts[key] = text
     try:
@@ -846,7 +929,7 @@ def override(experiment: Experiment, assignments: list[str]) -> Experiment:
     except (ValueError, TypeError) as error:
         named = [k for k in texts if k.split(".")[-1] in str(error)] or list(texts)
         raise ConfigError(", ".join(f"{k}={texts[k]!r}" for k in named) + f" is invalid: {error}") from None
-    unknown = [key for key in texts if key not in keys]
+    unknown = [key for key in texts if key not in keys and not key.startswith(OPTIONS)]
     if unknown and changed.algorithm.estimator is None and changed.algorithm.preset in core.PRESETS:
         raise _unknown_key(unknown[0], keys)
     return changed
@@ -856,6 +939,7 @@ def _unknown_key(key: str, keys: list[str]) -> ConfigError:
     """The error of an unknown ``key``, with the closest of ``keys`` (or the new name of a renamed one)."""
     close = ([renamed(key)] if renamed(key) else [k for k in keys if k.endswith("." + key)][:2]
              or difflib.get_close_matches(key, keys, n=1, cutoff=0.6))
+    close = [f"{OPTIONS}{key.rsplit('.', 1)[-1]}" if k == OPTIONS[:-1] and key.count(".") == 2 else k for k in close]
     hint = f"; did you mean {' or '.join(close)}?" if close else ""
     return ConfigError(f"unknown config key {key!r}{hint}\n(--print-config lists every key and its value)")
 
@@ -874,6 +958,8 @@ def _apply(config, changes: dict):
         below = {path[1:]: value for path, value in changes.items() if path[0] == head and len(path) > 1}
         if head == "hparams" and isinstance(config, AlgorithmSection):
             fields[head] = {**config.hparams, **{path[0]: value for path, value in below.items()}}
+        elif head == "options" and isinstance(config, TaskSection) and below:
+            fields[head] = {**changes.get((head,), config.options), **{path[0]: value for path, value in below.items()}}
         elif below:
             fields[head] = _apply(getattr(config, head), below)
         else:
@@ -885,7 +971,21 @@ def _field_type(config: type, name: str):
     return typing.get_type_hints(config)[name]
 
 
+def _json_value(text: str):
+    """``text`` read as JSON where it parses (``3``, ``0.5``, ``true``, ``[1, 2]``, ``{"a": 1}``, ``"x"``),
+    else the text itself (``--set task.options.mode=fast``)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
 def _parse(text: str, kind, key: str):
+    if kind is dict:        # a whole dict (task.options): a JSON object
+        value = _json_value(text)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}={text!r} is invalid: a JSON object is expected, e.g. '{{\"name\": 1}}'")
+        return value
     if kind is bool:
         if text.lower() not in ("true", "false", "1", "0"):
             raise ConfigError(f"{key}={text!r} is invalid: a bool, true or false")

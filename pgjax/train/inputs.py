@@ -5,9 +5,13 @@ same path is found, not trained on silently.
   inputs.json   ``{"files": {label: {"path", "size", "sha256", "stat"}}}``, one entry per input file:
                 ``task.path`` (a dataset), ``model.path/<file>`` (each file of the checkpoint that
                 ``hf.load`` and the tokenizer read), ``task.reward_model/<file>`` (the same of the
-                trained reward model RL scores with), ``task.name:module`` / ``task.reward:module`` (the
-                source file of a user's module plugged in by import path), and for a reward model's
-                training ``reward_model.path`` / ``reward_model.eval_path`` (its preference pairs)
+                trained reward model RL scores with), ``<key>:module`` (the source file of a user's
+                module plugged in by import path, ``pgjax.plugins``: ``task.name``, ``task.reward``,
+                ``task.tools``, ``logging.sinks``, ``model.family``, ``algorithm.preset``, and the file defining an
+                estimator object's class, ``algorithm.estimator:module``; a key whose
+                entries come from several modules has one label per module, ``<key>:module:<module>``),
+                and for a reward model's training ``reward_model.path`` / ``reward_model.eval_path`` (its
+                preference pairs)
 
 A file is identified by its label, not its path, so moving an unchanged dataset elsewhere is no
 change. Hashing (SHA-256) reads every byte once; ``fingerprints(..., known=saved)`` skips it for a
@@ -22,6 +26,7 @@ import os
 import pathlib
 
 from pgjax.models.hf import CHAT_TEMPLATE_DIR
+from pgjax.plugins import is_import_path, module_of
 from pgjax.train.checkpoints import file_sha256
 from pgjax.train.learned_reward import reward_model_directory
 
@@ -31,11 +36,10 @@ CHECKPOINT_SUFFIXES = (".json", ".safetensors", ".txt", ".model", ".jinja")   # 
 
 def _module_source(import_path: str) -> pathlib.Path | None:
     """The source file of the module of ``package.module:name`` (None for a built-in name or no file)."""
-    module, sep, _ = import_path.partition(":")
-    if not sep:
+    if not is_import_path(import_path):
         return None
     try:
-        spec = importlib.util.find_spec(module)
+        spec = importlib.util.find_spec(module_of(import_path))
     except (ImportError, ValueError):
         return None
     origin = getattr(spec, "origin", None)
@@ -71,11 +75,35 @@ def input_files(exp) -> dict[str, pathlib.Path]:
             path = pathlib.Path(getattr(exp.reward_model, key))
             if getattr(exp.reward_model, key) and path.is_file():
                 files[f"reward_model.{key}"] = path
-    for key in ("name", "reward"):
-        source = _module_source(getattr(exp.task, key))
-        if source is not None:
-            files[f"task.{key}:module"] = source
+    files.update(plugin_modules(exp))
     return files
+
+
+def plugin_modules(exp) -> dict[str, pathlib.Path]:
+    """``{"<key>:module": source file}`` of every module a setting of ``exp`` names by import path
+    (``pgjax.plugins``): one label per key, or, for a key whose entries come from several modules
+    (``task.tools``, ``logging.sinks``), ``<key>:module:<module>`` for each."""
+    named = {"task.name": [exp.task.name], "task.reward": [exp.task.reward], "task.tools": exp.task.tool_names,
+             "logging.sinks": exp.logging.sink_names, "model.family": [exp.model.family],
+             "algorithm.preset": [exp.algorithm.preset]}
+    files = {}
+    for key, paths in named.items():
+        sources = {module_of(path): _module_source(path) for path in paths if is_import_path(path)}
+        sources = {module: source for module, source in sources.items() if source is not None}
+        for module, source in sources.items():
+            files[f"{key}:module" if len(sources) == 1 else f"{key}:module:{module}"] = source
+    source = _estimator_source(exp.algorithm.estimator)
+    if source is not None:
+        files["algorithm.estimator:module"] = source
+    return files
+
+
+def _estimator_source(estimator) -> pathlib.Path | None:
+    """The file that defines the class of an estimator object (``algorithm.estimator``: a module of the
+    user's, or the experiment file itself), where its ``loss`` is written; None for none or no file."""
+    loss = getattr(type(estimator), "loss", None) if estimator is not None else None
+    code = getattr(loss, "__code__", None)
+    return pathlib.Path(code.co_filename) if code is not None and os.path.isfile(code.co_filename) else None
 
 
 def _stat(path: pathlib.Path) -> list[int]:

@@ -53,7 +53,7 @@ from pgjax.parallel import multihost
 from pgjax.train.checkpoints import Checkpoints, one_line, write_atomically
 from pgjax.train.experiment import ConfigError, Experiment, RunStopped, estimator_label, resolved
 from pgjax.train.inputs import INPUTS_FILE, differences, fingerprints, input_files
-from pgjax.train.sinks import MetricsFile, Sink, TensorBoard, WandB, plot, read_records
+from pgjax.train.sinks import MetricsFile, Sink, WandB, open_sink, plot, read_records, sink_factory
 
 
 def _has_checkpoints(directory: pathlib.Path) -> bool:
@@ -325,7 +325,8 @@ def _saved_json(path: pathlib.Path, what: str, accept: bool) -> dict:
 
 class RunDirectory:
     """One run's directory, its lock and its writers: the checkpoints (``checkpoints``) and the metric
-    sinks (``sinks``: metrics.jsonl, and TensorBoard and W&B where enabled). ``accept_changes``:
+    sinks (``sinks``: metrics.jsonl, and TensorBoard and W&B where enabled, then the user's of
+    ``logging.sinks``, each imported and checked here, before anything is written). ``accept_changes``:
     resume even if the experiment or an input file changed (each change is recorded in
     changes.jsonl); ``fallback``: resume from an older checkpoint when the newest is damaged;
     ``restart``: start the run again in the directory a resume would take, first moving its results
@@ -341,6 +342,8 @@ class RunDirectory:
         self.checkpoints: Checkpoints | None = None
         self.sinks: list[Sink] = []
         self.completions_file: MetricsFile | None = None
+        for name in exp.logging.sink_names:         # a user's sink: it imports and is a Sink (ConfigError)
+            sink_factory(name)
         self.lock = RunLock(self.directory)
         self.changes = self._changes(accept_changes) if self.resume else {}
         self.saved_inputs = (_saved_json(self.directory / INPUTS_FILE, "the input files are", accept_changes)
@@ -460,20 +463,24 @@ class RunDirectory:
 
     def start(self, tokenizer, start_step: int) -> None:
         """Open the metric sinks the experiment enables (see ``pgjax.train.sinks``: a resume drops what
-        was logged after ``start_step``), and completions.jsonl when ``logging.completions_every`` logs
-        completions or the file is there (a new run empties it, a resume cuts it); a resume rewrites a
-        missing tokenizer/ (process 0). A new run's experiment.json, inputs.json and tokenizer/, or a
-        resume's changes, are written with the first record (``log``): a run stopped before it holds
-        no results, a change that never ran is not recorded."""
+        was logged after ``start_step``), the user's of ``logging.sinks`` first (its own code, which may
+        fail: nothing else is written then) and last in the order records reach them, and
+        completions.jsonl when ``logging.completions_every`` logs completions or the file is there (a new
+        run empties it, a resume cuts it); a resume rewrites a missing tokenizer/ (process 0). A new
+        run's experiment.json, inputs.json and tokenizer/, or a resume's changes, are written with the
+        first record (``log``): a run stopped before it holds no results, a change that never ran is
+        not recorded."""
         if not self.primary:
             return
         self.check_in_place("metrics.jsonl")
         self.tokenizer, self.start_step = tokenizer, start_step
         logging, since = self.exp.logging, start_step if self.resume else None
-        if logging.wandb:               # first: a failing wandb.init leaves nothing else written
-            self.sinks.append(WandB(self.directory, logging.wandb_project, resolved(self.exp), self.resume))
+        for name in logging.sink_names:     # first: a user's sink that fails to open leaves nothing else written
+            self.sinks.append(open_sink(name, self.directory, since))
+        if logging.wandb:               # then W&B: a failing wandb.init leaves nothing else written
+            self.sinks.insert(0, WandB(self.directory, logging.wandb_project, resolved(self.exp), self.resume))
         if logging.tensorboard:
-            self.sinks.insert(0, TensorBoard(self.directory, since))
+            self.sinks.insert(0, open_sink("tensorboard", self.directory, since))
         self.sinks.insert(0, MetricsFile(self.metrics_path, since))
         if logging.completions_every or self.completions_path.exists():
             self.completions_file = MetricsFile(self.completions_path, since)

@@ -10,6 +10,7 @@ reading them back, and the curves drawn from the records.
   wandb/, wandb_run_id    ``WandB``: the same numbers and a ``completions`` table per logged step in a
                           Weights & Biases run (optional package)
   curves.png              ``plot``: reward / accuracy / length / KL / entropy curves, drawn at the end
+  (yours)                 a sink of your own (``logging.sinks``, by import path): whatever it writes
 
 A ``Sink`` takes each step's record (``log``: a dict with an int ``step``, numbers, None) together
 with the completion rows logged at that step, in one call (W&B then writes them in one history row,
@@ -18,6 +19,13 @@ resumed one: a resume starts after ``start_step``, and what a killed run wrote a
 is dropped (the JSONL files cut, TensorBoard events purged, W&B continuing the same run, which
 ignores re-logged steps). ``read_records`` and ``read_completions`` read the JSONL files back,
 leaving out a torn last line.
+
+The sinks opened as ``factory(directory, since)`` (``since``: the step a resume starts after, None
+for a new run) are looked up by name in one registry, ``SINKS`` (``open_sink``: TensorBoard, which
+``logging.tensorboard`` switches on), or by import path (``logging.sinks``: a ``Sink`` subclass of the
+user's, or a factory of one). A user's sink is a ``GuardedSink``: it gets copies of the records,
+after the run's own sinks, and an exception it raises is reported on stderr and leaves it out for
+the rest of the run; it never stops the run nor touches another sink's records.
 """
 from __future__ import annotations
 
@@ -28,7 +36,10 @@ import os
 import pathlib
 import sys
 import uuid
+from collections.abc import Callable
 
+from pgjax.errors import described_value, located_error, raised_text
+from pgjax.plugins import is_import_path, resolve
 from pgjax.train.experiment import ConfigError
 
 CURVES = (("reward", "reward"), ("accuracy", "sampled accuracy"), ("eval_accuracy", "greedy eval accuracy"),
@@ -182,6 +193,81 @@ class WandB(Sink):
 
     def close(self, failed: bool = False) -> None:
         self.run.finish(exit_code=1 if failed else 0)
+
+
+# the sinks opened as factory(directory, since) by name (logging.tensorboard opens "tensorboard"); a user's
+# sink (logging.sinks) is named by its import path instead and looked up the same way (open_sink)
+SINKS: dict[str, Callable[[pathlib.Path, int | None], Sink]] = {"tensorboard": TensorBoard}
+
+
+def sink_factory(name: str) -> Callable[[pathlib.Path, int | None], Sink]:
+    """The factory of the sink ``name``: one of ``SINKS``, or the ``Sink`` subclass or factory at the
+    import path ``name`` (``logging.sinks``); ConfigError naming ``logging.sinks`` for a path that does
+    not import, a class that is not a ``Sink``, or something that cannot be called."""
+    try:
+        factory = resolve("logging.sinks", name, SINKS, "sink (a pgjax.train.sinks.Sink subclass or factory)")
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    if isinstance(factory, type) and not issubclass(factory, Sink):
+        raise ConfigError(f"logging.sinks={name!r} is the class {factory.__qualname__}, not a subclass of "
+                          "pgjax.train.sinks.Sink")
+    if not callable(factory):
+        raise ConfigError(f"logging.sinks={name!r} is {described_value(factory)}: a Sink subclass or a factory "
+                          "(directory, since) -> Sink is expected")
+    return factory
+
+
+def open_sink(name: str, directory: pathlib.Path, since: int | None) -> Sink:
+    """The sink ``name`` (``sink_factory``) opened as ``factory(directory, since)``; a user's (by import
+    path) as a ``GuardedSink``, whose opening failing (any exception) or giving something without a
+    ``log`` is a ConfigError naming ``logging.sinks`` and where in the user's code."""
+    factory = sink_factory(name)
+    if not is_import_path(name):
+        return factory(directory, since)
+    try:
+        sink = factory(directory, since)
+    except Exception as error:          # the user's code
+        raise ConfigError(f"logging.sinks={name!r}: opening it as factory(directory, since) raised "
+                          f"{located_error(error)}") from None
+    if not callable(getattr(sink, "log", None)):
+        raise ConfigError(f"logging.sinks={name!r} gave {described_value(sink)}, which has no log(record, "
+                          "completions): not a pgjax.train.sinks.Sink")
+    return GuardedSink(sink, name)
+
+
+class GuardedSink(Sink):
+    """A user's sink (``logging.sinks``) whose failures stay its own: it gets copies of each record and
+    completion row (nothing it changes reaches another sink), and the first exception its ``log`` or
+    ``close`` raises is reported on stderr (where in the user's code) and leaves it out for the rest of
+    the run, closed with ``failed=True``; the run and its other sinks go on."""
+
+    def __init__(self, sink, name: str):
+        self.sink, self.name = sink, name
+
+    def log(self, record: dict, completions: list[dict] = ()) -> None:
+        if self.sink is None:
+            return
+        try:
+            self.sink.log(dict(record), [dict(row) for row in completions])
+        except Exception as error:          # the user's code: reported, never the run's end
+            self._drop(f"log raised {raised_text(error)} at step {record.get('step')}")
+
+    def close(self, failed: bool = False) -> None:
+        if self.sink is None:
+            return
+        sink, self.sink = self.sink, None
+        try:
+            close = getattr(sink, "close", None)
+            if close is not None:
+                close(failed)
+        except Exception as error:
+            print(f"logging.sinks={self.name}: close raised {raised_text(error)}", file=sys.stderr)
+
+    def _drop(self, what: str) -> None:
+        """Report ``what`` went wrong, close the sink (failed) and leave it out from now on."""
+        print(f"logging.sinks={self.name}: {what}; this sink is left out for the rest of the run (the run and "
+              "its other records go on)", file=sys.stderr)
+        self.close(failed=True)
 
 
 def table_columns(rows: list[dict]) -> list[str]:
