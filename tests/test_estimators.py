@@ -22,9 +22,11 @@ from pgjax.parallel.mesh import MeshConfig, single_device_mesh
 from pgjax.plan import Planner
 from pgjax.theory import mdp as mdp_lib
 from pgjax.theory.audit import audit
-from pgjax.train.experiment import (AlgorithmSection, ConfigError, Experiment, ModelSection, override, resolved,
-                                   validate)
+from pgjax.train.experiment import (AlgorithmSection, ConfigError, Experiment, ModelSection, load, override,
+                                   resolved, validate)
+from pgjax.train.inputs import input_files
 from pgjax.train.learner import UpdateConfig
+from pgjax.train.run_dir import experiment_record
 from pgjax.train.trainer import Trainer
 
 ROOT = pathlib.Path(__file__).parent.parent
@@ -359,6 +361,17 @@ def test_a_users_estimator_from_the_command_line_resumes_exactly_and_its_source_
     record = json.loads((tmp_path / "straight" / "experiment.json").read_text())
     assert record["algorithm"]["preset"] == "my_estimators:OPO"
     assert record["algorithm"]["hparams"] == {"length_power": 0.5}
+
+
+def test_an_estimator_objects_defining_file_is_fingerprinted(plugins):
+    """An estimator handed over as an object is fingerprinted by the file its class is written in: a
+    module of the user's, or the experiment file that defines it (experiments/arithmetic_opo.py)."""
+    exp = Experiment(algorithm=AlgorithmSection(estimator=plugins[1].OPO()))
+    assert input_files(exp)["algorithm.estimator:module"] == plugins[0] / "my_estimators.py"
+    assert input_files(load(EXAMPLE))["algorithm.estimator:module"] == EXAMPLE
+    assert "algorithm.estimator:module" not in input_files(Experiment())
+    record = experiment_record(exp)["algorithm"]["estimator"]
+    assert record == {"label": "my_estimators:OPO (opo)", "hparams": {"length_power": 1.0}}
 
 
 def test_the_memory_planner_plans_a_users_estimator(plugins):
