@@ -166,6 +166,15 @@ def generate(model: CausalLM, prompts, prompt_mask, key, config: SamplingConfig,
     return _generate(graphdef, state, prompts, prompt_mask, key, config, mesh)
 
 
+def generate_state(graphdef, state, prompts, prompt_mask, key, config: SamplingConfig, mesh: Mesh | None = None
+                   ) -> Samples:
+    """``generate`` of the model ``nnx.merge(graphdef, state)`` as a function of arrays alone: the
+    prompts int32 [B, P], left-padded and already checked (``generate`` checks them). ``jax.vmap``
+    maps it over stacked parameters, prompts and keys (``pgjax.train.population``: one program samples
+    every member of a population)."""
+    return _generate(graphdef, state, prompts, prompt_mask, key, config, mesh)
+
+
 def _placed_prompts(model: CausalLM, prompts, prompt_mask, config: SamplingConfig, mesh):
     """The prompts checked (``_check_prompts``), as int32, and on a ``mesh`` as global arrays of this
     process's rows (their count split over its batch devices)."""

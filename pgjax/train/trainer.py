@@ -73,6 +73,30 @@ class Callback:
 
 
 
+def check_widths(exp: Experiment, context, examples: list[dict], demonstrations) -> None:
+    """The prompts of ``examples`` (the held-out ones) fit ``rollout.max_prompt_tokens`` and, with a
+    warm start, ``demonstrations(examples)`` (the warm start's batch of them) fits
+    ``rollout.max_new_tokens`` (ConfigError otherwise)."""
+    try:
+        encode_prompts(context.tokenizer, [e["prompt"] for e in examples], exp.rollout.max_prompt_tokens,
+                       context.prompt_format)
+    except ValueError as error:
+        raise ConfigError(f"rollout.max_prompt_tokens={exp.rollout.max_prompt_tokens}: {error}") from None
+    if exp.warm_start.steps:
+        if "answer" not in examples[0]:
+            raise ConfigError(f"task.name={exp.task.name!r}: its examples have no 'answer', which the warm start "
+                              f"(warm_start.steps={exp.warm_start.steps}) trains on as demonstrations; set "
+                              "warm_start.steps=0")
+        r = exp.rollout
+        setting = (f"warm_start.steps={exp.warm_start.steps} (rollout.max_new_tokens={r.max_new_tokens}, max_turns="
+                   f"{r.max_turns}, max_episode_tokens={r.max_episode_tokens})" if context.environment
+                   else f"rollout.max_new_tokens={r.max_new_tokens}")
+        try:
+            demonstrations(examples)
+        except ValueError as error:
+            raise ConfigError(f"{setting}: {error}") from None
+
+
 class Trainer(RunLoop):
     """The task context, policy, optimizer state, learner, rollout pipeline and step count of one experiment."""
 
@@ -120,28 +144,7 @@ class Trainer(RunLoop):
         return self.context.task
 
     def _check_widths(self) -> None:
-        """The evaluation prompts fit ``rollout.max_prompt_tokens`` and, with a warm start, their
-        demonstrations fit ``rollout.max_new_tokens`` (ConfigError otherwise)."""
-        exp, context = self.exp, self.context
-        examples = context.eval_examples
-        try:
-            encode_prompts(context.tokenizer, [e["prompt"] for e in examples], exp.rollout.max_prompt_tokens,
-                           context.prompt_format)
-        except ValueError as error:
-            raise ConfigError(f"rollout.max_prompt_tokens={exp.rollout.max_prompt_tokens}: {error}") from None
-        if exp.warm_start.steps:
-            if "answer" not in examples[0]:
-                raise ConfigError(f"task.name={exp.task.name!r}: its examples have no 'answer', which the warm start "
-                                  f"(warm_start.steps={exp.warm_start.steps}) trains on as demonstrations; set "
-                                  "warm_start.steps=0")
-            r = exp.rollout
-            setting = (f"warm_start.steps={exp.warm_start.steps} (rollout.max_new_tokens={r.max_new_tokens}, max_turns="
-                       f"{r.max_turns}, max_episode_tokens={r.max_episode_tokens})" if context.environment
-                       else f"rollout.max_new_tokens={r.max_new_tokens}")
-            try:
-                self._demonstrations(examples)
-            except ValueError as error:
-                raise ConfigError(f"{setting}: {error}") from None
+        check_widths(self.exp, self.context, self.context.eval_examples, self._demonstrations)
 
     def _demonstrations(self, examples: list[dict]):
         """The warm start's batch of ``examples``: tokens, attention_mask, mask (``sft.demonstrations``, or

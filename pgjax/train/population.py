@@ -1,0 +1,620 @@
+"""Population training: N members of one experiment trained as one compiled program (``Population``).
+
+The members share the model's shape, the task and the static estimator (its ``Spec``, or an
+estimator class of the user's), and differ in traced values: the estimator's hyperparameters (any
+field of ``algorithm.hparams``: the paper's switches, clip epsilons, KL and entropy coefficients),
+the policy's learning rate, and the seed. Their parameters, optimizer states and PRNG keys are
+stacked on a leading member axis, and every jitted phase of a step is one program over it
+(``over_members``: ``jax.vmap`` over all members, or with ``vmap_width`` w < N ``jax.lax.map`` over chunks
+of w vmapped members; the default is every member vmapped on an accelerator and one member at a time
+on CPU, where a step is compute-bound already and the vmapped one measured slower):
+
+- sampling (the KV-cache sampler, ``sample.generate_state``), each member on its own prompts (drawn
+  from its seed, ``stream_seed(seed, "train", step)``) with its own sampling key;
+- scoring (``Learner.prepare``): old / reference log-probs and the advantages under each member's
+  hyperparameters;
+- the update (``Learner._step``, the optimizer step): each member's gradient, clipping and AdamW step.
+  A member whose loss, gradient or new state is not finite keeps its state and counts
+  ``skipped_updates`` (under vmap the ``lax.cond`` of ``_step`` becomes a per-member select): the
+  others train on. A member stops when its reward function fails or ``update.max_skipped_steps``
+  steps in a row skipped its every update; its state is not changed from then on.
+
+Rewards are per member on the host: each member's rows are decoded and scored by the task's
+verifier (``rollout.collect``, as a single run's pipeline does), and each member gets the record a
+single run's ``Trainer.step`` returns. The rollouts of all members are cut to the widest member's
+trimmed width (``rollout.trim_padding``), so the stacked batch has one shape.
+
+A member's learning rate is a traced scale on its optimizer's update, lr_i / ``optim.lr``
+(``member_scale``): AdamW's update is the learning-rate schedule times a direction that does not
+depend on the learning rate (the schedule is ``optim.lr`` times a linear warm-up fraction, and
+weight decay sits inside the scaled direction), so the scaled update is the update of a run with
+lr_i up to float rounding. Member i with seed s starts where a single run of seed s starts (a new
+model ``CausalLM(config, nnx.Rngs(s))``; a checkpoint at ``model.path`` is the same for all), and its
+warm start draws its own demonstrations (members of one seed share one warm start: it is the same).
+
+``Population.member_experiment(i)`` is the single run member i equals (tests/test_population.py
+compares them; docs/population.md says to what tolerance). Not supported yet (each a ConfigError):
+several devices or processes, multi-turn episodes (``task.tools``, a task's environment), a learned
+reward (``task.reward_model``), a greedy baseline (ReMax), asynchronous rollouts
+(``rollout.staleness``), a separate sampler mesh, packed updates (``update.pack_width``), LoRA,
+Weights & Biases and the user's logging sinks (``logging.sinks``); nor checkpoints and resume.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import pathlib
+import sys
+import time
+from functools import partial
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from pgjax import core
+from pgjax.models import hf
+from pgjax.models.transformer import CausalLM
+from pgjax.parallel import multihost
+from pgjax.parallel.mesh import learner_and_sampler_meshes, replicated
+from pgjax.rewards import RewardError, combine, format_reward, reward_function, with_timeout
+from pgjax.sample import Samples
+from pgjax.sample.sampler import generate_state
+from pgjax.train.context import task_context, user_error
+from pgjax.train.experiment import ConfigError, Experiment, RunStopped, stream_seed, validate
+from pgjax.train.learner import Learner, Rollout, TrainState, all_finite
+from pgjax.train.optim import make_optimizer
+from pgjax.train.records import STAT_KEYS, step_record
+from pgjax.train.rollout import collect, encode_prompts, keep_columns, pad_id, sample_and_score, trim_padding
+from pgjax.train.sft import demonstrations, sft_step
+from pgjax.train.sinks import MetricsFile, TensorBoard, plot
+from pgjax.train.trainer import check_widths
+
+POPULATION_FILE = "population.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Member:
+    """One member of a population: its ``seed`` (the experiment's ``seed`` for this member: initial
+    model, warm-start demonstrations, prompts, sampling keys), its ``hparams`` over the experiment's
+    ``algorithm.hparams`` (name -> float) and its policy learning rate ``lr`` (None: ``optim.lr``)."""
+    seed: int = 0
+    hparams: dict = dataclasses.field(default_factory=dict)
+    lr: float | None = None
+
+    def __post_init__(self):
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
+            raise ConfigError(f"Member.seed={self.seed!r} is invalid: an integer in [0, 2**32)")
+        if not isinstance(self.hparams, dict):
+            raise ConfigError(f"Member.hparams={self.hparams!r} is invalid: a dict of name -> float")
+        for name, value in self.hparams.items():
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise ConfigError(f"Member.hparams[{name!r}]={value!r} is invalid: a finite number")
+        if self.lr is not None and (isinstance(self.lr, bool) or not isinstance(self.lr, int | float)
+                                    or not (math.isfinite(self.lr) and self.lr > 0)):
+            raise ConfigError(f"Member.lr={self.lr!r} is invalid: a finite number > 0 (None: optim.lr)")
+
+    def describe(self) -> dict:
+        """The member as population.json holds it."""
+        return {"seed": self.seed, "hparams": dict(self.hparams), "lr": self.lr}
+
+
+class MemberScaleState(NamedTuple):
+    """``member_scale``'s state: the factor on the optimizer's update (lr_i / ``optim.lr``)."""
+    scale: jax.Array
+
+
+def member_scale() -> optax.GradientTransformation:
+    """Multiplies the updates by a factor held in the state (1 at ``init``; a population sets each
+    member's to lr_i / lr). After AdamW, whose update is linear in its learning rate, this is the
+    update of lr_i, traced: one compiled program for every member's learning rate."""
+    def init(params):
+        return MemberScaleState(jnp.ones((), jnp.float32))
+
+    def update(updates, state, params=None):
+        return jax.tree.map(lambda u: u * state.scale.astype(u.dtype), updates), state
+
+    return optax.GradientTransformation(init, update)
+
+
+def over_members(fn, width: int, members: int):
+    """``fn`` over the leading (member) axis of every argument, in one program: ``jax.vmap`` over all
+    ``members`` when ``width`` >= ``members``, else ``jax.lax.map`` over chunks of ``width`` members,
+    each chunk vmapped (``width`` 1: one member at a time, each computed as a single run computes)."""
+    if width >= members:
+        return jax.vmap(fn)
+    return lambda *args: jax.lax.map(lambda a: fn(*a), args, batch_size=width if width > 1 else None)
+
+
+def default_vmap_width(members: int) -> int:
+    """``vmap_width`` None: every member vmapped on an accelerator; one member at a time on CPU, where a
+    step is compute-bound already (the vmapped one measured slower, docs/population.md) and each member
+    then computes as its single run does."""
+    return members if jax.default_backend() != "cpu" else 1
+
+
+def _stack(trees):
+    """The trees stacked along a new leading (member) axis."""
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def _member(tree, i: int):
+    """Member ``i`` of a stacked tree."""
+    return jax.tree.map(lambda x: x[i], tree)
+
+
+class Population:
+    """N members of one experiment (``Member``: seed, hyperparameters, learning rate), trained as one
+    program over a stacked member axis: ``warm_start``, ``step`` (one record per member), ``evaluate``,
+    ``fit``, ``export``. Member i equals the single run of ``member_experiment(i)`` up to float rounding."""
+
+    def __init__(self, exp: Experiment, members: list[Member], algorithm: core.Estimator | None = None,
+                 vmap_width: int | None = None):
+        """``algorithm``: an estimator object instead of ``exp.algorithm``'s (as ``Trainer`` takes one);
+        ``vmap_width``: how many members one vmapped computation takes (``over_members``): w >= N vmaps
+        every phase over all N members, w < N maps over chunks of w vmapped members in the same
+        program; None: ``default_vmap_width`` (all on an accelerator, 1 on CPU)."""
+        user_error("distributed", lambda: multihost.initialize(exp.distributed))
+        if algorithm is not None:
+            exp = dataclasses.replace(exp, algorithm=dataclasses.replace(exp.algorithm, estimator=algorithm))
+        members = list(members)
+        if not members or not all(isinstance(m, Member) for m in members):
+            raise ConfigError("a population needs at least one member, each a pgjax.train.population.Member")
+        if vmap_width is not None and (isinstance(vmap_width, bool) or not isinstance(vmap_width, int)
+                                       or vmap_width < 1):
+            raise ConfigError(f"vmap_width={vmap_width!r} is invalid: an integer >= 1 (members per vmapped "
+                              "computation), or None (all on an accelerator, 1 on CPU)")
+        self.exp, self.members = exp, members
+        self.vmap_width = default_vmap_width(len(members)) if vmap_width is None else min(vmap_width, len(members))
+        self.mesh, sampler_mesh = user_error("mesh", lambda: learner_and_sampler_meshes(
+            exp.mesh, exp.rollout.sampler_devices))
+        self._check_supported(sampler_mesh)
+        checked = set()
+        for i in range(len(members)):         # every setting as a single run checks it
+            setting = json.dumps(self._setting(i), sort_keys=True)
+            if setting not in checked:
+                checked.add(setting)
+                try:
+                    validate(self.member_experiment(i), self.mesh)
+                except ConfigError as error:
+                    raise ConfigError(f"member {i} ({self._label(i)}): {error}") from None
+        self.estimators = [self.member_experiment(i).algorithm.build() for i in range(len(members))]
+        self.estimator = self._shared_estimator()
+        self.hparams = core.stack_hparams([e.hparams for e in self.estimators])
+        self.context = task_context(exp, fit_to=exp.rollout.max_prompt_tokens)
+        if self.context.environment is not None:
+            raise ConfigError(f"task.name={exp.task.name!r} plays multi-turn episodes (an environment): populations "
+                              "sample single responses only, for now")
+        self.seeds = list(dict.fromkeys(m.seed for m in members))        # distinct, in order of appearance
+        self._seed_index = np.array([self.seeds.index(m.seed) for m in members])
+        self.eval_examples = {s: self.context.task.examples(exp.eval_prompts, seed=stream_seed(s, "eval", 0))
+                              for s in self.seeds}
+        self._check_widths()
+        if exp.model.path:                  # every seed starts from the checkpoint
+            policies = dict.fromkeys(self.seeds, self._policy(self.seeds[0]))
+        else:
+            policies = {s: self._policy(s) for s in self.seeds}
+        first = policies[self.seeds[0]]
+        required = core.estimator.requirements(self.estimator)
+        critic = make_optimizer(exp.critic_optim) if "values" in required else None
+        self.learner = Learner(first, self.estimator, exp.rollout.samples_per_prompt, exp.update,
+                               optax.chain(make_optimizer(exp.optim), member_scale()), critic,
+                               "ref_logp" in required, self.mesh)
+        self.graphdef = self._sampler_graphdef(first)
+        self.reward_fn = self._reward_function()
+        self.state = self._states({s: nnx.state(p) for s, p in policies.items()})
+        self.active = np.ones(len(members), bool)       # False: stopped (self.stopped[i] says why)
+        self.stopped: list[str | None] = [None] * len(members)
+        self.skipped_in_a_row = np.zeros(len(members), int)
+        self.step_count = 0
+        self.warm_started = not exp.warm_start.steps
+        self._compile()
+
+    # ---------------------------------------------------------------- building
+
+    @classmethod
+    def grid(cls, exp: Experiment, seeds=(0,), lr=None, algorithm: core.Estimator | None = None,
+             vmap_width: int | None = None, **axes) -> Population:
+        """Every combination of the hyperparameter ``axes`` (name -> list of values) and learning rates
+        ``lr`` (a list; None: ``optim.lr``), each with every seed of ``seeds``: member index
+        ``setting * len(seeds) + seed index``."""
+        names = list(axes)
+        settings = [dict(zip(names, combo)) for combo in itertools.product(*(axes[n] for n in names))]
+        members = [Member(seed=int(seed), hparams={k: float(v) for k, v in setting.items()}, lr=rate)
+                   for setting in settings for rate in (lr if lr is not None else [None]) for seed in seeds]
+        return cls(exp, members, algorithm, vmap_width)
+
+    def _setting(self, i: int) -> dict:
+        m = self.members[i]
+        return {"hparams": m.hparams, "lr": m.lr}
+
+    def _label(self, i: int) -> str:
+        m = self.members[i]
+        parts = [f"seed={m.seed}", *(f"{k}={v:g}" for k, v in m.hparams.items())]
+        return ", ".join(parts + ([f"lr={m.lr:g}"] if m.lr is not None else []))
+
+    def member_experiment(self, i: int) -> Experiment:
+        """The experiment of member ``i`` alone: the single run it equals (``Trainer(member_experiment(i))``)."""
+        exp, m = self.exp, self.members[i]
+        algorithm = dataclasses.replace(exp.algorithm, hparams={**exp.algorithm.hparams, **m.hparams})
+        optim = exp.optim if m.lr is None else dataclasses.replace(exp.optim, lr=float(m.lr))
+        return dataclasses.replace(exp, seed=m.seed, algorithm=algorithm, optim=optim)
+
+    def _check_supported(self, sampler_mesh) -> None:
+        """ConfigError for what populations do not support yet (docs/population.md)."""
+        exp = self.exp
+        sinks = getattr(exp.logging, "sinks", "")
+        unsupported = [
+            (exp.stage != "rl", f"stage={exp.stage!r}: populations train RL policies only"),
+            (jax.process_count() > 1, f"{jax.process_count()} processes: a population runs in one process for now"),
+            (self.mesh.devices.size > 1 or sampler_mesh is not self.mesh,
+             f"mesh over {self.mesh.devices.size} devices (rollout.sampler_devices={exp.rollout.sampler_devices}): "
+             "populations run on one device for now (members over devices is not built yet)"),
+            (bool(exp.task.tools), f"task.tools={exp.task.tools!r}: multi-turn episodes are not supported in "
+                                   "populations yet"),
+            (bool(exp.task.reward_model), f"task.reward_model={exp.task.reward_model!r}: learned rewards are not "
+                                          "supported in populations yet"),
+            (exp.task.held_out != "none", f"task.held_out={exp.task.held_out!r} is a held-out evaluation split that "
+                                          "training never draws"),
+            (exp.rollout.staleness > 0, f"rollout.staleness={exp.rollout.staleness}: populations sample on-policy "
+                                        "(staleness 0) for now"),
+            (exp.update.pack_width > 0, f"update.pack_width={exp.update.pack_width}: packed updates are not "
+                                        "supported in populations yet"),
+            (exp.model.lora.rank > 0, f"model.lora.rank={exp.model.lora.rank}: LoRA is not supported in "
+                                      "populations yet"),
+            (exp.logging.wandb, "logging.wandb=true: populations log to metrics.jsonl and TensorBoard only, for now"),
+            (bool(sinks), f"logging.sinks={sinks!r}: populations log to metrics.jsonl and TensorBoard only, for now"),
+        ]
+        for bad, message in unsupported:
+            if bad:
+                raise ConfigError(message)
+
+    def _shared_estimator(self) -> core.Estimator:
+        """The estimator the learner is built with: one whose requirements cover every member's (a KL
+        term's reference policy when any member has one); ConfigError when members need different
+        inputs otherwise (ReMax's greedy baseline: not supported)."""
+        needs = [core.estimator.requirements(e) for e in self.estimators]
+        if any("greedy_rewards" in n for n in needs):
+            raise ConfigError(f"{self.exp.algorithm.key}: a greedy baseline (ReMax) is not supported in populations "
+                              "yet")
+        if len({n - {"ref_logp"} for n in needs}) > 1:
+            raise ConfigError("the members' hyperparameters give estimators that need different inputs "
+                              f"({sorted(map(sorted, set(needs)))}): one population, one estimator")
+        return self.estimators[max(range(len(needs)), key=lambda i: len(needs[i]))]
+
+    def _check_widths(self) -> None:
+        """Each seed's evaluation prompts and warm-start demonstrations fit the rollout's widths, as a
+        single run checks (``trainer.check_widths``)."""
+        for examples in self.eval_examples.values():
+            check_widths(self.exp, self.context, examples, self._demonstrations)
+
+    def _demonstrations(self, examples: list[dict]):
+        exp, context = self.exp, self.context
+        return demonstrations(context.tokenizer, examples, exp.rollout.max_prompt_tokens, exp.rollout.max_new_tokens,
+                              context.prompt_format, context.end_id)
+
+    def _policy(self, seed: int) -> CausalLM:
+        """A single run's initial policy with ``seed``: the checkpoint at ``model.path``, else a new model."""
+        m = self.exp.model
+        if m.path:
+            return user_error("model.path", lambda: hf.load(m.path, **m.runtime_options()))
+        return CausalLM(m.config(len(self.context.tokenizer)), nnx.Rngs(seed))
+
+    def _sampler_graphdef(self, policy: CausalLM):
+        """The sampler's model graph: the policy's, or with ``rollout.compute_dtype`` another dtype's."""
+        dtype = self.exp.rollout.compute_dtype
+        if not dtype or dtype == policy.config.compute_dtype:
+            return self.learner.graphdef
+        config = dataclasses.replace(policy.config, compute_dtype=dtype)
+        return nnx.graphdef(nnx.eval_shape(lambda: CausalLM(config, nnx.Rngs(0))))
+
+    def _reward_function(self):
+        """The training reward, as ``Trainer`` builds it: the verifier (or ``task.reward``) weighted by
+        ``task.verifier_weight``, plus the format reward."""
+        t, task = self.exp.task, self.context.task
+        reward = with_timeout(reward_function(t.reward), t.reward_timeout) if t.reward else task.reward_fn
+        if t.format_weight or t.verifier_weight != 1.0:
+            terms = [(reward, t.verifier_weight)]
+            terms += [(format_reward(task.format_pattern), t.format_weight)] if t.format_weight else []
+            return combine(*terms)
+        return reward
+
+    def _states(self, params_by_seed: dict) -> TrainState:
+        """Every member's fresh ``TrainState`` from its seed's parameters (``Learner.init_state``: new
+        optimizer states, the reference policy and critic from the policy, the key ``PRNGKey(seed)``),
+        stacked, each member's learning-rate scale set."""
+        states = [self.learner.init_state(self.learner.policy(params_by_seed[m.seed]), jax.random.PRNGKey(m.seed))
+                  for m in self.members]
+        state = _stack(states)
+        lr = self.exp.optim.lr
+        scales = jax.device_put(np.asarray([1.0 if m.lr is None else m.lr / lr for m in self.members], np.float32),
+                                replicated(self.mesh))      # placed as the state is (else a step recompiles)
+        inner, _ = state.opt_state
+        return state.replace(opt_state=(inner, MemberScaleState(scales)))
+
+    def _compile(self) -> None:
+        """The vmapped programs: sampling, ``prepare``, the optimizer step (state donated)."""
+        learner, exp = self.learner, self.exp
+        sampling = exp.rollout.sampling(self.context.eos_ids, pad_id(self.context.tokenizer),
+                                        n=exp.rollout.samples_per_prompt)
+        greedy = exp.rollout.sampling(self.context.eos_ids, pad_id(self.context.tokenizer), greedy=True)
+        over = partial(over_members, width=self.vmap_width, members=self.size)
+        self._sample = jax.jit(over(partial(generate_state, self.graphdef, config=sampling)))
+        self._greedy = jax.jit(over(partial(generate_state, self.graphdef, config=greedy)))
+        self._prepare = jax.jit(over(learner._prepare))
+
+        def member_step(active, state, rollout, rows, hp):
+            new, metrics = learner._step(state, rollout, rows, None, hp, None)
+            return jax.tree.map(lambda a, b: jnp.where(active, a, b), new, state), metrics
+
+        self._step = jax.jit(over(member_step), donate_argnums=1)
+        self.sampling, self.greedy_sampling = sampling, greedy
+
+    # ---------------------------------------------------------------- the loop
+
+    @property
+    def size(self) -> int:
+        return len(self.members)
+
+    def policy(self, i: int) -> CausalLM:
+        """Member ``i``'s current policy."""
+        return self.learner.policy(_member(self.state.params, i))
+
+    def warm_start(self) -> None:
+        """Each seed's supervised warm start (``warm_start.steps`` SFT steps, one program over the distinct
+        seeds, each on its own demonstrations, ``stream_seed(seed, "warm_start", step)``), then every
+        member's fresh state from its seed's warm-started policy. Nothing when done already or after a
+        step."""
+        ws = self.exp.warm_start
+        if self.warm_started or self.step_count:
+            return
+        optimizer = make_optimizer(ws.optim)
+        params = _stack([_member(self.state.params, int(np.argmax(self._seed_index == s)))
+                         for s in range(len(self.seeds))])
+        self.state = None
+        opt_state = jax.vmap(optimizer.init)(params)
+        graphdef = self.learner.graphdef
+        step = jax.jit(over_members(lambda p, o, t, a, m: sft_step(graphdef, optimizer, p, o, None, t, a, m),
+                                    self.vmap_width, len(self.seeds)), donate_argnums=(0, 1))
+        for index in range(ws.steps):
+            batches = [self._demonstrations(self.context.task.examples(
+                ws.batch_size, seed=stream_seed(s, "warm_start", index))) for s in self.seeds]
+            params, opt_state, loss = step(params, opt_state, *(np.stack(x) for x in zip(*batches)))
+            if index % 50 == 0 or index == ws.steps - 1:
+                losses = ", ".join(f"{float(x):.3f}" for x in np.asarray(loss))
+                print(f"warm start {index + 1}/{ws.steps}: loss {losses} (seeds {self.seeds})", file=sys.stderr)
+        self.state = self._states({s: _member(params, k) for k, s in enumerate(self.seeds)})
+        self.warm_started = True
+
+    def _prompts(self, examples_by_seed: dict):
+        """Each member's prompts, encoded and stacked: tokens, mask [N, P, W]."""
+        exp, context = self.exp, self.context
+        encoded = {s: encode_prompts(context.tokenizer, [e["prompt"] for e in examples], exp.rollout.max_prompt_tokens,
+                                     context.prompt_format) for s, examples in examples_by_seed.items()}
+        return (np.stack([encoded[m.seed][0] for m in self.members]).astype(np.int32),
+                np.stack([encoded[m.seed][1] for m in self.members]).astype(np.int32))
+
+    def _collect(self, samples: Samples, examples_by_seed: dict):
+        """Each active member's rows decoded and scored (``rollout.collect``, its padding kept): the
+        member's rollouts and row statistics; a member whose reward function fails is stopped."""
+        exp = self.exp
+        config = dataclasses.replace(exp.rollout, trim_padding=False)
+        host = jax.device_get(samples)
+        rollouts, stats = [], []
+        for i, member in enumerate(self.members):
+            rows = _member(host, i)
+            rollout = stat = None
+            if self.active[i]:
+                try:
+                    rollout, stat = collect(None, self.context.tokenizer, examples_by_seed[member.seed],
+                                            self.reward_fn, self.context.task.reward_fn, None, config,
+                                            eos_ids=self.context.eos_ids, mesh=self.mesh,
+                                            prompt_format=self.context.prompt_format, samples=rows)
+                    stat = {k: stat[k] for k in STAT_KEYS}
+                except RewardError as error:
+                    self._stop(i, f"step {self.step_count + 1}: {error}")
+            if rollout is None:             # a stopped member: its rows count for nothing (its update is off)
+                zeros = np.zeros(rows.response.shape, np.float32)
+                rollout = Rollout(tokens=rows.tokens, attention_mask=rows.attention_mask,
+                                  batch=core.Batch(mask=zeros, rewards=np.zeros(zeros.shape[0], np.float32),
+                                                   logp=None, behaviour_logp=rows.logprobs,
+                                                   group_size=exp.rollout.samples_per_prompt))
+            rollouts.append(rollout)
+            stats.append(stat)
+        if exp.rollout.trim_padding:        # every member cut to the widest member's trimmed width
+            widths = [trim_padding(r, rows_lengths) for r, rows_lengths in zip(rollouts, host.lengths)]
+            response = max(r.mask.shape[1] for r in widths)
+            prompt = max(r.tokens.shape[1] - r.mask.shape[1] for r in widths)
+            rollouts = [keep_columns(r, prompt, response) for r in rollouts]
+        rollouts = [jax.tree.map(jnp.asarray, r) for r in rollouts]
+        return _stack(rollouts), stats
+
+    def _stop(self, i: int, reason: str) -> None:
+        """Member ``i`` stops: its state is kept as it is, its updates are off, it gets no more records."""
+        self.active[i] = False
+        self.stopped[i] = reason
+        print(f"member {i} ({self._label(i)}) stopped: {reason}", file=sys.stderr)
+
+    def step(self) -> list[dict | None]:
+        """One RL step of every member; returns each member's record (the keys of ``Trainer.step``'s;
+        None for a stopped member, ``stopped[i]`` says why). The timings are the population's step's,
+        shared by every record, and ``tokens_per_second`` counts every member's tokens. A member whose
+        every update was skipped ``update.max_skipped_steps`` steps in a row, or whose reward function
+        failed, stops here (where its single run's ``fit`` stops); the others go on."""
+        exp = self.exp
+        if not self.active.any():
+            raise RunStopped("every member of the population has stopped: " + "; ".join(
+                f"member {i}: {reason}" for i, reason in enumerate(self.stopped)))
+        t0 = time.perf_counter()
+        examples = {s: self.context.task.examples(exp.prompts_per_step, seed=stream_seed(s, "train", self.step_count))
+                    for s in self.seeds}
+        tokens, mask = self._prompts(examples)
+        keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(self.state.key)     # pipeline.sampling_key(state, 1)
+        samples = self._sample(self.state.params, tokens, mask, keys)
+        rollout, stats = self._collect(samples, examples)
+        t1 = time.perf_counter()
+        rollout = jax.block_until_ready(self._prepare(self.state, rollout, self.hparams))
+        t2 = time.perf_counter()
+        self.state, metrics = self._update(rollout)
+        metrics = jax.device_get(metrics)
+        t3 = time.perf_counter()
+        self.step_count += 1
+        times = {"time_sample": t1 - t0, "time_prepare": t2 - t1, "time_update": t3 - t2, "time_step": t3 - t0}
+        generated = sum(float(s["length"].sum()) for s in stats if s is not None)
+        padding = 1.0 - np.asarray(jnp.mean(rollout.attention_mask, axis=(1, 2)))
+        records = []
+        for i, stat in enumerate(stats):
+            if stat is None:
+                records.append(None)
+                continue
+            record = {"step": self.step_count, "policy_lag": 0,
+                      **step_record(stat, {k: v[i] for k, v in metrics.items()}, times), "padding": float(padding[i])}
+            record["tokens_per_second"] = generated / max(times["time_sample"], 1e-9)
+            records.append(record)
+            all_skipped = record["skipped_updates"] == exp.update.epochs * exp.update.minibatches
+            if stat["nonfinite"].all():
+                all_skipped = True
+                print(f"step {self.step_count}, member {i}: every reward was non-finite; "
+                      f"rollout.nonfinite_rewards='mask' left all {stat['nonfinite'].size} rows out of the update",
+                      file=sys.stderr)
+            self.skipped_in_a_row[i] = self.skipped_in_a_row[i] + 1 if all_skipped else 0
+            if self.skipped_in_a_row[i] >= exp.update.max_skipped_steps:
+                self._stop(i, f"steps {self.step_count - self.skipped_in_a_row[i] + 1}..{self.step_count}: every "
+                              "update had a non-finite loss, gradient or result (or no finite reward) and was "
+                              f"skipped (update.max_skipped_steps={exp.update.max_skipped_steps}); its parameters "
+                              f"are those of step {self.step_count - self.skipped_in_a_row[i]}")
+        return records
+
+    def _update(self, rollout: Rollout):
+        """Every member's ``epochs`` x ``minibatches`` optimizer steps, as ``Learner.update`` takes them
+        (each member shuffles its prompt groups with its own key); stopped members keep their state."""
+        cfg, k = self.exp.update, self.learner.group_size
+        prompts = rollout.mask.shape[1] // k
+        cfg.check(prompts, k)
+        keys = jax.vmap(lambda key: jax.random.split(key, 3))(self.state.key)
+        key, shuffle_key = keys[:, 0], keys[:, 1]
+        active = jnp.asarray(self.active)
+        state, metrics = self.state, None
+        for epoch in range(cfg.epochs):
+            order = jax.vmap(lambda key: jax.random.permutation(jax.random.fold_in(key, epoch), prompts))(shuffle_key)
+            for groups in jnp.split(order, cfg.minibatches, axis=1):
+                rows = (groups[..., None] * k + jnp.arange(k)).reshape(groups.shape[0], -1)
+                state, step_metrics = self._step(active, state, rollout, rows, self.hparams)
+                metrics = step_metrics if metrics is None else core.combine_metrics(metrics, step_metrics)
+        new = state.replace(step=state.step + 1, key=key)
+        keep = lambda a, b: jnp.where(active.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)     # noqa: E731
+        return state.replace(step=keep(new.step, state.step), key=keep(new.key, state.key)), metrics
+
+    def evaluate(self) -> list[float | None]:
+        """Each member's greedy accuracy on its seed's held-out prompts (``eval_prompts``, drawn as a
+        single run draws them): one vmapped greedy sampling, each member's rows scored by the task's
+        verifier (None for a stopped member; a member whose verifier fails here stops)."""
+        exp, context = self.exp, self.context
+        tokens, mask = self._prompts(self.eval_examples)
+        keys = jnp.zeros((self.size, 2), jnp.uint32)         # greedy: the key draws nothing
+        host = jax.device_get(self._greedy(self.state.params, tokens, mask, keys))
+        accuracies = []
+        for i, member in enumerate(self.members):
+            accuracy = None
+            if self.active[i]:
+                try:
+                    scored = sample_and_score(None, context.tokenizer, self.eval_examples[member.seed],
+                                              exp.rollout.max_prompt_tokens, None, self.greedy_sampling,
+                                              {"correct": context.task.reward_fn}, self.mesh,
+                                              exp.rollout.nonfinite_rewards, context.prompt_format,
+                                              samples=_member(host, i))
+                    accuracy = float(np.mean(scored.scores["correct"] == 1.0))
+                except RewardError as error:
+                    self._stop(i, f"evaluation at step {self.step_count}: {error}")
+            accuracies.append(accuracy)
+        return accuracies
+
+    def fit(self, run_dir=None, progress: bool = True) -> pathlib.Path:
+        """Train every member to ``steps``: the warm start and the step-0 evaluation, then each step with
+        evaluation every ``eval_every`` steps and at the end. Writes ``run_dir`` (default: the experiment's
+        ``run_dir``, else ``runs/<name>-population``): ``population.json`` (the experiment, each member's
+        seed, hyperparameters and learning rate, the members stopped and why) and per member
+        ``member-<i>/`` with ``metrics.jsonl``, TensorBoard events (``logging.tensorboard``) and
+        ``curves.png``. A directory that holds a population already is refused (ConfigError)."""
+        exp = self.exp
+        directory = pathlib.Path(run_dir or exp.run_dir or f"runs/{exp.name}-population")
+        if (directory / POPULATION_FILE).exists():
+            raise ConfigError(f"{directory} holds a population already ({POPULATION_FILE}): choose another run_dir")
+        folders = [directory / f"member-{i}" for i in range(self.size)]
+        for folder in folders:
+            folder.mkdir(parents=True, exist_ok=True)
+        sinks = [[MetricsFile(folder / "metrics.jsonl")] + ([TensorBoard(folder)] if exp.logging.tensorboard else [])
+                 for folder in folders]
+        self._write_population(directory)
+        records: list[list[dict]] = [[] for _ in range(self.size)]
+
+        def emit(i, record):
+            records[i].append(record)
+            for sink in sinks[i]:
+                sink.log(record)
+
+        try:
+            if not self.step_count:
+                self.warm_start()
+                for i, accuracy in enumerate(self.evaluate()):
+                    if accuracy is not None:
+                        emit(i, {"step": 0, "eval_accuracy": accuracy})
+            started, last = time.perf_counter(), time.perf_counter()
+            while self.step_count < exp.steps and self.active.any():
+                step_records = self.step()
+                if self.step_count % exp.eval_every == 0 or self.step_count == exp.steps:
+                    for record, accuracy in zip(step_records, self.evaluate()):
+                        if record is not None and accuracy is not None:
+                            record["eval_accuracy"] = accuracy
+                for i, record in enumerate(step_records):
+                    if record is not None:
+                        emit(i, record)
+                now = time.perf_counter()
+                if progress and (now - last >= exp.logging.progress_every or self.step_count == exp.steps):
+                    last = now
+                    live = [r for r in step_records if r is not None]
+                    print(f"step {self.step_count}/{exp.steps} ({now - started:.0f} s): {len(live)} of {self.size} "
+                          f"members, reward {np.mean([r['reward'] for r in live]):.3f} (mean), accuracy "
+                          f"{min(r['accuracy'] for r in live):.2f}..{max(r['accuracy'] for r in live):.2f}",
+                          file=sys.stderr, flush=True)
+        finally:
+            for i, member_sinks in enumerate(sinks):
+                for sink in member_sinks:
+                    sink.close()
+                if records[i]:
+                    plot(records[i], folders[i] / "curves.png", f"{exp.name} member {i}: {self._label(i)}")
+            self._write_population(directory)
+        return directory
+
+    def _write_population(self, directory: pathlib.Path) -> None:
+        """population.json: the experiment, the members (seed, hyperparameters as given and as resolved,
+        learning rate), the step reached and the members stopped."""
+        from pgjax.train.run_dir import experiment_record      # a record writer, only when one is written
+        members = []
+        for i, (member, estimator) in enumerate(zip(self.members, self.estimators)):
+            resolved = {k: float(v) for k, v in core.hparam_items(estimator.hparams).items()}
+            members.append({"member": i, "directory": f"member-{i}", **member.describe(),
+                            "lr_resolved": member.lr if member.lr is not None else self.exp.optim.lr,
+                            "hparams_resolved": resolved, "stopped": self.stopped[i]})
+        record = {"experiment": experiment_record(self.exp), "steps_done": self.step_count, "members": members}
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / POPULATION_FILE).write_text(json.dumps(record, indent=2) + "\n")
+
+    def export(self, i: int, directory) -> pathlib.Path:
+        """Member ``i``'s policy as a Hugging Face checkpoint in ``directory`` (``hf.save``) with the
+        task's tokenizer; never a non-finite one (RunStopped)."""
+        if not 0 <= i < self.size:
+            raise IndexError(f"member {i} of a population of {self.size}")
+        params = _member(self.state.params, i)
+        if not bool(jax.jit(all_finite)(params)):
+            raise RunStopped(f"member {i}'s parameters at step {self.step_count} are not finite: not exported")
+        directory = pathlib.Path(directory)
+        hf.save(self.learner.policy(params), directory)
+        if hasattr(self.context.tokenizer, "save_pretrained"):
+            self.context.tokenizer.save_pretrained(directory)
+        return directory
