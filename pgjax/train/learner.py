@@ -166,15 +166,16 @@ def placeholder_rollout(rows: int, prompt_width: int, budget: int, group_size: i
 
 def build_learner(policy: CausalLM, algorithm: core.Estimator, group_size: int, update: UpdateConfig,
                   optim: OptimConfig, critic_optim: OptimConfig, mesh: Mesh | None = None,
-                  reference: bool | None = None) -> Learner:
+                  reference: bool | None = None, optimizer: optax.GradientTransformation | None = None) -> Learner:
     """The ``Learner`` a run of ``algorithm`` (a preset or any ``core.Estimator``) trains with (the
     Trainer's and the memory planner's): AdamW from ``optim``, a critic's AdamW from ``critic_optim``
     when the estimator requires ``values``, and a reference policy when it requires ``ref_logp``
-    (``reference``: say so instead)."""
+    (``reference``: say so instead); ``optimizer``: the policy's, in place of ``optim``'s AdamW."""
     required = core.estimator.requirements(algorithm)
     critic = make_optimizer(critic_optim) if "values" in required else None
     reference = "ref_logp" in required if reference is None else reference
-    return Learner(policy, algorithm, group_size, update, make_optimizer(optim), critic, reference, mesh)
+    optimizer = make_optimizer(optim) if optimizer is None else optimizer
+    return Learner(policy, algorithm, group_size, update, optimizer, critic, reference, mesh)
 
 
 class Learner:

@@ -95,6 +95,16 @@ def sampling_key(state: TrainState, ahead: int):
     return key if ahead == 1 else jax.random.fold_in(key, ahead)
 
 
+
+def sampler_graphdef(exp, learner_graphdef, policy: CausalLM):
+    """The sampler's model graph: the learner's (``learner_graphdef``), or with ``rollout.compute_dtype``
+    set to another dtype the same parameters computing in that dtype."""
+    dtype = exp.rollout.compute_dtype
+    if not dtype or dtype == policy.config.compute_dtype:
+        return learner_graphdef
+    config = dataclasses.replace(policy.config, compute_dtype=dtype)
+    return nnx.graphdef(nnx.eval_shape(lambda: CausalLM(config, nnx.Rngs(0))))
+
 class RolloutPipeline:
     """Samples and scores the batches of ``exp`` (its task ``context``, training ``reward_fn``) for the
     ``learner`` on ``mesh``, the sampler on ``sampler_mesh`` (``mesh`` itself or devices of its own)."""
@@ -106,22 +116,13 @@ class RolloutPipeline:
         self.exp, self.context, self.learner, self.reward_fn, self.mix = exp, context, learner, reward_fn, mix
         self.mesh, self.sampler_mesh = mesh, sampler_mesh
         self.greedy_baseline = learner.uses_greedy
-        self.graphdef = self._sampler_graphdef(policy)
+        self.graphdef = sampler_graphdef(exp, learner.graphdef, policy)
         self.weight_copy = self._weight_copy(params_like)
         self.in_flight: list[Sampled] = []      # rollout.staleness batches sampled ahead (oldest first)
         self._ahead = None                      # the batch dispatched during this step: (dispatched, weights, key)
         # the response columns of a full-width rollout: a reply's, or an episode's after its prompt
         self.response_budget = exp.rollout.episode_budget() if context.environment else exp.rollout.max_new_tokens
         self.environment_errors = EnvironmentErrors()
-
-    def _sampler_graphdef(self, policy: CausalLM):
-        """The sampler's model graph: the policy's, or with ``rollout.compute_dtype`` set to another
-        dtype the same parameters computing in that dtype."""
-        dtype = self.exp.rollout.compute_dtype
-        if not dtype or dtype == policy.config.compute_dtype:
-            return self.learner.graphdef
-        config = dataclasses.replace(policy.config, compute_dtype=dtype)
-        return nnx.graphdef(nnx.eval_shape(lambda: CausalLM(config, nnx.Rngs(0))))
 
     def _weight_copy(self, params_like):
         """``copy(params)``: a copy of the parameters for the sampler, in new buffers (the update

@@ -62,18 +62,19 @@ from pgjax.models import hf
 from pgjax.models.transformer import CausalLM
 from pgjax.parallel import multihost
 from pgjax.parallel.mesh import learner_and_sampler_meshes, replicated
-from pgjax.rewards import RewardError, combine, format_reward, reward_function, with_timeout
+from pgjax.rewards import RewardError
 from pgjax.sample import Samples
 from pgjax.sample.sampler import generate_state
 from pgjax.train.context import task_context, user_error
 from pgjax.train.experiment import ConfigError, Experiment, RunStopped, stream_seed, validate
-from pgjax.train.learner import Learner, Rollout, TrainState, all_finite
+from pgjax.train.learner import Rollout, TrainState, all_finite, build_learner
 from pgjax.train.optim import make_optimizer
 from pgjax.train.records import STAT_KEYS, step_record
 from pgjax.train.rollout import collect, encode_prompts, keep_columns, pad_id, sample_and_score, trim_padding
-from pgjax.train.sft import demonstrations, sft_step
+from pgjax.train.pipeline import sampler_graphdef
+from pgjax.train.sft import sft_step
 from pgjax.train.sinks import MetricsFile, TensorBoard, plot
-from pgjax.train.trainer import check_widths
+from pgjax.train.trainer import check_widths, initial_policy, training_reward, warm_start_batch
 
 POPULATION_FILE = "population.json"
 
@@ -196,17 +197,15 @@ class Population:
                               for s in self.seeds}
         self._check_widths()
         if exp.model.path:                  # every seed starts from the checkpoint
-            policies = dict.fromkeys(self.seeds, self._policy(self.seeds[0]))
+            policies = dict.fromkeys(self.seeds, initial_policy(exp, self.context.tokenizer, self.seeds[0]))
         else:
-            policies = {s: self._policy(s) for s in self.seeds}
+            policies = {s: initial_policy(exp, self.context.tokenizer, s) for s in self.seeds}
         first = policies[self.seeds[0]]
-        required = core.estimator.requirements(self.estimator)
-        critic = make_optimizer(exp.critic_optim) if "values" in required else None
-        self.learner = Learner(first, self.estimator, exp.rollout.samples_per_prompt, exp.update,
-                               optax.chain(make_optimizer(exp.optim), member_scale()), critic,
-                               "ref_logp" in required, self.mesh)
-        self.graphdef = self._sampler_graphdef(first)
-        self.reward_fn = self._reward_function()
+        self.learner = build_learner(first, self.estimator, exp.rollout.samples_per_prompt, exp.update, exp.optim,
+                                     exp.critic_optim, self.mesh,
+                                     optimizer=optax.chain(make_optimizer(exp.optim), member_scale()))
+        self.graphdef = sampler_graphdef(exp, self.learner.graphdef, first)
+        self.reward_fn = training_reward(exp, self.context.task)
         self.state = self._states({s: nnx.state(p) for s, p in policies.items()})
         self.active = np.ones(len(members), bool)       # False: stopped (self.stopped[i] says why)
         self.stopped: list[str | None] = [None] * len(members)
@@ -291,38 +290,8 @@ class Population:
         """Each seed's evaluation prompts and warm-start demonstrations fit the rollout's widths, as a
         single run checks (``trainer.check_widths``)."""
         for examples in self.eval_examples.values():
-            check_widths(self.exp, self.context, examples, self._demonstrations)
-
-    def _demonstrations(self, examples: list[dict]):
-        exp, context = self.exp, self.context
-        return demonstrations(context.tokenizer, examples, exp.rollout.max_prompt_tokens, exp.rollout.max_new_tokens,
-                              context.prompt_format, context.end_id)
-
-    def _policy(self, seed: int) -> CausalLM:
-        """A single run's initial policy with ``seed``: the checkpoint at ``model.path``, else a new model."""
-        m = self.exp.model
-        if m.path:
-            return user_error("model.path", lambda: hf.load(m.path, **m.runtime_options()))
-        return CausalLM(m.config(len(self.context.tokenizer)), nnx.Rngs(seed))
-
-    def _sampler_graphdef(self, policy: CausalLM):
-        """The sampler's model graph: the policy's, or with ``rollout.compute_dtype`` another dtype's."""
-        dtype = self.exp.rollout.compute_dtype
-        if not dtype or dtype == policy.config.compute_dtype:
-            return self.learner.graphdef
-        config = dataclasses.replace(policy.config, compute_dtype=dtype)
-        return nnx.graphdef(nnx.eval_shape(lambda: CausalLM(config, nnx.Rngs(0))))
-
-    def _reward_function(self):
-        """The training reward, as ``Trainer`` builds it: the verifier (or ``task.reward``) weighted by
-        ``task.verifier_weight``, plus the format reward."""
-        t, task = self.exp.task, self.context.task
-        reward = with_timeout(reward_function(t.reward), t.reward_timeout) if t.reward else task.reward_fn
-        if t.format_weight or t.verifier_weight != 1.0:
-            terms = [(reward, t.verifier_weight)]
-            terms += [(format_reward(task.format_pattern), t.format_weight)] if t.format_weight else []
-            return combine(*terms)
-        return reward
+            check_widths(self.exp, self.context, examples,
+                         lambda examples: warm_start_batch(self.exp, self.context, examples))
 
     def _states(self, params_by_seed: dict) -> TrainState:
         """Every member's fresh ``TrainState`` from its seed's parameters (``Learner.init_state``: new
@@ -382,7 +351,7 @@ class Population:
         step = jax.jit(over_members(lambda p, o, t, a, m: sft_step(graphdef, optimizer, p, o, None, t, a, m),
                                     self.vmap_width, len(self.seeds)), donate_argnums=(0, 1))
         for index in range(ws.steps):
-            batches = [self._demonstrations(self.context.task.examples(
+            batches = [warm_start_batch(self.exp, self.context, self.context.task.examples(
                 ws.batch_size, seed=stream_seed(s, "warm_start", index))) for s in self.seeds]
             params, opt_state, loss = step(params, opt_state, *(np.stack(x) for x in zip(*batches)))
             if index % 50 == 0 or index == ws.steps - 1:

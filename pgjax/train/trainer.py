@@ -97,6 +97,38 @@ def check_widths(exp: Experiment, context, examples: list[dict], demonstrations)
             raise ConfigError(f"{setting}: {error}") from None
 
 
+def warm_start_batch(exp: Experiment, context, examples: list[dict]):
+    """The warm start's batch of ``examples``: tokens, attention_mask, mask (``sft.demonstrations``, or
+    with an environment its worked episodes, ``sft.episode_demonstrations``)."""
+    r = exp.rollout
+    if context.environment is None:
+        return demonstrations(context.tokenizer, examples, r.max_prompt_tokens, r.max_new_tokens,
+                              context.prompt_format, context.end_id)
+    return episode_demonstrations(context.tokenizer, context.environment, examples, r.max_prompt_tokens,
+                                  episode_limits(r), r.max_new_tokens, context.prompt_format, context.end_id)
+
+
+def initial_policy(exp: Experiment, tokenizer, seed: int) -> CausalLM:
+    """A run's policy at its start: the checkpoint at ``model.path``, else a new model of the section's
+    architecture for ``tokenizer``'s vocabulary, initialised from ``seed``."""
+    m = exp.model
+    if m.path:
+        return user_error("model.path", lambda: hf.load(m.path, **m.runtime_options()))
+    return CausalLM(m.config(len(tokenizer)), nnx.Rngs(seed))
+
+
+def training_reward(exp: Experiment, task):
+    """The training reward's programmatic part: ``task``'s verifier (or ``task.reward``) weighted by
+    ``task.verifier_weight``, plus the format reward."""
+    t = exp.task
+    reward = with_timeout(reward_function(t.reward), t.reward_timeout) if t.reward else task.reward_fn
+    if t.format_weight or t.verifier_weight != 1.0:
+        terms = [(reward, t.verifier_weight)]
+        terms += [(format_reward(task.format_pattern), t.format_weight)] if t.format_weight else []
+        return combine(*terms)
+    return reward
+
+
 class Trainer(RunLoop):
     """The task context, policy, optimizer state, learner, rollout pipeline and step count of one experiment."""
 
@@ -121,11 +153,11 @@ class Trainer(RunLoop):
         self.hparams = self.algorithm.hparams
         self.context = task_context(exp, fit_to=exp.rollout.max_prompt_tokens)
         self._check_widths()
-        policy = self._policy()
+        policy = initial_policy(exp, self.tokenizer, exp.seed)
         self.learner = build_learner(policy, self.algorithm, exp.rollout.samples_per_prompt, exp.update, exp.optim,
                                      exp.critic_optim, self.mesh)
         self.state = self.learner.init_state(policy, jax.random.PRNGKey(exp.seed))
-        self.pipeline = RolloutPipeline(exp, self.context, self.learner, policy, self._reward_function(), self.mesh,
+        self.pipeline = RolloutPipeline(exp, self.context, self.learner, policy, training_reward(exp, self.task), self.mesh,
                                         sampler_mesh, self.state.params, self._mix(sampler_mesh))
         self.step_count = 0
         self.skipped_in_a_row = 0    # consecutive steps whose every update was non-finite (and skipped)
@@ -144,36 +176,8 @@ class Trainer(RunLoop):
         return self.context.task
 
     def _check_widths(self) -> None:
-        check_widths(self.exp, self.context, self.context.eval_examples, self._demonstrations)
-
-    def _demonstrations(self, examples: list[dict]):
-        """The warm start's batch of ``examples``: tokens, attention_mask, mask (``sft.demonstrations``, or
-        with an environment its worked episodes, ``sft.episode_demonstrations``)."""
-        exp, context = self.exp, self.context
-        if context.environment is None:
-            return demonstrations(context.tokenizer, examples, exp.rollout.max_prompt_tokens,
-                                  exp.rollout.max_new_tokens, context.prompt_format, context.end_id)
-        return episode_demonstrations(context.tokenizer, context.environment, examples, exp.rollout.max_prompt_tokens,
-                                      episode_limits(exp.rollout), exp.rollout.max_new_tokens, context.prompt_format,
-                                      context.end_id)
-
-    def _policy(self) -> CausalLM:
-        """The checkpoint at ``model.path``, else a new model of the section's architecture."""
-        m = self.exp.model
-        if m.path:
-            return user_error("model.path", lambda: hf.load(m.path, **m.runtime_options()))
-        return CausalLM(m.config(len(self.tokenizer)), nnx.Rngs(self.exp.seed))
-
-    def _reward_function(self):
-        """The training reward's programmatic part: the task's verifier (or ``task.reward``) weighted by
-        ``task.verifier_weight``, plus the format reward."""
-        t = self.exp.task
-        reward = with_timeout(reward_function(t.reward), t.reward_timeout) if t.reward else self.task.reward_fn
-        if t.format_weight or t.verifier_weight != 1.0:
-            terms = [(reward, t.verifier_weight)]
-            terms += [(format_reward(self.task.format_pattern), t.format_weight)] if t.format_weight else []
-            return combine(*terms)
-        return reward
+        check_widths(self.exp, self.context, self.context.eval_examples,
+                     lambda examples: warm_start_batch(self.exp, self.context, examples))
 
     def _mix(self, mesh) -> Mix:
         """The learned reward of ``task.reward_model`` (on the sampler's ``mesh``), and how it is mixed in;
@@ -215,7 +219,7 @@ class Trainer(RunLoop):
         opt_state = optimizer.init(params)
         for step in range(ws.steps):
             examples = self.task.examples(ws.batch_size, seed=stream_seed(exp.seed, "warm_start", step))
-            batch = self._demonstrations(multihost.process_share(examples, self.mesh))
+            batch = warm_start_batch(exp, self.context, multihost.process_share(examples, self.mesh))
             params, opt_state, loss = sft_step(self.learner.graphdef, optimizer, params, opt_state, frozen,
                                                *multihost.to_global(batch, self.mesh), mesh=self.mesh)
             if (step % 50 == 0 or step == ws.steps - 1) and multihost.is_primary():
