@@ -7,6 +7,8 @@ import dataclasses
 import json
 import math
 import pathlib
+import shutil
+import signal
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +18,9 @@ import pytest
 
 from helpers import EMIT_X, TINY_MODEL, load_benchmark, read_events, starts_with_x, tiny_experiment
 from pgjax.models import hf
+from pgjax.train import interrupts
 from pgjax.train.experiment import ConfigError, LoRASection, RunStopped, TaskSection, WarmStartSection, stream_seed
+from pgjax.train.interrupts import RunInterrupted
 from pgjax.train.learner import UpdateConfig
 from pgjax.train.optim import OptimConfig, make_optimizer
 from pgjax.train.population import Member, Population, member_scale
@@ -254,7 +258,7 @@ def test_fit_writes_a_run_directory_per_member_and_export_writes_a_checkpoint(tm
         assert [r["step"] for r in records] == [0, 1, 2] and all("eval_accuracy" in r for r in records)
         assert read_events(directory / f"member-{i}")["reward"].keys() == {1, 2}
         assert (directory / f"member-{i}" / "curves.png").is_file()
-    with pytest.raises(ConfigError, match="holds a population already"):
+    with pytest.raises(ConfigError, match="holds a population or a run already"):
         Population(exp, [Member()]).fit(directory)
     exported = population.export(3, tmp_path / "member-3")
     loaded = hf.load(exported)
@@ -264,6 +268,64 @@ def test_fit_writes_a_run_directory_per_member_and_export_writes_a_checkpoint(tm
                          [Member(seed=5), Member(seed=6)])
     for i in range(2):
         assert np.array_equal(np.asarray(started.policy(i).embed[...]), np.asarray(loaded.embed[...]))
+
+
+def _fitted(exp, directory, resume=False):
+    """A 2 x 2 population (seeds 0, 1 x divide_by_std) fitted into ``directory``: (each member's records
+    without timings, the stacked parameters)."""
+    population = Population.grid(exp, seeds=[0, 1], divide_by_std=[0.0, 1.0])
+    population.fit(directory, progress=False, resume=resume)
+    records = [[{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in read_records(directory / f"member-{i}")]
+               for i in range(population.size)]
+    return records, jax.device_get(population.state.params), population
+
+
+@pytest.mark.slow
+def test_a_population_resumes_exactly_from_its_checkpoint(tmp_path):
+    """4 steps straight equal 2 steps, then a resume to 4 (``steps`` is operational); and a kill after
+    step 3's records but before its checkpoint is resumed from step 2, the step-3 records redone
+    once: records and every parameter equal, bit for bit (one member at a time, the same programs)."""
+    exp = arithmetic(tmp_path, algorithm="dr_grpo", steps=4, eval_every=2, checkpoint_every=2,
+                     warm_start=WarmStartSection(steps=5, batch_size=16))
+    straight, params, _ = _fitted(exp, tmp_path / "straight")
+    _fitted(dataclasses.replace(exp, steps=2), tmp_path / "resumed")
+    assert sorted(int(p.name) for p in (tmp_path / "resumed" / "checkpoints").iterdir() if p.name.isdigit()) == [0, 2]
+    resumed, resumed_params, population = _fitted(exp, tmp_path / "resumed", resume=True)
+    assert resumed == straight and [r["step"] for r in resumed[0]] == [0, 1, 2, 3, 4]
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(resumed_params), jax.tree.leaves(params)))
+    assert json.loads((tmp_path / "resumed" / "population.json").read_text())["steps_done"] == 4
+    # killed after step 3 was logged, before its checkpoint: the resume drops step 3's records and redoes them
+    _fitted(dataclasses.replace(exp, steps=3, checkpoint_every=4), tmp_path / "killed")
+    shutil.rmtree(tmp_path / "killed" / "checkpoints" / "3")
+    assert [r["step"] for r in read_records(tmp_path / "killed" / "member-0")] == [0, 1, 2, 3]
+    killed, killed_params, _ = _fitted(exp, tmp_path / "killed", resume=True)
+    assert killed == straight
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(killed_params), jax.tree.leaves(params)))
+    # what a resume refuses, in one line each, before anything is written
+    with pytest.raises(ConfigError, match="another population's members"):
+        Population(exp, [Member(seed=0)]).fit(tmp_path / "straight", resume=True)
+    with pytest.raises(ConfigError, match=r"differs from the population's .*optim.lr: 0.002 -> 0.001"):
+        _fitted(dataclasses.replace(exp, optim=OptimConfig(lr=1e-3)), tmp_path / "straight", resume=True)
+    with pytest.raises(ConfigError, match="holds no population"):
+        population.fit(tmp_path / "empty", resume=True)
+    with pytest.raises(ConfigError, match="holds a population or a run already"):
+        population.fit(tmp_path / "straight")
+
+
+@pytest.mark.slow
+def test_a_stop_signal_ends_a_population_after_its_step_with_a_checkpoint(tmp_path, monkeypatch):
+    """SIGTERM during step 1 (``interrupts.requested``): ``fit`` writes step 1's checkpoint and raises
+    RunInterrupted; ``resume=True`` then trains on as if nothing had happened."""
+    exp = tiny_experiment(tmp_path, algorithm="dr_grpo", task=EMIT_X, steps=3, eval_every=3, checkpoint_every=3)
+    straight, params, _ = _fitted(exp, tmp_path / "straight")
+    monkeypatch.setattr(interrupts, "requested", lambda: signal.SIGTERM)
+    with pytest.raises(RunInterrupted, match="SIGTERM after step 1 of the population, its checkpoint written"):
+        _fitted(exp, tmp_path / "stopped")
+    monkeypatch.undo()
+    assert (tmp_path / "stopped" / "checkpoints" / "1").is_dir()
+    resumed, resumed_params, _ = _fitted(exp, tmp_path / "stopped", resume=True)
+    assert resumed == straight
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(resumed_params), jax.tree.leaves(params)))
 
 
 def test_the_member_scale_makes_the_update_of_that_learning_rate():

@@ -65,15 +65,19 @@ from pgjax.parallel.mesh import learner_and_sampler_meshes, replicated
 from pgjax.rewards import RewardError
 from pgjax.sample import Samples
 from pgjax.sample.sampler import generate_state
+from pgjax.train import interrupts
+from pgjax.train.checkpoints import Checkpoints, one_line, write_atomically
 from pgjax.train.context import task_context, user_error
 from pgjax.train.experiment import ConfigError, Experiment, RunStopped, stream_seed, validate
+from pgjax.train.interrupts import RunInterrupted
 from pgjax.train.learner import Rollout, TrainState, all_finite, build_learner
 from pgjax.train.optim import make_optimizer
 from pgjax.train.records import STAT_KEYS, step_record
+from pgjax.train.run_dir import RunLock, experiment_changes, experiment_record, is_operational
 from pgjax.train.rollout import collect, encode_prompts, keep_columns, pad_id, sample_and_score, trim_padding
 from pgjax.train.pipeline import sampler_graphdef
 from pgjax.train.sft import sft_step
-from pgjax.train.sinks import MetricsFile, TensorBoard, plot
+from pgjax.train.sinks import MetricsFile, open_sink, plot, read_records
 from pgjax.train.trainer import check_widths, initial_policy, training_reward, warm_start_batch
 
 POPULATION_FILE = "population.json"
@@ -247,7 +251,6 @@ class Population:
     def _check_supported(self, sampler_mesh) -> None:
         """ConfigError for what populations do not support yet (docs/population.md)."""
         exp = self.exp
-        sinks = getattr(exp.logging, "sinks", "")
         unsupported = [
             (exp.stage != "rl", f"stage={exp.stage!r}: populations train RL policies only"),
             (jax.process_count() > 1, f"{jax.process_count()} processes: a population runs in one process for now"),
@@ -266,8 +269,8 @@ class Population:
                                         "supported in populations yet"),
             (exp.model.lora.rank > 0, f"model.lora.rank={exp.model.lora.rank}: LoRA is not supported in "
                                       "populations yet"),
-            (exp.logging.wandb, "logging.wandb=true: populations log to metrics.jsonl and TensorBoard only, for now"),
-            (bool(sinks), f"logging.sinks={sinks!r}: populations log to metrics.jsonl and TensorBoard only, for now"),
+            (exp.logging.wandb, "logging.wandb=true: populations log to metrics.jsonl, TensorBoard and the user's "
+                                "sinks (logging.sinks), for now"),
         ]
         for bad, message in unsupported:
             if bad:
@@ -503,36 +506,134 @@ class Population:
             accuracies.append(accuracy)
         return accuracies
 
-    def fit(self, run_dir=None, progress: bool = True) -> pathlib.Path:
+    def fit(self, run_dir=None, progress: bool = True, resume: bool = False) -> pathlib.Path:
         """Train every member to ``steps``: the warm start and the step-0 evaluation, then each step with
-        evaluation every ``eval_every`` steps and at the end. Writes ``run_dir`` (default: the experiment's
-        ``run_dir``, else ``runs/<name>-population``): ``population.json`` (the experiment, each member's
-        seed, hyperparameters and learning rate, the members stopped and why) and per member
-        ``member-<i>/`` with ``metrics.jsonl``, TensorBoard events (``logging.tensorboard``) and
-        ``curves.png``. A directory that holds a population already is refused (ConfigError)."""
+        evaluation every ``eval_every`` steps and at the end, and a checkpoint of the whole population
+        after the step-0 evaluation, every ``checkpoint_every`` steps and at the end. Writes ``run_dir``
+        (default: the experiment's ``run_dir``, else ``runs/<name>-population``): ``population.json`` (the
+        experiment, each member's seed, hyperparameters and learning rate, the members stopped and why),
+        ``checkpoints/<step>/`` (``checkpoints.Checkpoints``: the stacked state, each member's stop) and
+        per member ``member-<i>/`` with ``metrics.jsonl``, TensorBoard events (``logging.tensorboard``),
+        the user's sinks (``logging.sinks``) and ``curves.png``.
+
+        A new population refuses a directory that holds one (ConfigError); ``resume=True`` continues the
+        one there from its newest intact checkpoint, exactly (the records after it are dropped and
+        redone), refusing other members or an experiment changed in more than its operational keys
+        (``run_dir.is_operational``: ``steps``, ``eval_every``, ...). The directory is locked while it
+        trains (``run_dir.RunLock``). A stop signal (SIGTERM, SIGINT, SIGHUP) ends it after the current
+        step with that step's checkpoint written: ``interrupts.RunInterrupted``."""
         exp = self.exp
         directory = pathlib.Path(run_dir or exp.run_dir or f"runs/{exp.name}-population")
-        if (directory / POPULATION_FILE).exists():
-            raise ConfigError(f"{directory} holds a population already ({POPULATION_FILE}): choose another run_dir")
+        directory.mkdir(parents=True, exist_ok=True)
+        lock = RunLock(directory)
+        lock.acquire()
+        try:
+            since = self._resume(directory) if resume else self._claim(directory)
+            checkpoints = Checkpoints(directory / "checkpoints", guard=partial(self._check_in_place, lock))
+            try:
+                with interrupts.graceful_stop(lambda: self._left_behind(checkpoints)):
+                    self._train(directory, checkpoints, since, progress)
+            finally:
+                checkpoints.close()
+        finally:
+            lock.release()
+        return directory
+
+    def _claim(self, directory: pathlib.Path) -> None:
+        """A new population's directory: ConfigError when it holds one already (or a run's records)."""
+        held = [name for name in (POPULATION_FILE, "checkpoints", "metrics.jsonl") if (directory / name).exists()]
+        if held:
+            raise ConfigError(f"{directory} holds a population or a run already ({', '.join(held)}): choose another "
+                              "run_dir, or resume=True to continue the population there")
+        return None
+
+    def _resume(self, directory: pathlib.Path) -> int:
+        """Restore the population of ``directory`` from its newest intact checkpoint (the step it is at,
+        returned); ConfigError when there is none, or when its members or experiment differ (but in
+        operational keys)."""
+        saved_path = directory / POPULATION_FILE
+        if not saved_path.is_file():
+            raise ConfigError(f"resume: {directory} holds no population ({POPULATION_FILE} is missing)")
+        try:
+            saved = json.loads(saved_path.read_text())
+            members = [{k: m[k] for k in ("seed", "hparams", "lr")} for m in saved["members"]]
+            changes = experiment_changes(saved["experiment"], self.exp)
+        except (ValueError, KeyError, TypeError) as error:
+            raise ConfigError(f"resume: {saved_path} cannot be read ({one_line(error)})") from None
+        if members != [m.describe() for m in self.members]:
+            raise ConfigError(f"resume: {directory} holds another population's members ({len(members)}: "
+                              f"{members[:2]}...); build the population with the members of its {POPULATION_FILE}")
+        changed = {k: v for k, v in changes.items() if not is_operational(k)}
+        if changed:
+            listed = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in list(changed.items())[:4])
+            raise ConfigError(f"resume: the experiment differs from the population's in {directory} ({listed}); "
+                              "only operational keys (steps, eval_every, checkpoint_every, logging, ...) may change")
+        checkpoints = Checkpoints(directory / "checkpoints")
+        try:
+            checkpoints.remove_leftovers()
+            state, record = checkpoints.restore(self.state)
+        finally:
+            checkpoints.close()
+        self.state = state
+        self.step_count, self.warm_started = record["step"], True
+        self.active = np.asarray(record["active"], bool)
+        self.stopped = list(record["stopped"])
+        self.skipped_in_a_row = np.asarray(record["skipped_in_a_row"], int)
+        print(f"resumed the population of {self.size} in {directory} at step {self.step_count}", file=sys.stderr)
+        return self.step_count
+
+    @staticmethod
+    def _check_in_place(lock: RunLock, writing: str) -> None:
+        """RunStopped before ``writing`` when the run directory was moved or deleted."""
+        moved = lock.moved()
+        if moved:
+            raise RunStopped(f"the population's directory {lock.directory} {moved}: {writing} was not written")
+
+    def _left_behind(self, checkpoints: Checkpoints) -> str:
+        """What a stop at once leaves to resume from."""
+        step = checkpoints.newest
+        return (f"the checkpoint of step {step} is left (resume=True continues from it)" if step is not None
+                else "no checkpoint is left")
+
+    def _save(self, checkpoints: Checkpoints) -> None:
+        """A checkpoint of the whole population at the current step: the stacked state and each member's
+        stop; never of a non-finite state (RunStopped)."""
+        if not bool(jax.jit(all_finite)(self.state)):
+            raise RunStopped(f"the population's state at step {self.step_count} is not finite: its checkpoint was "
+                             "not written (the previous checkpoints are kept)")
+        checkpoints.save(self.step_count, self.state, {
+            "step": self.step_count, "active": self.active.tolist(), "stopped": list(self.stopped),
+            "skipped_in_a_row": self.skipped_in_a_row.tolist()})
+
+    def _open_sinks(self, folder: pathlib.Path, since: int | None) -> list:
+        """Member ``folder``'s sinks: metrics.jsonl, TensorBoard, the user's (``logging.sinks``)."""
+        logging = self.exp.logging
+        return ([MetricsFile(folder / "metrics.jsonl", since)]
+                + ([open_sink("tensorboard", folder, since)] if logging.tensorboard else [])
+                + [open_sink(name, folder, since) for name in logging.sink_names])
+
+    def _train(self, directory: pathlib.Path, checkpoints: Checkpoints, since: int | None, progress: bool) -> None:
+        """``fit``'s loop: records before their checkpoint, a stop signal heeded after a step."""
+        exp = self.exp
         folders = [directory / f"member-{i}" for i in range(self.size)]
         for folder in folders:
-            folder.mkdir(parents=True, exist_ok=True)
-        sinks = [[MetricsFile(folder / "metrics.jsonl")] + ([TensorBoard(folder)] if exp.logging.tensorboard else [])
-                 for folder in folders]
-        self._write_population(directory)
-        records: list[list[dict]] = [[] for _ in range(self.size)]
-
-        def emit(i, record):
-            records[i].append(record)
-            for sink in sinks[i]:
-                sink.log(record)
-
+            folder.mkdir(exist_ok=True)
+        sinks = []
         try:
-            if not self.step_count:
+            for folder in folders:
+                sinks.append(self._open_sinks(folder, since))
+            self._write_population(directory)
+
+            def emit(i, record):
+                for sink in sinks[i]:
+                    sink.log(record)
+
+            if since is None:
                 self.warm_start()
                 for i, accuracy in enumerate(self.evaluate()):
                     if accuracy is not None:
                         emit(i, {"step": 0, "eval_accuracy": accuracy})
+                self._save(checkpoints)
             started, last = time.perf_counter(), time.perf_counter()
             while self.step_count < exp.steps and self.active.any():
                 step_records = self.step()
@@ -543,6 +644,10 @@ class Population:
                 for i, record in enumerate(step_records):
                     if record is not None:
                         emit(i, record)
+                checkpointed = self.step_count % exp.checkpoint_every == 0 or self.step_count == exp.steps
+                if checkpointed:
+                    self._save(checkpoints)
+                self._stop_if_asked(checkpoints, checkpointed)
                 now = time.perf_counter()
                 if progress and (now - last >= exp.logging.progress_every or self.step_count == exp.steps):
                     last = now
@@ -551,19 +656,30 @@ class Population:
                           f"members, reward {np.mean([r['reward'] for r in live]):.3f} (mean), accuracy "
                           f"{min(r['accuracy'] for r in live):.2f}..{max(r['accuracy'] for r in live):.2f}",
                           file=sys.stderr, flush=True)
+            if checkpoints.newest != self.step_count:
+                self._save(checkpoints)     # every member stopped before the end: the last state
         finally:
             for i, member_sinks in enumerate(sinks):
                 for sink in member_sinks:
                     sink.close()
-                if records[i]:
-                    plot(records[i], folders[i] / "curves.png", f"{exp.name} member {i}: {self._label(i)}")
+                records = read_records(folders[i])
+                if records:
+                    plot(records, folders[i] / "curves.png", f"{exp.name} member {i}: {self._label(i)}")
             self._write_population(directory)
-        return directory
+
+    def _stop_if_asked(self, checkpoints: Checkpoints, checkpointed: bool) -> None:
+        """RunInterrupted when a stop signal came, after this step's checkpoint (``interrupts``)."""
+        signum = interrupts.requested()
+        if signum is None:
+            return
+        if not checkpointed:
+            self._save(checkpoints)
+        raise RunInterrupted(signum, f"after step {self.step_count} of the population, its checkpoint written; "
+                                     "fit(resume=True) continues from it")
 
     def _write_population(self, directory: pathlib.Path) -> None:
-        """population.json: the experiment, the members (seed, hyperparameters as given and as resolved,
-        learning rate), the step reached and the members stopped."""
-        from pgjax.train.run_dir import experiment_record      # a record writer, only when one is written
+        """population.json (atomically): the experiment, the members (seed, hyperparameters as given and
+        as resolved, learning rate), the step reached and the members stopped."""
         members = []
         for i, (member, estimator) in enumerate(zip(self.members, self.estimators)):
             resolved = {k: float(v) for k, v in core.hparam_items(estimator.hparams).items()}
@@ -571,8 +687,7 @@ class Population:
                             "lr_resolved": member.lr if member.lr is not None else self.exp.optim.lr,
                             "hparams_resolved": resolved, "stopped": self.stopped[i]})
         record = {"experiment": experiment_record(self.exp), "steps_done": self.step_count, "members": members}
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / POPULATION_FILE).write_text(json.dumps(record, indent=2) + "\n")
+        write_atomically(directory / POPULATION_FILE, json.dumps(record, indent=2) + "\n")
 
     def export(self, i: int, directory) -> pathlib.Path:
         """Member ``i``'s policy as a Hugging Face checkpoint in ``directory`` (``hf.save``) with the
