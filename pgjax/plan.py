@@ -51,8 +51,11 @@ import subprocess
 import sys
 import time
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
 
 from pgjax import core
 from pgjax.models import hf
@@ -63,6 +66,7 @@ from pgjax.train.experiment import AlgorithmSection, ModelSection
 from pgjax.train.learner import Rollout, UpdateConfig, placeholder_rollout
 from pgjax.train.memory import abstract_learner, human, placed, shard_bytes
 from pgjax.train.packing import Packing, most_packed_rows
+from pgjax.train.population import over_members
 
 GIB = 2 ** 30
 MAX_COMPILES = 8        # compiled batch sizes per largest-batch search, the two first probes included
@@ -99,6 +103,7 @@ class Plan:
     prompt_len: int
     response_len: int
     micro_batches: int
+    members: int                 # a population's members on these devices (pgjax.train.population); 1: a run
     params: int
     optimizer: int
     reference: int
@@ -200,15 +205,24 @@ class Planner:
 
     def __init__(self, model: ModelConfig, mesh: mesh_lib.MeshConfig, prompt_len: int, response_len: int, *,
                  devices: int | None = None, algorithm: str | core.Estimator = "grpo", group_size: int = 8,
-                 micro_batches: int = 1, pack_width: int = 0, reference: bool | None = None, name: str = ""):
+                 micro_batches: int = 1, pack_width: int = 0, reference: bool | None = None, name: str = "",
+                 members: int = 1, vmap_width: int | None = None):
         """``devices``: the mesh's device count (default ``default_devices(mesh)``), at most this process's;
         ``algorithm``: a preset's name, the import path ``package.module:name`` of an estimator of your own
         (``experiment.AlgorithmSection.preset``) or an estimator object;
         ``reference``: keep a frozen reference policy (default: as the Trainer decides, when the estimator
         requires ``ref_logp``; False turns a preset's KL off); ``pack_width``: the update's ``update.pack_width``,
-        planned at its most packed rows (``packing.most_packed_rows``)."""
+        planned at its most packed rows (``packing.most_packed_rows``); ``members``: plan a population's
+        group of that many members on the mesh's devices (``pgjax.train.population``: each member's state
+        and rollout stacked on a leading axis, the programs over them by ``population.over_members`` with
+        ``vmap_width``, None: all vmapped, as on an accelerator); ``rows`` is then each member's batch."""
         if min(prompt_len, response_len) < 1:
             raise ValueError(f"prompt and response lengths must be >= 1, got {prompt_len} and {response_len}")
+        if members < 1 or (vmap_width is not None and vmap_width < 1):
+            raise ValueError(f"members={members} and vmap_width={vmap_width}: each >= 1")
+        if pack_width and members > 1:
+            raise ValueError("a population's update does not pack (pack_width must be 0 with members > 1)")
+        self.members, self.vmap_width = members, members if vmap_width is None else min(vmap_width, members)
         devices = default_devices(mesh) if devices is None else devices
         self.mesh = mesh_lib.make_mesh(mesh, _devices(devices))
         self.algorithm = algorithm if isinstance(algorithm, core.Estimator) else AlgorithmSection(
@@ -228,6 +242,25 @@ class Planner:
                                                     self.reference)
         self._plans = {}
 
+    def _stacked(self, tree):
+        """A population's ``tree`` (with ``members`` > 1): each ShapeDtypeStruct with a leading member axis,
+        unsplit, its other axes split as one member's."""
+        if self.members == 1:
+            return tree
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct((self.members, *x.shape), x.dtype, sharding=NamedSharding(
+            self.mesh, PartitionSpec(None, *x.sharding.spec))), tree)
+
+    def _programs(self):
+        """(prepare, the optimizer step): the Learner's jitted programs, or for a population the same
+        functions over the stacked members (``population.over_members``), the state donated."""
+        learner = self.learner
+        if self.members == 1:
+            return learner.prepare, learner._optimizer_step
+        over = partial(over_members, width=self.vmap_width, members=self.members)
+        return (jax.jit(over(learner._prepare)),
+                jax.jit(over(lambda state, rollout, order, hparams: learner._step(state, rollout, order, None, hparams,
+                                                                                   None)), donate_argnums=0))
+
     def rollout(self, rows: int) -> Rollout:
         """The abstract rollout the sampler hands ``prepare`` (``learner.placeholder_rollout``: tokens,
         response mask, rewards, the sampler's log-probs, ReMax's greedy rewards), split over the batch axes."""
@@ -245,28 +278,34 @@ class Planner:
 
     def state_bytes(self) -> dict:
         """Bytes one device holds of the training state (no compile): ``params``, ``optimizer``,
-        ``reference``, ``gradients`` (the trainable parameters') and ``state`` (all of it)."""
-        state = self.state
+        ``reference``, ``gradients`` (the trainable parameters') and ``state`` (all of it); a
+        population's, of all its ``members``."""
+        state = self._stacked(self.state)
         return {"params": shard_bytes(state.params), "optimizer": shard_bytes(state.opt_state),
                 "reference": shard_bytes(state.ref_params),
                 "gradients": shard_bytes(self.learner.trainable(state.params)[0]), "state": shard_bytes(state)}
 
     def _plan(self, rows: int) -> Plan:
-        learner, state, same = self.learner, self.state, mesh_lib.replicated(self.mesh)
+        learner, same = self.learner, mesh_lib.replicated(self.mesh)
         rollout = self.rollout(rows)
-        prepared = placed(jax.eval_shape(learner.prepare, state, rollout, self.hparams),
+        prepared = placed(jax.eval_shape(learner.prepare, self.state, rollout, self.hparams),
                           mesh_lib.batch_sharding(self.mesh))
         order = jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=same)      # the minibatch's rows: all of them
-        prepare = _compiled(learner.prepare, state, rollout, self.hparams, inputs=shard_bytes(rollout))
+        state, rollout, prepared, order = self._stacked((self.state, rollout, prepared, order))
+        hparams = self._stacked(jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.float32, sharding=same),
+                                             self.hparams)) if self.members > 1 else self.hparams
+        prepare_program, step_program = self._programs()
+        prepare = _compiled(prepare_program, state, rollout, hparams, inputs=shard_bytes(rollout))
         packing = self._worst_packing(prepared) if learner.update_config.pack_width else None
-        # the last argument: the step's LoRA-dropout key, None without dropout
-        step = _compiled(learner._optimizer_step, state, prepared, order, packing, self.hparams, None,
-                         inputs=shard_bytes((prepared, order, packing)))
+        # a run's step: (..., packing, hparams, the LoRA-dropout key: None without dropout)
+        arguments = (prepared, order, packing, hparams, None) if self.members == 1 else (prepared, order, hparams)
+        step = _compiled(step_program, state, *arguments, inputs=shard_bytes((prepared, order, packing)))
         options = {name: getattr(self.model, name) for name in ("param_dtype", "compute_dtype", "remat", "scan_layers")}
         options["lora_rank"] = self.model.lora.rank if self.model.lora else 0
         return Plan(model=self.name, options=options,
                     parameters_total=sum(x.size for x in jax.tree.leaves(state.params)), mesh=dict(self.mesh.shape), rows=rows, group_size=self.group_size, prompt_len=self.prompt_len,
-                    response_len=self.response_len, micro_batches=self.update.micro_batches, **self.state_bytes(),
+                    response_len=self.response_len, micro_batches=self.update.micro_batches, members=self.members,
+                    **self.state_bytes(),
                     prepare=prepare, step=step)
 
     def _worst_packing(self, prepared) -> Packing:
@@ -329,7 +368,9 @@ def summary(plan: Plan, limit: int, fit: Fit | None = None) -> list[str]:
     mesh = " x ".join(f"{axis}={size}" for axis, size in plan.mesh.items())
     lines = [f"{plan.model}, {plan.parameters_total:,} parameters; mesh {mesh}; {plan.rows} rows "
              f"({plan.rows // plan.group_size} prompts x {plan.group_size}) x ({plan.prompt_len} prompt + "
-             f"{plan.response_len} response) tokens, {plan.micro_batches} micro-batch(es)",
+             f"{plan.response_len} response) tokens, {plan.micro_batches} micro-batch(es)"
+             + (f"; a population of {plan.members} members on these devices, each with these rows"
+                if plan.members > 1 else ""),
              "per device:",
              f"  parameters           {human(plan.params)}",
              f"  optimizer state      {human(plan.optimizer)}",
@@ -404,6 +445,11 @@ def parser() -> argparse.ArgumentParser:
                    help="the update packs its sequences into rows this many rollout widths wide (0: no packing)")
     p.add_argument("--reference", action=argparse.BooleanOptionalAction, default=None,
                    help="keep a frozen reference policy (default: when the preset's KL term is on)")
+    p.add_argument("--members", type=int, default=1,
+                   help="plan a population of this many members on the mesh's devices (pgjax.train.population; "
+                        "--batch: each member's rows)")
+    p.add_argument("--vmap-width", type=int, default=None,
+                   help="a population's members per vmapped computation (default: all, as on an accelerator)")
     p.add_argument("--device-memory-gib", type=float, default=80.0)
     p.add_argument("--search", action=argparse.BooleanOptionalAction, default=True,
                    help="search the largest batch that fits (a few more compiles)")
@@ -429,7 +475,8 @@ def main(argv=None) -> int:
         name = path.name if path.is_dir() else path.parent.name if path.name == "config.json" else path.stem
         planner = Planner(model, mesh, args.prompt_len, args.response_len, devices=devices,
                           algorithm=args.algorithm, group_size=args.group_size, micro_batches=args.micro_batches,
-                          pack_width=args.pack_width, reference=args.reference, name=name)
+                          pack_width=args.pack_width, reference=args.reference, name=name, members=args.members,
+                          vmap_width=args.vmap_width)
     except (ValueError, FileNotFoundError, OSError) as error:
         parser().error(str(error))
     limit = int(args.device_memory_gib * GIB)

@@ -1,5 +1,6 @@
 """The multi-seed studies (experiments/length_bias.py, experiments/difficulty_bias.py,
-experiments/off_policy.py) run end to end in their smoke setting and write metrics, tables and plots;
+experiments/off_policy.py, experiments/switch_grid.py) run end to end in their smoke setting and write
+metrics, tables and plots; the switch grid's committed report is regenerated from its committed records;
 a study run again keeps the seeds it already has; the per-difficulty weights agree with a
 hand-computed example; the real-model off-policy script (experiments/smollm2_off_policy.py) trains
 and evaluates only what is missing and tables what the runs recorded."""
@@ -154,3 +155,44 @@ def test_smollm2_off_policy_reads_the_truncation_of_old_and_new_reports(monkeypa
     assert new == {"value": 0.25, "ci95": [0.125, 0.375]}
     old = {"value": 0.4, "ci95": [0.3, 0.5], "interval": "wilson"}
     assert sp.truncation({"truncation_rate": old}) is old
+
+
+def test_the_switch_grid_report_is_regenerated_from_its_committed_records():
+    """experiments/results/switch_grid/switch_grid.md is what ``--report`` computes from the records
+    beside it: 32 members (2 x 2 switches x 8 seeds) that all trained to the end."""
+    sg = load_experiment_script("switch_grid")
+    out = EXPERIMENTS / "results" / "switch_grid"
+    loaded = sg.load(out / "records")
+    assert [len(seeds) for seeds in loaded["runs"].values()] == [8, 8, 8, 8]
+    assert loaded["steps"] == 250 and all(records[-1]["step"] == 250 for seeds in loaded["runs"].values()
+                                          for records in seeds.values())
+    assert sg.report(loaded) == (out / "switch_grid.md").read_text().rstrip("\n")
+    # the README's row: each switch's effect on the end greedy accuracy, and the range over the seeds
+    readme = (EXPERIMENTS.parent / "README.md").read_text()
+    end = {setting: np.array([sg.end_value(loaded["runs"][setting][seed], "eval_accuracy") for seed in range(8)])
+           for setting in sg.SETTINGS}
+    for on, off in ((((1.0, 0.0), (1.0, 1.0)), ((0.0, 0.0), (0.0, 1.0))),      # divide by std: on - off
+                    (((0.0, 1.0), (1.0, 1.0)), ((0.0, 0.0), (1.0, 0.0)))):     # divide by length
+        effect = sg.across_seeds(sum(end[x] for x in on) / 2, sum(end[x] for x in off) / 2)
+        assert f"[{effect['mean']:+.3f} (95%: {effect['ci95'][0]:+.3f} to {effect['ci95'][1]:+.3f})]" in readme, effect
+    every = np.concatenate(list(end.values()))
+    assert f"[{every.min():.3f} to {every.max():.3f}]" in readme
+
+
+@pytest.mark.slow
+def test_switch_grid_smoke_run_trains_one_population_resumes_and_reports(tmp_path):
+    sg = load_experiment_script("switch_grid")
+    argv = ["--smoke", "--seeds", "2", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out")]
+    text = sg.main(argv)
+    saved = json.loads((tmp_path / "runs" / "population.json").read_text())
+    assert len(saved["members"]) == 8 and saved["steps_done"] == 3
+    assert [(m["seed"], m["hparams"]) for m in saved["members"][:3]] == [
+        (0, {"divide_by_std": 0.0, "divide_by_length": 0.0}), (1, {"divide_by_std": 0.0, "divide_by_length": 0.0}),
+        (0, {"divide_by_std": 0.0, "divide_by_length": 1.0})]
+    assert (tmp_path / "out" / "switch_grid.png").is_file()
+    assert (tmp_path / "out" / "switch_grid.md").read_text().rstrip("\n") == text
+    for name in ("Dr. GRPO (neither)", "GRPO (both)", "divide by std", "divide by length", "GRPO - Dr. GRPO"):
+        assert f"| {name} |" in text
+    # the finished population resumed: nothing left to train, the same records and report
+    assert sg.main([*argv, "--resume"]) == text
+

@@ -211,6 +211,25 @@ def test_paired_difference_against_the_slow_bootstrap_and_enumeration():
         paired.sign_flip_test([0.5, 1.0])
 
 
+def test_across_seeds_is_students_t_by_hand():
+    """d = b - a = [0.1, 0.3, -0.1, 0.2]: mean 0.125, sd (ddof 1) sqrt(0.0291666...) = 0.170783;
+    t_{0.975, 3} = 3.182446 (the table's value), half-width 3.182446 x 0.170783 / 2 = 0.271753;
+    t = 0.125 / 0.0853913 = 1.463850 on 3 degrees of freedom, two-sided p = 0.239443."""
+    b, a = np.array([0.6, 0.8, 0.4, 0.7]), np.array([0.5, 0.5, 0.5, 0.5])
+    got = paired.across_seeds(b, a)
+    assert got["mean"] == pytest.approx(0.125, abs=1e-12)
+    assert got["ci95"] == pytest.approx([0.125 - 0.271753, 0.125 + 0.271753], abs=2e-6)
+    assert got["p_value"] == pytest.approx(0.239443, abs=2e-6)
+    assert (got["positive"], got["seeds"]) == (3, 4)
+    # one setting's own mean and interval: against zeros; equal differences: no spread, the point
+    assert paired.across_seeds(b, np.zeros(4))["mean"] == pytest.approx(0.625)
+    same = paired.across_seeds(b, b - 0.2)
+    assert same["ci95"] == pytest.approx([0.2, 0.2]) and same["p_value"] == 1.0
+    for bad in (([1.0], [0.0]), ([1.0, 2.0], [0.0]), ([1.0, float("nan")], [0.0, 0.0])):
+        with pytest.raises(ValueError, match="finite per-seed values, n >= 2"):
+            paired.across_seeds(*bad)
+
+
 def test_across_runs_summary_by_hand():
     runs = [{"metrics": {"pass@1": {"value": v}, "accuracy_finished": {"value": f}}}
             for v, f in ((0.5, 0.9), (0.25, None), (0.75, 0.7))]

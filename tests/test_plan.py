@@ -70,6 +70,26 @@ def test_a_packed_update_is_planned_at_its_most_packed_rows(planners):
     assert abs(packed.step.argument - packed.state - (packed.step.inputs - 4 * 16 * width)) < 1024
 
 
+def test_a_population_is_planned_as_its_members_stacked(planners):
+    """A population of 4 on one device: 4 times a run's state and rollout; all vmapped, the temp of 4
+    members' activations at once; one member at a time (``vmap_width=1``), about a run's temp."""
+    single = planners["off"].plan(16)
+    vmapped, mapped = (plan_lib.Planner(ModelConfig(**TINY), MeshConfig(data=1), **SHAPE, group_size=8, members=4,
+                                        vmap_width=width).plan(16) for width in (None, 1))
+    for plan in (vmapped, mapped):
+        assert plan.members == 4
+        assert (plan.params, plan.optimizer, plan.reference, plan.state) == (
+            4 * single.params, 4 * single.optimizer, 4 * single.reference, 4 * single.state)
+        assert (plan.prepare.inputs, plan.step.inputs) == (4 * single.prepare.inputs, 4 * single.step.inputs)
+        assert abs(plan.step.argument - plan.state - plan.step.inputs) < 4096
+    assert vmapped.step.temp > 3 * single.step.temp, (vmapped.step.temp, single.step.temp)
+    assert mapped.step.temp < 1.5 * single.step.temp, (mapped.step.temp, single.step.temp)
+    assert mapped.total < vmapped.total
+    assert "a population of 4 members" in "\n".join(plan_lib.summary(vmapped, 2**30))
+    with pytest.raises(ValueError, match="members=0"):
+        plan_lib.Planner(ModelConfig(**TINY), MeshConfig(data=1), **SHAPE, members=0)
+
+
 def test_largest_batch_is_compiled_and_fits_and_the_next_multiple_does_not(planners):
     """One real search (a short one: its longer paths are the next test's, without compiles)."""
     planner = planners["off"]

@@ -112,7 +112,7 @@ def test_training_study_tables_are_the_saved_results():
     for path in (results / "comparison.md", results / "length_bias" / "length_bias.md",
                  results / "difficulty_bias" / "difficulty_bias.md", results / "off_policy" / "off_policy.md",
                  results / "off_policy_warm400" / "off_policy.md",
-                 results / "smollm2_off_policy" / "smollm2_off_policy.md"):
+                 results / "smollm2_off_policy" / "smollm2_off_policy.md", results / "switch_grid" / "switch_grid.md"):
         assert path.read_text().strip() in docs, f"the docs' copy of {path.relative_to(ROOT)} is stale: paste it"
 
 

@@ -23,6 +23,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
+MEMBER_AXIS = "members"        # a population's members (pgjax.train.population), before MESH_AXES
 RULES = {"batch": BATCH_AXES, "vocab": "tensor", "embed": "fsdp", "heads": "tensor", "kv_heads": "tensor",
          "mlp": "tensor", "head_dim": None, "norm": None, "layers": None}
 
@@ -76,6 +77,17 @@ def learner_and_sampler_meshes(config: MeshConfig, sampler_devices: int = 0, dev
         raise ValueError(f"sampler_devices={sampler_devices} must leave the learner at least one of the "
                          f"{len(devices)} devices")
     return make_mesh(config, devices[:-sampler_devices]), make_mesh(MeshConfig(), devices[-sampler_devices:])
+
+
+def population_mesh(config: MeshConfig, member_groups: int, devices=None) -> Mesh:
+    """A ``(members, data, fsdp, tensor)`` mesh over ``devices`` (default: all): a population's members
+    split into ``member_groups`` groups along ``members``, each group's devices split by ``config`` (the
+    mesh each member trains on). ValueError when the groups do not split the devices evenly."""
+    devices = jax.devices() if devices is None else devices
+    if member_groups < 1 or len(devices) % member_groups:
+        raise ValueError(f"{member_groups} member groups do not split the {len(devices)} devices evenly")
+    shape = config.sizes(len(devices) // member_groups)
+    return Mesh(np.asarray(devices).reshape(member_groups, *shape), (MEMBER_AXIS, *MESH_AXES))
 
 
 def single_device_mesh() -> Mesh:

@@ -602,12 +602,13 @@ def stream_seed(seed: int, stream: str, index: int) -> int:
     return int(np.random.SeedSequence([seed, sum(map(ord, stream)), index]).generate_state(1)[0])
 
 
-def validate(exp: Experiment, mesh) -> None:
+def validate(exp: Experiment, mesh, members: int = 1, groups: int = 1) -> None:
     """The checks that need several sections (each section checks its own fields): the algorithm and
     its hyperparameters (a KL coefficient only where there is a KL term), a group baseline's K >= 2, the
     scoring temperature equal to the sampling one, every batch size, the task (importing a user's task
     or reward module) and the options it takes, the files a run reads, and what the run certainly
-    holds against the machine's memory. Raises ConfigError; writes nothing."""
+    holds against the machine's memory (a population's: ``members`` in ``groups`` groups, ``mesh`` one
+    group's). Raises ConfigError; writes nothing."""
     algo = exp.algorithm.build()
     _check_estimator(exp, algo)
     if exp.update.temperature != exp.rollout.temperature:
@@ -636,7 +637,7 @@ def validate(exp: Experiment, mesh) -> None:
         _check_dataset_file(exp.task)
     if exp.logging.wandb and importlib.util.find_spec("wandb") is None:
         raise ConfigError("logging.wandb=True needs the wandb package: pip install -e '.[wandb]'")
-    _check_memory(exp, mesh)
+    _check_memory(exp, mesh, members, groups)
 
 
 def _check_estimator(exp: Experiment, algo: core.Estimator) -> None:
@@ -664,7 +665,7 @@ def _check_estimator(exp: Experiment, algo: core.Estimator) -> None:
         raise ConfigError(f"{exp.algorithm.key}: {error}") from None
 
 
-def _check_memory(exp: Experiment, mesh) -> None:
+def _check_memory(exp: Experiment, mesh, members: int = 1, groups: int = 1) -> None:
     """What the run certainly holds fits this machine's memory (``memory.check_run_memory``), for the
     architecture of ``model.path`` or a new model's (its vocabulary left out: the task's tokenizer is
     not loaded yet)."""
@@ -674,7 +675,7 @@ def _check_memory(exp: Experiment, mesh) -> None:
     except (ValueError, TypeError, KeyError, OSError) as error:
         raise ConfigError(f"model.path: {error}") from None
     try:
-        check_run_memory(exp, model, mesh)
+        check_run_memory(exp, model, mesh, members, groups)
     except ValueError as error:
         raise ConfigError(str(error)) from None
 

@@ -123,17 +123,20 @@ def device_memory(device) -> int | None:
     return (stats or {}).get("bytes_limit")
 
 
-def check_run_memory(exp, model: ModelConfig, mesh: jax.sharding.Mesh) -> None:
+def check_run_memory(exp, model: ModelConfig, mesh: jax.sharding.Mesh, members: int = 1, groups: int = 1) -> None:
     """A ValueError when what a run of ``exp`` certainly holds (``run_floor``) exceeds this machine's
     memory: a device's (``device_memory``) and the host's (``host_memory``), or where the devices are
-    the CPU, the host's alone, shared with the host's arrays. Nothing is built;
-    ``PGJAX_SKIP_MEMORY_CHECK=1`` skips it."""
+    the CPU, the host's alone, shared with the host's arrays. For a population (``pgjax.train.population``)
+    of ``members`` in ``groups`` groups, each group on its devices (``mesh``: one group's): each device
+    holds the states of its group's members and the host every member's arrays (the KV cache: one
+    member's at the least). Nothing is built; ``PGJAX_SKIP_MEMORY_CHECK=1`` skips it."""
     if os.environ.get(SKIP_MEMORY_CHECK) == "1":
         return
     floor, ram, device = run_floor(exp, model, mesh), host_memory(), mesh.local_devices[0]
+    floor = {"state": floor["state"] * (members // groups), "kv_cache": floor["kv_cache"], "host": floor["host"] * members}
     limit = device_memory(device)
     if limit is None:
-        checks = [(len(mesh.local_devices) * floor["state"] + floor["kv_cache"] // jax.process_count()
+        checks = [(groups * len(mesh.local_devices) * floor["state"] + floor["kv_cache"] // jax.process_count()
                    + floor["host"], ram, "of memory", "this machine's")]
     else:
         share = floor["kv_cache"] // jax.device_count()        # the cache's share of a device, at the least
@@ -142,10 +145,12 @@ def check_run_memory(exp, model: ModelConfig, mesh: jax.sharding.Mesh) -> None:
                   (floor["host"], ram, "of host memory", "this machine's")]
     for need, room, where, whose in checks:
         if need > room:
-            raise ValueError(f"the run needs at least {human(need)} {where} (training state {human(floor['state'])} "
+            whole = "the run" if members == 1 else f"the population of {members}"
+            fewer = "" if members == 1 else ", or the members fewer"
+            raise ValueError(f"{whole} needs at least {human(need)} {where} (training state {human(floor['state'])} "
                              f"per device, the KV cache of a step's rollout {human(floor['kv_cache'])}, prompts and "
                              f"tokens on the host {human(floor['host'])}), more than {whose} {human(room)}: make the "
-                             f"model, batch or token budgets smaller; python -m pgjax.plan plans a training step's "
+                             f"model, batch or token budgets smaller{fewer}; python -m pgjax.plan plans a training step's "
                              f"memory per device ({SKIP_MEMORY_CHECK}=1 starts the run anyway)")
 
 

@@ -27,6 +27,7 @@ import json
 import pathlib
 
 import numpy as np
+from scipy import stats as scipy_stats
 
 from pgjax.train.evaluation import (RESAMPLES, bootstrap_means, budgets_of, digits_of, integer_array,
                                     percentile_interval)
@@ -94,6 +95,30 @@ def across_runs(runs: list[dict]) -> dict:
         out[name] = {"mean": float(values.mean()), "std": float(values.std(ddof=1)) if len(values) > 1 else None,
                      "min": float(values.min()), "max": float(values.max()), "runs": len(values)}
     return out
+
+
+def across_seeds(values_b, values_a) -> dict:
+    """B against A across training seeds, paired by seed: ``values_b[s]`` and ``values_a[s]`` are one
+    number per seed s (a run's end accuracy, say) of two settings trained from the same seed. With the
+    per-seed differences d_s = b_s - a_s over n >= 2 seeds, mean m and sample standard deviation sd
+    (ddof 1): ``ci95`` = m -+ t_{0.975, n-1} sd / sqrt(n), Student's t interval across seeds, and
+    ``p_value`` the two-sided paired t test of mean d = 0 (1.0 when every d_s is equal: no spread to
+    test against, and the interval is the point; equal up to float rounding counts); ``positive``: the seeds with d_s > 0. Here the
+    seeds are the sample: unlike ``paired_difference``, which takes the runs as fixed, this says how
+    sure the difference is across training runs. With ``values_a`` all zero it is B's own mean and
+    interval across seeds."""
+    b, a = (np.asarray(v, np.float64) for v in (values_b, values_a))
+    if b.ndim != 1 or b.shape != a.shape or b.size < 2 or not (np.isfinite(b).all() and np.isfinite(a).all()):
+        raise ValueError(f"need two [n] arrays of finite per-seed values, n >= 2 (got {b.shape} and {a.shape})")
+    d = b - a
+    n, mean, sd = d.size, float(d.mean()), float(d.std(ddof=1))
+    if sd <= 1e-12 * np.abs(d).max():        # every d_s equal, up to float rounding
+        half, p = 0.0, 1.0
+    else:
+        half = float(scipy_stats.t.ppf(0.975, n - 1)) * sd / np.sqrt(n)
+        p = float(2 * scipy_stats.t.sf(abs(mean) / (sd / np.sqrt(n)), n - 1))
+    return {"mean": mean, "ci95": [mean - half, mean + half], "p_value": p, "positive": int((d > 0).sum()),
+            "seeds": n, "interval": "t across seeds", "test": "paired t"}
 
 
 def load_evaluation(path, budget: int | None = None) -> dict:

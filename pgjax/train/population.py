@@ -32,12 +32,20 @@ lr_i up to float rounding. Member i with seed s starts where a single run of see
 model ``CausalLM(config, nnx.Rngs(s))``; a checkpoint at ``model.path`` is the same for all), and its
 warm start draws its own demonstrations (members of one seed share one warm start: it is the same).
 
+Members over devices: the devices form a ``(members, data, fsdp, tensor)`` mesh
+(``parallel.mesh.population_mesh``): the members are split into ``member_groups`` groups along
+``members`` (each group's state and rollouts on its devices alone, ``over_members`` vmapping over the
+groups with ``spmd_axis_name``), and each group's devices are split by ``exp.mesh`` as a single run's
+would be (data parallelism and sharding within a member). ``fit`` checkpoints the whole population
+(``checkpoints.Checkpoints``) and resumes it exactly; the memory check of ``validate`` counts every
+member, and ``python -m pgjax.plan --members`` plans a group's programs.
+
 ``Population.member_experiment(i)`` is the single run member i equals (tests/test_population.py
 compares them; docs/population.md says to what tolerance). Not supported yet (each a ConfigError):
-several devices or processes, multi-turn episodes (``task.tools``, a task's environment), a learned
-reward (``task.reward_model``), a greedy baseline (ReMax), asynchronous rollouts
-(``rollout.staleness``), a separate sampler mesh, packed updates (``update.pack_width``), LoRA,
-Weights & Biases and the user's logging sinks (``logging.sinks``); nor checkpoints and resume.
+several processes, multi-turn episodes (``task.tools``, a task's environment), a learned reward
+(``task.reward_model``), a greedy baseline (ReMax), asynchronous rollouts (``rollout.staleness``), a
+separate sampler mesh (``rollout.sampler_devices``), packed updates (``update.pack_width``), LoRA and
+Weights & Biases.
 """
 from __future__ import annotations
 
@@ -61,7 +69,9 @@ from pgjax import core
 from pgjax.models import hf
 from pgjax.models.transformer import CausalLM
 from pgjax.parallel import multihost
-from pgjax.parallel.mesh import learner_and_sampler_meshes, replicated
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from pgjax.parallel.mesh import MEMBER_AXIS, MESH_AXES, population_mesh, single_device_mesh
 from pgjax.rewards import RewardError
 from pgjax.sample import Samples
 from pgjax.sample.sampler import generate_state
@@ -127,10 +137,21 @@ def member_scale() -> optax.GradientTransformation:
     return optax.GradientTransformation(init, update)
 
 
-def over_members(fn, width: int, members: int):
-    """``fn`` over the leading (member) axis of every argument, in one program: ``jax.vmap`` over all
-    ``members`` when ``width`` >= ``members``, else ``jax.lax.map`` over chunks of ``width`` members,
-    each chunk vmapped (``width`` 1: one member at a time, each computed as a single run computes)."""
+def over_members(fn, width: int, members: int, groups: int = 1):
+    """``fn`` over the leading (member) axis of every argument, in one program. Within a group of
+    members: ``jax.vmap`` over all of them when ``width`` >= its members, else ``jax.lax.map`` over
+    chunks of ``width`` members, each chunk vmapped (``width`` 1: one member at a time, each computed as
+    a single run computes). With ``groups`` > 1 the N members are split into that many groups of N /
+    ``groups`` consecutive members, vmapped with ``spmd_axis_name=MEMBER_AXIS``: each group's work (and
+    every sharding constraint inside ``fn``) goes to its devices of the ``members`` mesh axis."""
+    if groups > 1:
+        per_group = over_members(fn, width, members // groups)
+
+        def grouped(*args):
+            split = jax.tree.map(lambda x: x.reshape(groups, members // groups, *x.shape[1:]), args)
+            out = jax.vmap(per_group, spmd_axis_name=MEMBER_AXIS)(*split)
+            return jax.tree.map(lambda x: x.reshape(members, *x.shape[2:]), out)
+        return grouped
     if width >= members:
         return jax.vmap(fn)
     return lambda *args: jax.lax.map(lambda a: fn(*a), args, batch_size=width if width > 1 else None)
@@ -159,11 +180,15 @@ class Population:
     ``fit``, ``export``. Member i equals the single run of ``member_experiment(i)`` up to float rounding."""
 
     def __init__(self, exp: Experiment, members: list[Member], algorithm: core.Estimator | None = None,
-                 vmap_width: int | None = None):
+                 vmap_width: int | None = None, member_groups: int | None = None):
         """``algorithm``: an estimator object instead of ``exp.algorithm``'s (as ``Trainer`` takes one);
-        ``vmap_width``: how many members one vmapped computation takes (``over_members``): w >= N vmaps
-        every phase over all N members, w < N maps over chunks of w vmapped members in the same
-        program; None: ``default_vmap_width`` (all on an accelerator, 1 on CPU)."""
+        ``member_groups``: how many groups of devices the members are split over (the ``members`` axis
+        of ``parallel.mesh.population_mesh``; each group's devices split by ``exp.mesh`` train its
+        members, data-parallel or sharded as a single run on them is); None: the greatest common divisor
+        of the members and the devices (every member on a device of its own where they divide);
+        ``vmap_width``: how many of a group's members one vmapped computation takes (``over_members``):
+        w >= a group's members vmaps every phase over them, w < maps over chunks of w vmapped members
+        in the same program; None: ``default_vmap_width`` (all on an accelerator, 1 on CPU)."""
         user_error("distributed", lambda: multihost.initialize(exp.distributed))
         if algorithm is not None:
             exp = dataclasses.replace(exp, algorithm=dataclasses.replace(exp.algorithm, estimator=algorithm))
@@ -175,22 +200,24 @@ class Population:
             raise ConfigError(f"vmap_width={vmap_width!r} is invalid: an integer >= 1 (members per vmapped "
                               "computation), or None (all on an accelerator, 1 on CPU)")
         self.exp, self.members = exp, members
-        self.vmap_width = default_vmap_width(len(members)) if vmap_width is None else min(vmap_width, len(members))
-        self.mesh, sampler_mesh = user_error("mesh", lambda: learner_and_sampler_meshes(
-            exp.mesh, exp.rollout.sampler_devices))
-        self._check_supported(sampler_mesh)
+        self.member_groups = self._groups(member_groups)
+        per_group = len(members) // self.member_groups
+        self.vmap_width = default_vmap_width(per_group) if vmap_width is None else min(vmap_width, per_group)
+        self._check_supported()
+        self.mesh = user_error("mesh", lambda: population_mesh(exp.mesh, self.member_groups))
+        self.member_mesh = Mesh(self.mesh.devices[0], MESH_AXES)    # the devices of one group: a member's mesh
         checked = set()
         for i in range(len(members)):         # every setting as a single run checks it
             setting = json.dumps(self._setting(i), sort_keys=True)
             if setting not in checked:
                 checked.add(setting)
                 try:
-                    validate(self.member_experiment(i), self.mesh)
+                    validate(self.member_experiment(i), self.member_mesh, len(members), self.member_groups)
                 except ConfigError as error:
                     raise ConfigError(f"member {i} ({self._label(i)}): {error}") from None
         self.estimators = [self.member_experiment(i).algorithm.build() for i in range(len(members))]
         self.estimator = self._shared_estimator()
-        self.hparams = core.stack_hparams([e.hparams for e in self.estimators])
+        self.hparams = self._place(core.stack_hparams([e.hparams for e in self.estimators]))
         self.context = task_context(exp, fit_to=exp.rollout.max_prompt_tokens)
         if self.context.environment is not None:
             raise ConfigError(f"task.name={exp.task.name!r} plays multi-turn episodes (an environment): populations "
@@ -222,15 +249,15 @@ class Population:
 
     @classmethod
     def grid(cls, exp: Experiment, seeds=(0,), lr=None, algorithm: core.Estimator | None = None,
-             vmap_width: int | None = None, **axes) -> Population:
+             vmap_width: int | None = None, member_groups: int | None = None, **axes) -> Population:
         """Every combination of the hyperparameter ``axes`` (name -> list of values) and learning rates
         ``lr`` (a list; None: ``optim.lr``), each with every seed of ``seeds``: member index
-        ``setting * len(seeds) + seed index``."""
+        ``setting * len(seeds) + seed index``; the other arguments are ``Population``'s."""
         names = list(axes)
         settings = [dict(zip(names, combo)) for combo in itertools.product(*(axes[n] for n in names))]
         members = [Member(seed=int(seed), hparams={k: float(v) for k, v in setting.items()}, lr=rate)
                    for setting in settings for rate in (lr if lr is not None else [None]) for seed in seeds]
-        return cls(exp, members, algorithm, vmap_width)
+        return cls(exp, members, algorithm, vmap_width, member_groups)
 
     def _setting(self, i: int) -> dict:
         m = self.members[i]
@@ -248,15 +275,27 @@ class Population:
         optim = exp.optim if m.lr is None else dataclasses.replace(exp.optim, lr=float(m.lr))
         return dataclasses.replace(exp, seed=m.seed, algorithm=algorithm, optim=optim)
 
-    def _check_supported(self, sampler_mesh) -> None:
+    def _groups(self, member_groups: int | None) -> int:
+        """The member groups (``__init__``): checked, or the default."""
+        members, devices = len(self.members), jax.device_count()
+        if member_groups is None:
+            return math.gcd(members, devices)
+        if isinstance(member_groups, bool) or not isinstance(member_groups, int) or member_groups < 1:
+            raise ConfigError(f"member_groups={member_groups!r} is invalid: an integer >= 1, or None")
+        if members % member_groups or devices % member_groups:
+            raise ConfigError(f"member_groups={member_groups} must divide both the {members} members and the "
+                              f"{devices} devices (each group: the same number of members on the same number of "
+                              "devices)")
+        return member_groups
+
+    def _check_supported(self) -> None:
         """ConfigError for what populations do not support yet (docs/population.md)."""
         exp = self.exp
         unsupported = [
             (exp.stage != "rl", f"stage={exp.stage!r}: populations train RL policies only"),
             (jax.process_count() > 1, f"{jax.process_count()} processes: a population runs in one process for now"),
-            (self.mesh.devices.size > 1 or sampler_mesh is not self.mesh,
-             f"mesh over {self.mesh.devices.size} devices (rollout.sampler_devices={exp.rollout.sampler_devices}): "
-             "populations run on one device for now (members over devices is not built yet)"),
+            (exp.rollout.sampler_devices > 0, f"rollout.sampler_devices={exp.rollout.sampler_devices}: a population "
+                                              "samples on its members' devices (no separate sampler mesh), for now"),
             (bool(exp.task.tools), f"task.tools={exp.task.tools!r}: multi-turn episodes are not supported in "
                                    "populations yet"),
             (bool(exp.task.reward_model), f"task.reward_model={exp.task.reward_model!r}: learned rewards are not "
@@ -304,10 +343,15 @@ class Population:
                   for m in self.members]
         state = _stack(states)
         lr = self.exp.optim.lr
-        scales = jax.device_put(np.asarray([1.0 if m.lr is None else m.lr / lr for m in self.members], np.float32),
-                                replicated(self.mesh))      # placed as the state is (else a step recompiles)
+        scales = np.asarray([1.0 if m.lr is None else m.lr / lr for m in self.members], np.float32)
         inner, _ = state.opt_state
-        return state.replace(opt_state=(inner, MemberScaleState(scales)))
+        return self._place(state.replace(opt_state=(inner, MemberScaleState(scales))))
+
+    def _place(self, tree):
+        """``tree``'s arrays (each with a leading member axis) split along it over the ``members`` mesh
+        axis: each group's members on its devices (replicated over them). Every input of a phase is
+        placed so, so that each phase compiles once."""
+        return jax.device_put(tree, NamedSharding(self.mesh, PartitionSpec(MEMBER_AXIS)))
 
     def _compile(self) -> None:
         """The vmapped programs: sampling, ``prepare``, the optimizer step (state donated)."""
@@ -315,7 +359,7 @@ class Population:
         sampling = exp.rollout.sampling(self.context.eos_ids, pad_id(self.context.tokenizer),
                                         n=exp.rollout.samples_per_prompt)
         greedy = exp.rollout.sampling(self.context.eos_ids, pad_id(self.context.tokenizer), greedy=True)
-        over = partial(over_members, width=self.vmap_width, members=self.size)
+        over = partial(over_members, width=self.vmap_width, members=self.size, groups=self.member_groups)
         self._sample = jax.jit(over(partial(generate_state, self.graphdef, config=sampling)))
         self._greedy = jax.jit(over(partial(generate_state, self.graphdef, config=greedy)))
         self._prepare = jax.jit(over(learner._prepare))
@@ -368,8 +412,8 @@ class Population:
         exp, context = self.exp, self.context
         encoded = {s: encode_prompts(context.tokenizer, [e["prompt"] for e in examples], exp.rollout.max_prompt_tokens,
                                      context.prompt_format) for s, examples in examples_by_seed.items()}
-        return (np.stack([encoded[m.seed][0] for m in self.members]).astype(np.int32),
-                np.stack([encoded[m.seed][1] for m in self.members]).astype(np.int32))
+        return self._place((np.stack([encoded[m.seed][0] for m in self.members]).astype(np.int32),
+                            np.stack([encoded[m.seed][1] for m in self.members]).astype(np.int32)))
 
     def _collect(self, samples: Samples, examples_by_seed: dict):
         """Each active member's rows decoded and scored (``rollout.collect``, its padding kept): the
@@ -385,7 +429,7 @@ class Population:
                 try:
                     rollout, stat = collect(None, self.context.tokenizer, examples_by_seed[member.seed],
                                             self.reward_fn, self.context.task.reward_fn, None, config,
-                                            eos_ids=self.context.eos_ids, mesh=self.mesh,
+                                            eos_ids=self.context.eos_ids, mesh=None,
                                             prompt_format=self.context.prompt_format, samples=rows)
                     stat = {k: stat[k] for k in STAT_KEYS}
                 except RewardError as error:
@@ -404,7 +448,7 @@ class Population:
             prompt = max(r.tokens.shape[1] - r.mask.shape[1] for r in widths)
             rollouts = [keep_columns(r, prompt, response) for r in rollouts]
         rollouts = [jax.tree.map(jnp.asarray, r) for r in rollouts]
-        return _stack(rollouts), stats
+        return self._place(_stack(rollouts)), stats
 
     def _stop(self, i: int, reason: str) -> None:
         """Member ``i`` stops: its state is kept as it is, its updates are off, it gets no more records."""
@@ -470,12 +514,12 @@ class Population:
         cfg.check(prompts, k)
         keys = jax.vmap(lambda key: jax.random.split(key, 3))(self.state.key)
         key, shuffle_key = keys[:, 0], keys[:, 1]
-        active = jnp.asarray(self.active)
+        active = self._place(jnp.asarray(self.active))
         state, metrics = self.state, None
         for epoch in range(cfg.epochs):
             order = jax.vmap(lambda key: jax.random.permutation(jax.random.fold_in(key, epoch), prompts))(shuffle_key)
             for groups in jnp.split(order, cfg.minibatches, axis=1):
-                rows = (groups[..., None] * k + jnp.arange(k)).reshape(groups.shape[0], -1)
+                rows = self._place((groups[..., None] * k + jnp.arange(k)).reshape(groups.shape[0], -1))
                 state, step_metrics = self._step(active, state, rollout, rows, self.hparams)
                 metrics = step_metrics if metrics is None else core.combine_metrics(metrics, step_metrics)
         new = state.replace(step=state.step + 1, key=key)
@@ -488,7 +532,7 @@ class Population:
         verifier (None for a stopped member; a member whose verifier fails here stops)."""
         exp, context = self.exp, self.context
         tokens, mask = self._prompts(self.eval_examples)
-        keys = jnp.zeros((self.size, 2), jnp.uint32)         # greedy: the key draws nothing
+        keys = self._place(jnp.zeros((self.size, 2), jnp.uint32))         # greedy: the key draws nothing
         host = jax.device_get(self._greedy(self.state.params, tokens, mask, keys))
         accuracies = []
         for i, member in enumerate(self.members):
@@ -497,7 +541,7 @@ class Population:
                 try:
                     scored = sample_and_score(None, context.tokenizer, self.eval_examples[member.seed],
                                               exp.rollout.max_prompt_tokens, None, self.greedy_sampling,
-                                              {"correct": context.task.reward_fn}, self.mesh,
+                                              {"correct": context.task.reward_fn}, single_device_mesh(),
                                               exp.rollout.nonfinite_rewards, context.prompt_format,
                                               samples=_member(host, i))
                     accuracy = float(np.mean(scored.scores["correct"] == 1.0))
