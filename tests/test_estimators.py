@@ -241,6 +241,25 @@ def test_the_exact_audit_takes_a_users_estimator(plugins, x64):
         assert result.ess_fraction == pytest.approx(1.0)
 
 
+def test_the_audit_command_line_audits_a_users_estimator(plugins, capsys):
+    """``python -m pgjax.theory.audit --estimator my_estimators:OPO`` adds OPO's row to both tables, the
+    numbers of ``audit`` on the command's MDP; a path that does not import is one line."""
+    from pgjax.theory import audit as audit_lib
+    audit_lib.main(["--k", "2", "--estimator", "my_estimators:OPO"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| my_estimators:OPO |")]
+    assert len(rows) == 2
+    with jax.enable_x64(True):
+        mdp = mdp_lib.make_mdp(3, 3, 3, "outcome", 0)
+        policy = mdp_lib.tabular_policy(mdp)
+        theta = jnp.asarray(np.random.default_rng(1).normal(size=policy[1]) * 0.5, jnp.float64)
+        result = audit(mdp, policy, theta, plugins[1].OPO(), k=2)
+    assert rows[1] == (f"| my_estimators:OPO | {result.scale:.4f} | {result.direction_bias:.2e} | {result.cosine:.4f} "
+                       f"| {result.total_variance:.4f} |")
+    with pytest.raises(SystemExit):
+        audit_lib.main(["--estimator", "no_such_module:OPO"])
+    assert "algorithm.preset='no_such_module:OPO' cannot be imported" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------- the protocol's checks
 
 

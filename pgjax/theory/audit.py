@@ -275,14 +275,16 @@ ESTIMATORS = (
 )
 
 
-def audit_table(mdp: mdp_lib.TokenMDP, policy, theta, k: int) -> str:
-    """Markdown table of every estimator in ``ESTIMATORS`` on ``mdp``."""
+def audit_table(mdp: mdp_lib.TokenMDP, policy, theta, k: int, extra: tuple = ()) -> str:
+    """Markdown table of every estimator in ``ESTIMATORS`` on ``mdp``, then ``extra``'s ((label,
+    estimator) pairs: estimators of the user's, at their own hyperparameters)."""
     rows = ["| estimator | scale c | direction bias | cosine | total variance |",
             "| --- | ---: | ---: | ---: | ---: |"]
     results = []
     for label, name, changes in ESTIMATORS:
         algo = core.preset(name)
         results.append((label, audit(mdp, policy, theta, algo, algo.hparams.replace(**changes), k=k)))
+    results += [(label, audit(mdp, policy, theta, estimator, k=k)) for label, estimator in extra]
     greedy_table = mdp_lib.greedy_state_values(mdp, policy[0](jnp.asarray(theta)))
     results.append(("per-step greedy baseline G-hat_t from every s_t (eq. 13)",
                     audit(mdp, policy, theta, core.preset("reinforce_baseline"), k=k, state_baseline=greedy_table)))
@@ -294,8 +296,9 @@ def audit_table(mdp: mdp_lib.TokenMDP, policy, theta, k: int) -> str:
 
 
 def report(k: int = 4, vocab: int = 3, horizon: int = 3, prompts: int = 3, reward: str = "outcome",
-           policy: str = "tabular", seed: int = 0) -> str:
-    """The audit tables for one prompt and for ``prompts`` prompts of mixed difficulty."""
+           policy: str = "tabular", seed: int = 0, extra: tuple = ()) -> str:
+    """The audit tables for one prompt and for ``prompts`` prompts of mixed difficulty (``extra``: rows
+    of the user's estimators, ``audit_table``)."""
     mdp = mdp_lib.make_mdp(vocab, horizon, prompts, reward, seed)
     pol = mdp_lib.tabular_policy(mdp) if policy == "tabular" else mdp_lib.shared_policy(mdp)
     theta = jnp.asarray(np.random.default_rng(seed + 1).normal(size=pol[1]) * 0.5, jnp.float64)
@@ -306,14 +309,15 @@ def report(k: int = 4, vocab: int = 3, horizon: int = 3, prompts: int = 3, rewar
     lines = [f"Token MDP: vocabulary {vocab} (EOS = 0), horizon {horizon}, {mdp.num_trajectories} trajectories "
              f"per prompt, {reward} rewards, {policy} policy, K = {k}, seed {seed}.",
              f"Expected reward of each prompt under theta: {np.array2string(success, precision=3)}.", "",
-             "One prompt (prompt 0):", "", audit_table(single, pol, theta, k), "",
-             f"{prompts} prompts of mixed difficulty, uniform p_0:", "", audit_table(mdp, pol, theta, k)]
+             "One prompt (prompt 0):", "", audit_table(single, pol, theta, k, extra), "",
+             f"{prompts} prompts of mixed difficulty, uniform p_0:", "", audit_table(mdp, pol, theta, k, extra)]
     return "\n".join(lines)
 
 
 def main(argv=None):
     import argparse
-    parser = argparse.ArgumentParser(description="Exact bias and variance of every estimator of the paper.")
+    parser = argparse.ArgumentParser(prog="python -m pgjax.theory.audit",
+                                     description="Exact bias and variance of every estimator of the paper.")
     parser.add_argument("--k", type=int, default=4, help="samples per prompt")
     parser.add_argument("--vocab", type=int, default=3)
     parser.add_argument("--horizon", type=int, default=3)
@@ -321,9 +325,17 @@ def main(argv=None):
     parser.add_argument("--reward", choices=["outcome", "process"], default="outcome")
     parser.add_argument("--policy", choices=["tabular", "shared"], default="tabular")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--estimator", action="append", default=[], metavar="PACKAGE.MODULE:NAME",
+                        help="also audit this estimator of your own (an import path, as algorithm.preset takes; "
+                             "repeatable), at its default hyperparameters")
     args = parser.parse_args(argv)
+    from pgjax.train.experiment import AlgorithmSection, ConfigError
+    try:
+        extra = tuple((path, AlgorithmSection(preset=path).build()) for path in args.estimator)
+    except (ConfigError, ValueError) as error:
+        parser.error(str(error))
     with jax.enable_x64(True):
-        print(report(args.k, args.vocab, args.horizon, args.prompts, args.reward, args.policy, args.seed))
+        print(report(args.k, args.vocab, args.horizon, args.prompts, args.reward, args.policy, args.seed, extra))
 
 
 if __name__ == "__main__":
