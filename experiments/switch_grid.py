@@ -1,6 +1,6 @@
 """The paper's two GRPO switches on the main job, over 8 seeds, trained as one population.
 
-    python experiments/switch_grid.py                       # train (~15 min on 2 CPU cores), keep the records, report
+    python experiments/switch_grid.py                       # train, keep the records, report
     python experiments/switch_grid.py --resume              # continue a population stopped early (a signal, a kill)
     python experiments/switch_grid.py --report              # the table and the plot from the kept records
     python experiments/switch_grid.py --smoke --runs /tmp/sg --out /tmp/sg     # seconds: the CI check
