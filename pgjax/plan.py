@@ -259,7 +259,7 @@ class Planner:
         over = partial(over_members, width=self.vmap_width, members=self.members)
         return (jax.jit(over(learner._prepare)),
                 jax.jit(over(lambda state, rollout, order, hparams: learner._step(state, rollout, order, None, hparams,
-                                                                                   None)), donate_argnums=0))
+                                                                                   None), carried=1), donate_argnums=0))
 
     def rollout(self, rows: int) -> Rollout:
         """The abstract rollout the sampler hands ``prepare`` (``learner.placeholder_rollout``: tokens,

@@ -85,6 +85,10 @@ def test_a_population_is_planned_as_its_members_stacked(planners):
     assert vmapped.step.temp > 3 * single.step.temp, (vmapped.step.temp, single.step.temp)
     assert mapped.step.temp < 1.5 * single.step.temp, (mapped.step.temp, single.step.temp)
     assert mapped.total < vmapped.total
+    # one member at a time, the step writes each member's new state into the donated stacked state (one copy
+    # of it, ``population.member_loop``): the step's output aliases the state, and its peak is the state plus
+    # about a run's step
+    assert mapped.step.alias >= mapped.state and mapped.total < mapped.state + single.total
     assert "a population of 4 members" in "\n".join(plan_lib.summary(vmapped, 2**30))
     with pytest.raises(ValueError, match="members=0"):
         plan_lib.Planner(ModelConfig(**TINY), MeshConfig(data=1), **SHAPE, members=0)

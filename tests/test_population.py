@@ -27,7 +27,7 @@ from pgjax.train.experiment import ConfigError, LoRASection, RunStopped, TaskSec
 from pgjax.train.interrupts import RunInterrupted
 from pgjax.train.learner import UpdateConfig
 from pgjax.train.optim import OptimConfig, make_optimizer
-from pgjax.train.population import Member, Population, member_scale
+from pgjax.train.population import Member, Population, member_scale, over_members
 from pgjax.train.records import TIMING_KEYS
 from pgjax.train.rollout import RolloutConfig
 from pgjax.train.sinks import read_records
@@ -395,6 +395,21 @@ def test_members_over_8_devices_train_as_on_one(tmp_path):
         # (measured: 4e-3 of the largest entry after 3 warm-start and 2 RL steps at lr 1e-2)
         for a, b in zip(got["params"], params):
             assert np.max(np.abs(np.asarray(a, np.float32) - b)) / np.max(np.abs(b)) < 2e-2, name
+
+
+@pytest.mark.parametrize("width", [1, 2, 4])
+def test_the_member_loop_equals_a_map_over_the_members(width):
+    """``over_members(..., carried=2)`` (the state carried through a loop over chunks of ``width`` members
+    and written in place) gives what mapping ``fn`` over the members one by one gives, state and outputs."""
+    def fn(a, b, x):
+        return a + x.sum(), b * 2.0, {"y": jnp.tanh(a) * x, "n": jnp.sum(b)}
+    keys = jax.random.split(jax.random.key(0), 3)
+    a, b, x = (jax.random.normal(k, shape) for k, shape in zip(keys, [(4, 3), (4, 2, 2), (4, 3)]))
+    got = jax.jit(over_members(fn, width, 4, carried=2), donate_argnums=(0, 1))(a + 0.0, b + 0.0, x)
+    want = [fn(a[i], b[i], x[i]) for i in range(4)]
+    for k, part in enumerate(got):
+        stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *[w[k] for w in want])
+        assert jax.tree.all(jax.tree.map(lambda u, v: bool(jnp.allclose(u, v, rtol=1e-6, atol=1e-6)), part, stacked))
 
 
 def test_the_member_scale_makes_the_update_of_that_learning_rate():

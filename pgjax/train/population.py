@@ -5,7 +5,7 @@ estimator class of the user's), and differ in traced values: the estimator's hyp
 field of ``algorithm.hparams``: the paper's switches, clip epsilons, KL and entropy coefficients),
 the policy's learning rate, and the seed. Their parameters, optimizer states and PRNG keys are
 stacked on a leading member axis, and every jitted phase of a step is one program over it
-(``over_members``: ``jax.vmap`` over all members, or with ``vmap_width`` w < N ``jax.lax.map`` over chunks
+(``over_members``: ``jax.vmap`` over all members, or with ``vmap_width`` w < N a loop over chunks
 of w vmapped members; the default is every member vmapped on an accelerator and one member at a time
 on CPU, where a step is compute-bound already and the vmapped one measured slower):
 
@@ -137,15 +137,20 @@ def member_scale() -> optax.GradientTransformation:
     return optax.GradientTransformation(init, update)
 
 
-def over_members(fn, width: int, members: int, groups: int = 1):
+def over_members(fn, width: int, members: int, groups: int = 1, carried: int = 0):
     """``fn`` over the leading (member) axis of every argument, in one program. Within a group of
-    members: ``jax.vmap`` over all of them when ``width`` >= its members, else ``jax.lax.map`` over
-    chunks of ``width`` members, each chunk vmapped (``width`` 1: one member at a time, each computed as
-    a single run computes). With ``groups`` > 1 the N members are split into that many groups of N /
-    ``groups`` consecutive members, vmapped with ``spmd_axis_name=MEMBER_AXIS``: each group's work (and
-    every sharding constraint inside ``fn``) goes to its devices of the ``members`` mesh axis."""
+    members: ``jax.vmap`` over all of them when ``width`` >= its members, else a loop over chunks of
+    ``width`` members, each chunk vmapped (``width`` 1: one member at a time, each computed as a single
+    run computes). With ``groups`` > 1 the N members are split into that many groups of N / ``groups``
+    consecutive members, vmapped with ``spmd_axis_name=MEMBER_AXIS``: each group's work (and every
+    sharding constraint inside ``fn``) goes to its devices of the ``members`` mesh axis.
+
+    ``carried`` = c > 0: ``fn``'s first c arguments are state it returns updated as its first c
+    outputs (``fn(s_1..s_c, *rest) -> (s_1'..s_c', *more)``); the loop then carries the stacked state
+    and writes each chunk's new state into it in place (``member_loop``), so that with the state
+    donated a step holds one copy of every member's state, not the input's and the output's."""
     if groups > 1:
-        per_group = over_members(fn, width, members // groups)
+        per_group = over_members(fn, width, members // groups, carried=carried)
 
         def grouped(*args):
             split = jax.tree.map(lambda x: x.reshape(groups, members // groups, *x.shape[1:]), args)
@@ -154,7 +159,36 @@ def over_members(fn, width: int, members: int, groups: int = 1):
         return grouped
     if width >= members:
         return jax.vmap(fn)
+    if carried and members % width == 0:
+        return partial(member_loop, jax.vmap(fn) if width > 1 else fn, width, members, carried)
     return lambda *args: jax.lax.map(lambda a: fn(*a), args, batch_size=width if width > 1 else None)
+
+
+def member_loop(fn, width: int, members: int, carried: int, *args):
+    """``fn`` over chunks of ``width`` of the ``members`` stacked along every argument's leading axis,
+    one chunk after another in a ``lax.fori_loop``: chunk j's slices of the arguments in, its outputs
+    written into the stacked outputs at j. The first ``carried`` arguments are the loop's carry,
+    updated in place (``fn``'s first ``carried`` outputs are their new values); its other outputs are
+    written into buffers the loop allocates. ``fn`` takes a chunk (``width`` > 1, its arguments with a
+    leading axis) or one member."""
+    take = (lambda x, j: jax.lax.dynamic_slice_in_dim(x, j * width, width)) if width > 1 else (
+        lambda x, j: jax.lax.dynamic_index_in_dim(x, j, keepdims=False))
+    put = (lambda x, y, j: jax.lax.dynamic_update_slice_in_dim(x, y, j * width, 0)) if width > 1 else (
+        lambda x, y, j: jax.lax.dynamic_update_index_in_dim(x, y, j, 0))
+    state, rest = args[:carried], args[carried:]
+    chunk = lambda tree, j: jax.tree.map(lambda x: take(x, j), tree)       # noqa: E731
+    shapes = jax.eval_shape(fn, *chunk(args, 0))[carried:]
+    stacked = (lambda x: (members, *x.shape[1:])) if width > 1 else (lambda x: (members, *x.shape))
+    outputs = jax.tree.map(lambda x: jnp.zeros(stacked(x), x.dtype), shapes)
+
+    def body(j, carry):
+        state, outputs = carry
+        new = fn(*chunk(state, j), *chunk(rest, j))
+        write = lambda whole, part: jax.tree.map(lambda x, y: put(x, y, j), whole, part)   # noqa: E731
+        return write(state, tuple(new[:carried])), write(outputs, tuple(new[carried:]))
+
+    state, outputs = jax.lax.fori_loop(0, members // width, body, (tuple(state), outputs))
+    return (*state, *outputs)
 
 
 def default_vmap_width(members: int) -> int:
@@ -364,11 +398,11 @@ class Population:
         self._greedy = jax.jit(over(partial(generate_state, self.graphdef, config=greedy)))
         self._prepare = jax.jit(over(learner._prepare))
 
-        def member_step(active, state, rollout, rows, hp):
+        def member_step(state, active, rollout, rows, hp):
             new, metrics = learner._step(state, rollout, rows, None, hp, None)
             return jax.tree.map(lambda a, b: jnp.where(active, a, b), new, state), metrics
 
-        self._step = jax.jit(over(member_step), donate_argnums=1)
+        self._step = jax.jit(over(member_step, carried=1), donate_argnums=0)
         self.sampling, self.greedy_sampling = sampling, greedy
 
     # ---------------------------------------------------------------- the loop
@@ -396,7 +430,7 @@ class Population:
         opt_state = jax.vmap(optimizer.init)(params)
         graphdef = self.learner.graphdef
         step = jax.jit(over_members(lambda p, o, t, a, m: sft_step(graphdef, optimizer, p, o, None, t, a, m),
-                                    self.vmap_width, len(self.seeds)), donate_argnums=(0, 1))
+                                    self.vmap_width, len(self.seeds), carried=2), donate_argnums=(0, 1))
         for index in range(ws.steps):
             batches = [warm_start_batch(self.exp, self.context, self.context.task.examples(
                 ws.batch_size, seed=stream_seed(s, "warm_start", index))) for s in self.seeds]
@@ -520,7 +554,7 @@ class Population:
             order = jax.vmap(lambda key: jax.random.permutation(jax.random.fold_in(key, epoch), prompts))(shuffle_key)
             for groups in jnp.split(order, cfg.minibatches, axis=1):
                 rows = self._place((groups[..., None] * k + jnp.arange(k)).reshape(groups.shape[0], -1))
-                state, step_metrics = self._step(active, state, rollout, rows, self.hparams)
+                state, step_metrics = self._step(state, active, rollout, rows, self.hparams)
                 metrics = step_metrics if metrics is None else core.combine_metrics(metrics, step_metrics)
         new = state.replace(step=state.step + 1, key=key)
         keep = lambda a, b: jnp.where(active.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)     # noqa: E731
