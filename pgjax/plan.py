@@ -140,7 +140,7 @@ class Fit:
 
 def load_model_config(path, **options) -> ModelConfig:
     """The ``ModelConfig`` of a Hugging Face config.json, or of a directory holding one, read offline;
-    ``options``: ``hf.config_from_hf``'s (param_dtype, compute_dtype, remat, scan_layers)."""
+    ``options``: ``hf.config_from_hf``'s (family, param_dtype, compute_dtype, remat, scan_layers)."""
     from transformers import AutoConfig
     path = pathlib.Path(path)
     file = path / "config.json" if path.is_dir() else path
@@ -424,6 +424,9 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m pgjax.plan", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="a Hugging Face config.json, or a directory holding one")
+    p.add_argument("--family", default=None, help="read the config as a model family of your own: the import path "
+                   "package.module:NAME of a pgjax.models.transformer.Family (model.family; default: the built-in "
+                   "family of its model_type)")
     p.add_argument("--mesh", default="data=1", help="axis sizes, e.g. data=2,fsdp=4,tensor=1 (default data=1)")
     p.add_argument("--devices", type=int, help="devices of the mesh (default: the product of its sizes, a -1 counting as 1)")
     p.add_argument("--batch", type=int, required=True, help="rows: prompt groups x group size")
@@ -462,7 +465,7 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     try:
         model = load_model_config(args.model, param_dtype=args.param_dtype, compute_dtype=args.compute_dtype,
-                                  remat=args.remat, scan_layers=args.scan_layers,
+                                  remat=args.remat, scan_layers=args.scan_layers, family=args.family,
                                   lora=LoRAConfig(rank=args.lora, alpha=2.0 * args.lora) if args.lora else None)
         mesh = parse_mesh(args.mesh)
         devices = default_devices(mesh) if args.devices is None else args.devices

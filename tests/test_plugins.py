@@ -424,6 +424,13 @@ def test_a_family_of_your_own_loads_runs_and_saves_a_transformers_checkpoint(plu
     mistral_checkpoint(windowed, sliding_window=4)
     with pytest.raises(ValueError, match="unsupported mistral settings sliding_window=4"):
         hf.load_config(windowed, family="plug_family:MISTRAL")
+    # the memory planner reads the checkpoint through the family too
+    from pgjax import plan as plan_lib
+    assert plan_lib.main(["--model", str(tmp_path / "mistral"), "--family", "plug_family:MISTRAL", "--batch", "8",
+                          "--prompt-len", "4", "--response-len", "4", "--no-search", "--group-size", "4"]) == 0
+    with pytest.raises(SystemExit):
+        plan_lib.main(["--model", str(tmp_path / "mistral"), "--batch", "8", "--prompt-len", "4", "--response-len", "4",
+                       "--group-size", "4"])
 
 
 def test_a_new_model_of_your_own_family_and_the_builtin_families(plugin, tmp_path):
