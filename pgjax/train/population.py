@@ -372,14 +372,23 @@ class Population:
     def _states(self, params_by_seed: dict) -> TrainState:
         """Every member's fresh ``TrainState`` from its seed's parameters (``Learner.init_state``: new
         optimizer states, the reference policy and critic from the policy, the key ``PRNGKey(seed)``),
-        stacked, each member's learning-rate scale set."""
-        states = [self.learner.init_state(self.learner.policy(params_by_seed[m.seed]), jax.random.PRNGKey(m.seed))
-                  for m in self.members]
-        state = _stack(states)
+        stacked, each member's learning-rate scale set. Each member's state is written into the stacked
+        one as it is made (a donated update in place), so building holds the stacked states and one
+        member's, not every member's twice."""
+        sharding = NamedSharding(self.mesh, PartitionSpec(MEMBER_AXIS))
+        write = jax.jit(lambda whole, part, i: jax.tree.map(lambda w, x: w.at[i].set(x), whole, part),
+                        donate_argnums=0)
+        state = None
+        for i, m in enumerate(self.members):
+            one = self.learner.init_state(self.learner.policy(params_by_seed[m.seed]), jax.random.PRNGKey(m.seed))
+            if state is None:
+                state = jax.jit(lambda tree: jax.tree.map(lambda x: jnp.zeros((self.size, *x.shape), x.dtype), tree),
+                                out_shardings=sharding)(one)
+            state = write(state, one, i)
         lr = self.exp.optim.lr
         scales = np.asarray([1.0 if m.lr is None else m.lr / lr for m in self.members], np.float32)
         inner, _ = state.opt_state
-        return self._place(state.replace(opt_state=(inner, MemberScaleState(scales))))
+        return state.replace(opt_state=(inner, self._place(MemberScaleState(scales))))
 
     def _place(self, tree):
         """``tree``'s arrays (each with a leading member axis) split along it over the ``members`` mesh
