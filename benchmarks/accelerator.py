@@ -56,13 +56,13 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import measure
 import numpy as np
 import optax
 from flax import nnx
 
 # benchmarks/ is sys.path[0] when this file runs as a script
 from logprob_memory import compile_value_and_grad, make_losses, memory, time_call
-import measure
 
 from pgjax import core
 from pgjax.models.transformer import CausalLM, ModelConfig
@@ -184,7 +184,7 @@ def logprob_rows(c, args):
         jax.random.normal(k1, (m, h), dtype), (jax.random.normal(k2, (h, v)) / h ** 0.5).astype(dtype),
         jax.random.randint(k3, (m,), 0, v, jnp.int32)))())
     plain_loss, chunked_loss = make_losses(1.0)
-    chunked = lambda hh, ww, tt: chunked_loss(hh, ww, tt, args.chunk_size)
+    chunked = lambda hh, ww, tt: chunked_loss(hh, ww, tt, args.chunk_size)  # noqa: E731
     results = {}
     for name, fn in ((f"chunked ({args.chunk_size})", chunked), ("plain logits", plain_loss)):
         compiled, _ = compile_value_and_grad(fn, shapes)

@@ -109,8 +109,9 @@ def table(rows: list[dict]) -> list[str]:
     lines = ["| rollouts | sample | prepare | update wait | step | / on-policy | host scoring over device work |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['label']} | {r['time_sample']:.3f} s | {r['time_prepare']:.3f} s | {r['time_update']:.3f} s "
-                     f"| {r['time_step']:.3f} s | {r['time_step'] / first:.2f} | {r['score_over_device']:.0%} |")
+        lines.append(f"| {r['label']} | {r['time_sample']:.3f} s | {r['time_prepare']:.3f} s "
+                     f"| {r['time_update']:.3f} s | {r['time_step']:.3f} s | {r['time_step'] / first:.2f} "
+                     f"| {r['score_over_device']:.0%} |")
     return lines
 
 
@@ -157,6 +158,7 @@ def main(argv=None) -> None:
                                                                    args.steps, args.warmup, args.profile_steps)}))
         return
     from readme_tables import save_table
+
     from pgjax.train.experiment import load
     load(args.experiment)                                       # a bad file fails here, not in every row
     results = []

@@ -62,9 +62,9 @@ glibc's default malloc: the children's environment has no ``PGJAX_KEEP_FREED_MEM
 ``GLIBC_TUNABLES`` or ``LD_PRELOAD``, whatever the parent's has. ``--tuned`` adds rows run the same
 way but labelled with their setting: pgjax with ``PGJAX_KEEP_FREED_MEMORY=1`` (``pgjax.host_memory``:
 keep freed host memory mapped; compared with TRL at glibc's defaults); TRL and pgjax each with
-transparent huge pages (``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``; compared with each other); and, when ``ldconfig -p`` finds libjemalloc or libtcmalloc, TRL
-and pgjax each with it in ``LD_PRELOAD`` (compared with each other; on the 2-core machine of the
-docs' tables neither library is installed).
+transparent huge pages (``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``; compared with each other); and,
+when ``ldconfig -p`` finds libjemalloc or libtcmalloc, TRL and pgjax each with it in ``LD_PRELOAD``
+(compared with each other; on the 2-core machine of the docs' tables neither library is installed).
 
 Statistics. ``--rounds`` (2) rounds of every row's child process, in ABBA order (the rows' order in
 odd rounds, reversed in even ones: TRL first, then pgjax first), each child running ``--warmup``
@@ -115,25 +115,24 @@ import warnings
 from collections.abc import Callable
 
 import jax
+import measure
 import numpy as np
+import provenance
+import stats
 import torch
 import transformers
 import trl
 from datasets import Dataset
-
-import measure
-import provenance
-import stats
 from readme_tables import save_table
 
 from pgjax import core, host_memory
 from pgjax.models import hf
 from pgjax.rewards import ArithmeticTask, arithmetic_reward, is_arithmetic_answer, per_example
 from pgjax.rewards.word_math import word_math_reward
-from pgjax.train.learner import Learner, UpdateConfig
-from pgjax.train.optim import OptimConfig, make_optimizer
 from pgjax.train.context import task_context
 from pgjax.train.experiment import Experiment, ModelSection, TaskSection
+from pgjax.train.learner import Learner, UpdateConfig
+from pgjax.train.optim import OptimConfig, make_optimizer
 from pgjax.train.rollout import PLAIN, PromptFormat, RolloutConfig, collect, encode_prompts
 
 GRPO = core.preset("grpo")
@@ -283,7 +282,8 @@ class PgjaxStep:
         self.state, _ = jax.block_until_ready(self.learner.update(self.state, rollout, GRPO.hparams))
         t3 = time.perf_counter()
         self.step += 1
-        return {"step": k, **dict(zip(PARTS, (t1 - t0, t2 - t1, t3 - t2))), "generated": int(np.sum(out["length"])),
+        return {"step": k, **dict(zip(PARTS, (t1 - t0, t2 - t1, t3 - t2), strict=True)),
+                "generated": int(np.sum(out["length"])),
                 "prompt_tokens": prompt_tokens, "prompts": [e["prompt"] for e in examples],
                 "compile_s": COMPILE["s"] - compiled, **measure.kernel_cost(before),
                 "peak_rss_gib": measure.peak_rss_gib()}
@@ -328,7 +328,8 @@ class TrlTimer(transformers.TrainerCallback):
         k = state.global_step - 1
         if k >= self.warmup:
             self.steps.append({"step": k, **dict(zip(PARTS, (sampling, scoring,
-                                                              total - t["_generate_and_score_completions"]))),
+                                                              total - t["_generate_and_score_completions"]),
+                                                         strict=True)),
                                "generated": t["generated"], "prompt_tokens": t["prompt_tokens"],
                                "prompts": t["prompts"], **measure.kernel_cost(self.usage),
                                "peak_rss_gib": measure.peak_rss_gib()})

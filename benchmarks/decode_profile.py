@@ -32,9 +32,8 @@ os.environ["XLA_FLAGS"] = (f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={DU
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
 import measure  # noqa: E402
+import numpy as np  # noqa: E402
 import traces  # noqa: E402
 from readme_tables import save_table  # noqa: E402
 from sampler import word_math_prompts  # noqa: E402

@@ -92,7 +92,7 @@ def reprefilled(setup, key) -> dict:
         generated += int(lengths[:len(live)].sum())
         texts = decode_responses(tokenizer, response, lengths, sampling.eos_ids)
         going = []
-        for row, (r, reply) in enumerate(zip(live, texts)):
+        for row, (r, reply) in enumerate(zip(live, texts, strict=False)):
             ids = response[row, :lengths[row]].tolist()
             replies[r].append(reply)
             cut[r] = not (ids and ids[-1] in sampling.eos_ids)
@@ -162,8 +162,8 @@ def main(argv=None):
             print(f"round {round_} {side}: {result['seconds']:.2f} s, {result['prefilled']} prefilled, "
                   f"{result['generated']} generated, {result['cut']} cut, {result['compiled']} compiled "
                   f"({result['compile_seconds']:.1f} s, not counted)", flush=True)
-    agree = np.mean([a == b for x, y in zip(runs["carried"], runs["re-prefilled"])
-                     for a, b in zip(x["replies"], y["replies"])])
+    agree = np.mean([a == b for x, y in zip(runs["carried"], runs["re-prefilled"], strict=True)
+                     for a, b in zip(x["replies"], y["replies"], strict=True)])
     seconds = {side: [r["seconds"] for r in runs[side]] for side in SIDES}
     ratio = median_ratio(seconds["re-prefilled"], seconds["carried"])
     rows = args.prompts * args.samples

@@ -15,11 +15,11 @@ import tempfile
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from measure import call_times                # noqa: E402
-from readme_tables import save_table           # noqa: E402
+from measure import call_times
+from readme_tables import save_table
 
-from pgjax.models import gguf                  # noqa: E402
-from pgjax.train import inputs                 # noqa: E402
+from pgjax.models import gguf
+from pgjax.train import inputs
 
 
 def dataset(path: pathlib.Path, size: int) -> pathlib.Path:

@@ -32,9 +32,10 @@ import subprocess
 import sys
 import time
 
+from readme_tables import save_table  # no JAX either
+
 from pgjax import host_memory  # no JAX yet
 from pgjax.host_memory import M_ARENA_MAX, M_MMAP_MAX, M_TRIM_THRESHOLD, SETTINGS, SWITCH, TUNABLES
-from readme_tables import save_table  # noqa: E402  (no JAX either)
 
 HUGE_PAGES = {TUNABLES: host_memory.HUGE_PAGES}
 REMAT = {"scan_layers": True, "remat": "save_nothing"}
@@ -63,8 +64,8 @@ def run_variant(key, shape, args) -> dict:
     mallopt = ctypes.CDLL("libc.so.6").mallopt
     if not all(mallopt(option, value) == 1 for option, value in settings):
         raise RuntimeError(f"mallopt rejected a setting of {key!r}")
-    import measure               # these import JAX, torch and pgjax: after mallopt,
-    import train_step            # with PGJAX_KEEP_FREED_MEMORY=0
+    import measure  # these import JAX, torch and pgjax: after mallopt,
+    import train_step  # with PGJAX_KEEP_FREED_MEMORY=0
     batch, length = map(int, shape.split("x"))
     vocab = json.load(open(os.path.join(args.model, "config.json")))["vocab_size"]
     run = train_step.pgjax_trainer(args.model, train_step.pgjax_chunked_loss,

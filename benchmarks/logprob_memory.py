@@ -164,7 +164,7 @@ def main(argv=None):
     del compiled
 
     for c in args.chunk_size:
-        fn = lambda hh, ww, tt, c=c: chunked_loss(hh, ww, tt, c)
+        fn = lambda hh, ww, tt, c=c: chunked_loss(hh, ww, tt, c)  # noqa: E731
         compiled, t_compile = compile_value_and_grad(fn, shapes)
         mem = memory(compiled)
         print(f"chunked (chunk {c}): compiled in {t_compile:.1f} s, memory analysis {mem}", flush=True)
@@ -173,8 +173,9 @@ def main(argv=None):
         if ref is not None:
             val, (gh, gw) = compiled(*inputs)
             rval, (rgh, rgw) = ref
-            rel = lambda a, b: float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)))
-                                     / jnp.maximum(jnp.max(jnp.abs(b.astype(jnp.float32))), 1e-30))
+            def rel(a, b):
+                return float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)))
+                             / jnp.maximum(jnp.max(jnp.abs(b.astype(jnp.float32))), 1e-30))
             print(f"chunked (chunk {c}): vs plain: loss {float(val):.6g} vs {float(rval):.6g}, "
                   f"max rel err grad_hidden {rel(gh, rgh):.2e}, grad_W {rel(gw, rgw):.2e}", flush=True)
             del val, gh, gw
@@ -216,7 +217,7 @@ def main(argv=None):
     for name, mem_ratio, time_ratio in verdicts:
         mem_ok = None if mem_ratio is None else mem_ratio <= TARGET_MEMORY_RATIO
         time_ok = None if time_ratio is None else time_ratio <= TARGET_TIME_RATIO
-        word = lambda ok: "unknown" if ok is None else ("yes" if ok else "NO")
+        word = lambda ok: "unknown" if ok is None else ("yes" if ok else "NO")  # noqa: E731
         overall = "MET" if mem_ok and time_ok else ("NOT MET" if False in (mem_ok, time_ok) else "UNKNOWN")
         print(f"  {name}: memory {word(mem_ok)} ({fmt_ratio(mem_ratio)}), "
               f"time {word(time_ok)} ({fmt_ratio(time_ratio)}) -> {overall}")

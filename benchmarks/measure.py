@@ -50,7 +50,8 @@ def kernel_cost(before, per: int = 1) -> dict:
     """Kernel (system) seconds and minor page faults of this process since ``before`` (a
     ``resource.getrusage``), divided by ``per`` (steps): the cost of host memory faulted in."""
     now = resource.getrusage(resource.RUSAGE_SELF)
-    return {"system_s": (now.ru_stime - before.ru_stime) / per, "minor_faults": (now.ru_minflt - before.ru_minflt) / per}
+    return {"system_s": (now.ru_stime - before.ru_stime) / per,
+            "minor_faults": (now.ru_minflt - before.ru_minflt) / per}
 
 
 def peak_rss_gib() -> float:

@@ -81,7 +81,8 @@ def compare(steps: int, experiment: str, widths: dict, seeds=SEEDS) -> dict:
     sides = {}
     for label, width in widths.items():
         times = {}
-        population, times["build"] = timed(lambda: Population.grid(exp, seeds=seeds, vmap_width=width, **GRID))
+        population, times["build"] = timed(lambda width=width: Population.grid(exp, seeds=seeds, vmap_width=width,
+                                                                               **GRID))
         tokens = []
         population._sample = captured(population._sample, tokens, lambda s: s.response)
         _, times["warm_start"] = timed(population.warm_start)
@@ -94,7 +95,7 @@ def compare(steps: int, experiment: str, widths: dict, seeds=SEEDS) -> dict:
     trainers, run_tokens, run_first = [], [[] for _ in range(n)], []
     run_times = {"build": 0.0, "warm_start": 0.0, "eval_first": 0.0}
     for i in range(n):
-        trainer, seconds = timed(lambda: Trainer(members.member_experiment(i)))
+        trainer, seconds = timed(lambda i=i: Trainer(members.member_experiment(i)))
         run_times["build"] += seconds
         trainer.pipeline.dispatch = captured(trainer.pipeline.dispatch, run_tokens[i], lambda r: r[1].response)
         run_times["warm_start"] += timed(trainer.warm_start)[1]

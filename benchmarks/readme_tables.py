@@ -22,7 +22,7 @@ import re
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from provenance import machine_line, record  # noqa: E402
+from provenance import machine_line, record
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -88,7 +88,7 @@ def stale(pages, tables: dict) -> list[str]:
 def regenerate(text: str, tables: dict) -> str:
     """``text`` with every existing block replaced by its saved table."""
     for name, table in tables.items():
-        text = block(name).sub(lambda m: f"{m.group(1)}\n{table}\n{m.group(3)}", text)
+        text = block(name).sub(lambda m, table=table: f"{m.group(1)}\n{table}\n{m.group(3)}", text)
     return text
 
 

@@ -39,11 +39,10 @@ import sys
 import tempfile
 
 import jax
+import measure
 import numpy as np
 import torch
 import transformers
-
-import measure
 from readme_tables import save_table
 
 from pgjax.models import hf
@@ -58,7 +57,7 @@ def timed(fn, count, repeats):
     first (warm-up, compiling) call."""
     outputs = []
     first, seconds = measure.call_times(lambda: outputs.append(fn()), repeats)
-    return statistics.median(count(out) / t for out, t in zip(outputs[1:], seconds)), first
+    return statistics.median(count(out) / t for out, t in zip(outputs[1:], seconds, strict=True)), first
 
 
 def build_models(args, directory):
@@ -84,7 +83,7 @@ def pgjax_rate(model, prompts, mask, new_tokens, eos_ids, pad, seed, repeats, co
     config = SamplingConfig(max_new_tokens=new_tokens, eos_ids=eos_ids, pad_id=pad, temperature=1.0,
                             compaction=compaction)
     key = jax.random.key(seed)
-    run = lambda: jax.block_until_ready(generate(model, prompts, mask, key, config))
+    run = lambda: jax.block_until_ready(generate(model, prompts, mask, key, config))  # noqa: E731
     return timed(run, lambda samples: int(samples.lengths.sum()), repeats)
 
 

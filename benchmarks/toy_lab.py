@@ -9,7 +9,9 @@ import statistics
 import time
 
 import jax
-from pgjax.theory import lab, mdp as mdp_lib
+
+from pgjax.theory import lab
+from pgjax.theory import mdp as mdp_lib
 
 LEARNING_RATES = (0.3, 1.0, 3.0, 10.0)
 

@@ -86,13 +86,13 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import measure
-from readme_tables import save_table
 import numpy as np
 import optax
 import torch
-from torch.utils.checkpoint import checkpoint
 import transformers
 from flax import nnx
+from readme_tables import save_table
+from torch.utils.checkpoint import checkpoint
 
 from pgjax import host_memory
 from pgjax.core import token_logprobs
@@ -219,7 +219,7 @@ def loss_gap(row, losses, reference) -> float:
     """The largest |difference| of ``row``'s warm-up losses to ``reference``'s; a LoRA row's first
     only (its update is not full fine-tuning's)."""
     count = 1 if "LoRA" in row else len(reference)
-    return max(abs(a - b) for a, b in zip(losses[:count], reference[:count]))
+    return max(abs(a - b) for a, b in zip(losses[:count], reference[:count], strict=False))
 
 
 def check_same_losses(runs, reference):

@@ -106,7 +106,8 @@ def _cell(values, baseline, digits: int, effect: bool = False) -> str:
         return "n/a"
     stats = across_seeds(values, baseline)
     sign = "+" if effect else ""
-    cell = f"{stats['mean']:{sign}.{digits}f} [{stats['ci95'][0]:{sign}.{digits}f}, {stats['ci95'][1]:{sign}.{digits}f}]"
+    low, high = stats["ci95"]
+    cell = f"{stats['mean']:{sign}.{digits}f} [{low:{sign}.{digits}f}, {high:{sign}.{digits}f}]"
     return cell + (f", p={stats['p_value']:.2g}, {stats['positive']}/{stats['seeds']}" if effect else "")
 
 
@@ -117,7 +118,8 @@ def report(loaded: dict) -> str:
     end = {setting: {key: np.array([end_value(runs[setting][s], key) for s in seeds]) for key, _ in METRICS}
            for setting in SETTINGS}
     lines = [f"The main job's 2 x 2 grid of GRPO's switches, {len(seeds)} seeds each ({loaded['steps']} RL steps "
-             f"after the {loaded['warm_start']}-step warm start; one population of {len(seeds) * len(SETTINGS)} members). "
+             f"after the {loaded['warm_start']}-step warm start; one population of {len(seeds) * len(SETTINGS)} "
+             "members). "
              f"End of training: the final greedy evaluation on the seed's {loaded['eval_prompts']} held-out prompts, "
              "and the mean over the last "
              f"{TAIL} steps' sampled responses. Mean over seeds [95% t interval across seeds].", "",

@@ -22,10 +22,11 @@ import time
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
-from pgjax.theory import lab, mdp as mdp_lib  # noqa: E402
+from pgjax.theory import lab
+from pgjax.theory import mdp as mdp_lib
 
 LEARNING_RATES = (0.3, 1.0, 3.0, 10.0)
 
@@ -35,9 +36,9 @@ def write_csv(path, algorithms, curves):
         writer = csv.writer(f)
         writer.writerow(["algorithm", "learning_rate", "seed", "step", "J"])
         for a, entry in enumerate(algorithms):
-            for l, lr in enumerate(LEARNING_RATES):
+            for i, lr in enumerate(LEARNING_RATES):
                 for s in range(curves.shape[2]):
-                    for step, j in enumerate(curves[a, l, s]):
+                    for step, j in enumerate(curves[a, i, s]):
                         writer.writerow([entry.label, lr, s, step, f"{j:.6f}"])
 
 
@@ -90,7 +91,8 @@ def main(argv=None):
          f"{runs} runs in one vmap ({seconds:.1f} s)")
     print(f"{runs} runs x {args.steps} steps in one compiled call: {seconds:.1f} s (compile included)")
     print(f"J at step 0: {curves[0, 0, 0, 0]:.3f}\n")
-    print("| algorithm | best lr | mean J over steps | final J (mean +- std over seeds) |\n| --- | ---: | ---: | ---: |")
+    print("| algorithm | best lr | mean J over steps | final J (mean +- std over seeds) |\n"
+          "| --- | ---: | ---: | ---: |")
     for a, entry in enumerate(algorithms):
         best = best_learning_rate(curves[a])
         final = curves[a, best, :, -1]

@@ -25,7 +25,7 @@ def synthetic_batch(seed: int, prompts: int, group_size: int, length: int, vocab
     theta = jnp.asarray(rng.normal(size=(b, length, vocab)), jnp.float32)
     tokens = jnp.asarray(rng.integers(0, vocab, size=(b, length)))
     logp = token_logprobs(theta, tokens)
-    noise = lambda scale: jnp.asarray(rng.normal(scale=scale, size=(b, length)), jnp.float32)
+    noise = lambda scale: jnp.asarray(rng.normal(scale=scale, size=(b, length)), jnp.float32)  # noqa: E731
     batch = Batch(mask=mask, rewards=jnp.asarray(rng.integers(0, 2, size=b), jnp.float32), logp=logp,
                   old_logp=logp + noise(0.2), ref_logp=logp + noise(0.1), values=noise(0.5),
                   greedy_rewards=jnp.asarray(rng.integers(0, 2, size=b), jnp.float32), group_size=group_size)
@@ -60,7 +60,7 @@ def ablation_table(batch, theta, tokens) -> str:
     values, _, norms = sweep(algo, batch, theta, tokens, grid)
     rows = ["| / std | / \\|o\\| | leave-one-out | KL coef | loss | grad norm |",
             "| --- | --- | --- | --- | ---: | ---: |"]
-    for s, v, n in zip(settings, values, norms):
+    for s, v, n in zip(settings, values, norms, strict=True):
         rows.append(f"| {s['divide_by_std']:g} | {s['divide_by_length']:g} | {s['leave_one_out']:g} "
                     f"| {s['kl_coef']:g} | {float(v):+.4f} | {float(n):.4f} |")
     return "\n".join(rows)

@@ -45,13 +45,12 @@ import jax
 from pgjax.models import hf
 from pgjax.rewards import RewardError
 from pgjax.sample import Decoding
+from pgjax.train import paired
 from pgjax.train.context import task_context
 from pgjax.train.episodes import episode_limits, opening_ids
-from pgjax.train import paired
 from pgjax.train.evaluation import BATCH_ROWS, RESAMPLES, STRATA, check_ks, evaluate, strata_of, to_markdown
 from pgjax.train.experiment import PROMPT_KEYS, ConfigError, Experiment, ModelSection, TaskSection, override
 from pgjax.train.rollout import RolloutConfig
-
 
 # the rollout settings --set takes besides the task's: a multi-turn episode's limits
 EPISODE_SETTINGS = ("rollout.max_turns=", "rollout.max_episode_tokens=", "rollout.max_observation_tokens=")

@@ -50,7 +50,6 @@ import pathlib
 import subprocess
 import sys
 import time
-
 from functools import partial
 
 import jax
@@ -303,7 +302,8 @@ class Planner:
         options = {name: getattr(self.model, name) for name in ("param_dtype", "compute_dtype", "remat", "scan_layers")}
         options["lora_rank"] = self.model.lora.rank if self.model.lora else 0
         return Plan(model=self.name, options=options,
-                    parameters_total=sum(x.size for x in jax.tree.leaves(state.params)), mesh=dict(self.mesh.shape), rows=rows, group_size=self.group_size, prompt_len=self.prompt_len,
+                    parameters_total=sum(x.size for x in jax.tree.leaves(state.params)), mesh=dict(self.mesh.shape),
+                    rows=rows, group_size=self.group_size, prompt_len=self.prompt_len,
                     response_len=self.response_len, micro_batches=self.update.micro_batches, members=self.members,
                     **self.state_bytes(),
                     prepare=prepare, step=step)
@@ -409,7 +409,7 @@ def markdown_rows(results: list[dict]) -> list[str]:
     for saved in results:
         plan, fit, limit = saved["plan"], saved["fit"], saved["limit"]
         sizes = plan["mesh"].values()
-        gib = lambda key: f"{plan[key] / GIB:.2f}"     # noqa: E731
+        gib = lambda key, plan=plan: f"{plan[key] / GIB:.2f}"     # noqa: E731
         verdict = "fits" if plan["total"] <= limit else "does not fit"
         largest = "-" if fit is None else f"{fit['rows']:,}" if fit["rows"] else "none"
         unverified = "" if fit is None or fit["verified"] else "?"
@@ -428,7 +428,8 @@ def parser() -> argparse.ArgumentParser:
                    "package.module:NAME of a pgjax.models.transformer.Family (model.family; default: the built-in "
                    "family of its model_type)")
     p.add_argument("--mesh", default="data=1", help="axis sizes, e.g. data=2,fsdp=4,tensor=1 (default data=1)")
-    p.add_argument("--devices", type=int, help="devices of the mesh (default: the product of its sizes, a -1 counting as 1)")
+    p.add_argument("--devices", type=int,
+                   help="devices of the mesh (default: the product of its sizes, a -1 counting as 1)")
     p.add_argument("--batch", type=int, required=True, help="rows: prompt groups x group size")
     p.add_argument("--prompt-len", type=int, required=True)
     p.add_argument("--response-len", type=int, required=True)

@@ -20,7 +20,8 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping
 
-from pgjax.errors import located_error
+from pgjax import core
+from pgjax.errors import described_value, located_error
 
 
 def import_object(path: str, key: str):
@@ -58,3 +59,25 @@ def resolve(key: str, name: str, builtins: Mapping, what: str):
 def module_of(path: str) -> str:
     """The module part of the import path ``path`` (``package.module`` of ``package.module:name``)."""
     return path.partition(":")[0]
+
+
+def named_estimator(name: str, key: str = "algorithm.preset") -> core.Estimator:
+    """The preset ``name`` (``core.PRESETS``) or the estimator at the import path ``name``: the object there,
+    or what calling it with no arguments returns when it is a class or function. ValueError, naming
+    the setting ``key``, unless that is a ``core.Estimator`` whose ``requires`` and hyperparameters are
+    valid (with where in the user's code a call or import failed)."""
+    found = resolve(key, name, core.PRESETS, "estimator (a pgjax.core.Estimator)")
+    if not isinstance(found, core.Estimator) and callable(found):
+        try:
+            found = found()
+        except Exception as error:      # the user's code
+            raise ValueError(f"{key}={name!r}: calling it with no arguments raised {located_error(error)}") from None
+    if not isinstance(found, core.Estimator):
+        raise ValueError(f"{key}={name!r} is {described_value(found)}, not an estimator: subclass "
+                         "pgjax.core.Estimator (docs/estimators.md)")
+    try:
+        core.estimator.requirements(found)
+        found.check_hparams(found.hparams)
+    except (ValueError, TypeError) as error:
+        raise ValueError(f"{key}={name!r}: {error}") from None
+    return found

@@ -5,9 +5,10 @@ Parses the arguments, loads and overrides the experiment, and hands it to
 the configuration (or a run directory in use, a changed experiment on resume, no intact checkpoint)
 is printed as one or two plain lines and exits with status 2, before anything is written to disk; a
 run stopped by a non-finite reward, repeated non-finite updates, a failing environment or running
-out of memory exits with status 1, its last checkpoint intact; SIGTERM, SIGHUP or Ctrl-C finish the current step, write its checkpoint and exit
-with 128 + the signal's number (``pgjax.train.interrupts``); outside a run's steps (while the
-modules load, after the run) they end the process at once, in one line.
+out of memory exits with status 1, its last checkpoint intact; SIGTERM, SIGHUP or Ctrl-C finish the
+current step, write its checkpoint and exit with 128 + the signal's number
+(``pgjax.train.interrupts``); outside a run's steps (while the modules load, after the run) they end
+the process at once, in one line.
 """
 from __future__ import annotations
 
@@ -19,22 +20,23 @@ from pgjax.train import interrupts
 if __name__ == "__main__":      # before the imports below, which take seconds
     interrupts.stop_at_once()
 
-import argparse  # noqa: E402
+import argparse
 
-from pgjax.parallel import multihost  # noqa: E402
-from pgjax.train import experiment as experiment_lib  # noqa: E402
-from pgjax.train.experiment import ConfigError, RunStopped  # noqa: E402
-from pgjax.train.interrupts import DEFAULT_GRACE_PERIOD, RunInterrupted  # noqa: E402
-from pgjax.train.memory import out_of_memory  # noqa: E402
-from pgjax.train.sinks import read_records  # noqa: E402
-from pgjax.train.trainer import train  # noqa: E402
+from pgjax.parallel import multihost
+from pgjax.train import experiment as experiment_lib
+from pgjax.train.experiment import ConfigError, RunStopped
+from pgjax.train.interrupts import DEFAULT_GRACE_PERIOD, RunInterrupted
+from pgjax.train.memory import out_of_memory
+from pgjax.train.sinks import read_records
+from pgjax.train.trainer import train
 
 
 def _epilog() -> str:
     lines = ["sections of an experiment (--set <section>.<field>=value; --print-config lists every key):"]
     lines += [f"  {name:<13} {summary}" for name, summary in experiment_lib.sections().items()]
     lines += ["  (the algorithm's traced hyperparameters, core.HParams: e.g. algorithm.hparams.kl_coef=0.01)",
-              "", "exit status: 0 done, 1 stopped by a non-finite reward or update, a failing environment or running out of",
+              "", "exit status: 0 done, 1 stopped by a non-finite reward or update, a failing environment or "
+              "running out of",
               "               memory (the last checkpoint is intact),",
               "             2 a configuration error, a run directory in use or holding another run, a changed input "
               "on resume,",

@@ -175,6 +175,7 @@ def finished(tmp_path_factory):
     state is the layout to restore into) and the states of both checkpoints (test_faults,
     test_run_dir_faults)."""
     from helpers import EMIT_X, tiny_experiment
+
     from pgjax.train.checkpoints import Checkpoints
     from pgjax.train.trainer import Trainer, train
     tmp = tmp_path_factory.mktemp("finished")

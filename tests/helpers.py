@@ -116,7 +116,7 @@ def make_batch(seed: int, prompts: int = 3, group_size: int = 4, length: int = 6
     tokens = rng.integers(0, VOCAB, size=(b, length))
     theta, tokens = jnp.asarray(theta, dtype), jnp.asarray(tokens)
     logp = token_logprobs(theta, tokens)
-    noise = lambda scale: jnp.asarray(rng.normal(scale=scale, size=(b, length)), dtype)
+    noise = lambda scale: jnp.asarray(rng.normal(scale=scale, size=(b, length)), dtype)  # noqa: E731
     batch = Batch(mask=jnp.asarray(mask, dtype), rewards=jnp.asarray(rewards, dtype), logp=logp,
                   old_logp=logp + noise(0.3), ref_logp=logp + noise(0.2),
                   values=noise(1.0), bootstrap=jnp.asarray(np.where(lengths == length, 0.5, 0.0), dtype),

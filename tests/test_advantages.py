@@ -13,8 +13,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pgjax.core.advantages import (broadcast_over_tokens, greedy_baseline_advantages, group_advantages,
-                                   group_mean, group_std, leave_one_out_mean, sequence_scores, whiten)
+from pgjax.core.advantages import (
+    broadcast_over_tokens,
+    greedy_baseline_advantages,
+    group_advantages,
+    group_mean,
+    group_std,
+    leave_one_out_mean,
+    sequence_scores,
+    whiten,
+)
 
 RTOL = ATOL = 1e-5
 KS = (2, 3, 5)
@@ -267,7 +275,7 @@ def test_greedy_baseline_advantages():
     rng = np.random.default_rng(0)
     g, gh = rng.normal(size=8).astype(np.float32), rng.normal(size=8).astype(np.float32)
     assert_close(greedy_baseline_advantages(jnp.asarray(g), jnp.asarray(gh)),
-                 np.array([float(a) - float(b) for a, b in zip(g, gh)]))
+                 np.array([float(a) - float(b) for a, b in zip(g, gh, strict=True)]))
 
 
 def test_broadcast_over_tokens():
@@ -410,9 +418,9 @@ def test_jit_matches_eager():
         (lambda sc, dd: group_std(sc, k, dd), (s, jnp.float32(0.0))),
         (functools.partial(group_advantages, group_size=k), (s,)),
         # hyperparameters traced under jit
-        (lambda sc, l, sd, e, dd: group_advantages(sc, k, l, sd, e, dd),
+        (lambda sc, lo, sd, e, dd: group_advantages(sc, k, lo, sd, e, dd),
          (s, jnp.float32(1.0), jnp.float32(1.0), jnp.float32(1e-6), jnp.float32(1.0))),
-        (lambda sc, l, sd: group_advantages(sc, k, l, sd), (s, jnp.float32(0.5), jnp.float32(0.5))),
+        (lambda sc, lo, sd: group_advantages(sc, k, lo, sd), (s, jnp.float32(0.5), jnp.float32(0.5))),
         (greedy_baseline_advantages, (s, s[::-1])),
         (whiten, (x, mask)),
         (whiten, (x, mask, jnp.float32(0.1), jnp.float32(0.0))),
@@ -467,15 +475,15 @@ def test_vmap_over_stack_of_batches_equals_loop():
 def test_vmap_over_traced_hyperparameters_equals_loop(k):
     s = random_scores(k, p=4, seed=70 + k)
     s[k:2 * k] = 0.1  # all-equal group
-    # every (l, s) pair; eps and ddof vary along the grid too
-    grid = [(l, sd, [1e-6, 1e-2][i % 2], [1.0, 0.0][(i // 2) % 2])
-            for i, (l, sd) in enumerate(itertools.product([0.0, 0.5, 1.0], [0.0, 0.5, 1.0]))]
-    loo, std, eps, ddof = (jnp.array(col, jnp.float32) for col in zip(*grid))
-    out = jax.vmap(lambda l, sd, e, dd: group_advantages(jnp.asarray(s), k, l, sd, e, dd))(loo, std, eps, ddof)
+    # every (lo, s) pair; eps and ddof vary along the grid too
+    grid = [(lo, sd, [1e-6, 1e-2][i % 2], [1.0, 0.0][(i // 2) % 2])
+            for i, (lo, sd) in enumerate(itertools.product([0.0, 0.5, 1.0], [0.0, 0.5, 1.0]))]
+    loo, std, eps, ddof = (jnp.array(col, jnp.float32) for col in zip(*grid, strict=True))
+    out = jax.vmap(lambda lo, sd, e, dd: group_advantages(jnp.asarray(s), k, lo, sd, e, dd))(loo, std, eps, ddof)
     assert out.shape == (len(grid), len(s))
-    for i, (l, sd, e, dd) in enumerate(grid):
-        chex.assert_trees_all_close(out[i], group_advantages_j(jnp.asarray(s), k, l, sd, e, dd), rtol=1e-6, atol=1e-6)
-        assert_close(out[i], ref_group_advantages(s, k, l, sd, e, dd))
+    for i, (lo, sd, e, dd) in enumerate(grid):
+        chex.assert_trees_all_close(out[i], group_advantages_j(jnp.asarray(s), k, lo, sd, e, dd), rtol=1e-6, atol=1e-6)
+        assert_close(out[i], ref_group_advantages(s, k, lo, sd, e, dd))
 
 
 def test_vmap_over_traced_whiten_hyperparameters_equals_loop():

@@ -113,7 +113,7 @@ def test_zero_length_rows_contribute_nothing_and_no_nan(mode, divide_by_length):
     x, m = random_case(2, empty_rows=(1, 5))
     jm = jnp.asarray(m, jnp.float32)
     norm = loss_normalizer(jm, 2)
-    f = lambda xx: aggregate(xx, jm, mode, norm, divide_by_length)
+    f = lambda xx: aggregate(xx, jm, mode, norm, divide_by_length)  # noqa: E731
     x2 = x.copy()
     x2[1], x2[5] = 1e3, -7.0                         # change only the empty rows
     v, v2 = f(jnp.asarray(x, jnp.float32)), f(jnp.asarray(x2, jnp.float32))
@@ -124,7 +124,7 @@ def test_zero_length_rows_contribute_nothing_and_no_nan(mode, divide_by_length):
     # an all-empty batch: every mode gives 0, no NaN, finite gradient
     empty = jnp.zeros_like(jm)
     zero_norm = loss_normalizer(empty, 2)
-    f0 = lambda xx: aggregate(xx, empty, mode, zero_norm, divide_by_length)
+    f0 = lambda xx: aggregate(xx, empty, mode, zero_norm, divide_by_length)  # noqa: E731
     assert float(f0(jnp.asarray(x, jnp.float32))) == 0.0
     assert np.all(np.asarray(jax.grad(f0)(jnp.asarray(x, jnp.float32))) == 0)
 
@@ -177,7 +177,7 @@ def test_micro_batch_sum_equals_full_batch(mode, divide_by_length):
     v_full, g_full = jax.value_and_grad(full)(theta)
     assert np.abs(np.asarray(g_full)).max() > 1e-3
     for n in (1, 2, 4):
-        v, g = jax.value_and_grad(lambda th: micro(th, n))(theta)
+        v, g = jax.value_and_grad(lambda th, n=n: micro(th, n))(theta)
         np.testing.assert_allclose(v, v_full, rtol=1e-5, atol=1e-5, err_msg=f"{n} micro-batches")
         np.testing.assert_allclose(g, g_full, rtol=1e-5, atol=1e-5, err_msg=f"{n} micro-batches")
 
@@ -186,7 +186,7 @@ def test_micro_batch_sum_equals_full_batch(mode, divide_by_length):
     g_acc = np.zeros(theta.shape, np.float32)
     for i in range(4):
         sl = slice(i * size, (i + 1) * size)
-        g_i = jax.grad(lambda th_i: aggregate(per_token_slice(th_i, sl), m[sl], mode, norm, divide_by_length))(
+        g_i = jax.grad(lambda th_i, sl=sl: aggregate(per_token_slice(th_i, sl), m[sl], mode, norm, divide_by_length))(
             theta[sl])
         g_acc[sl] += np.asarray(g_i)
     np.testing.assert_allclose(g_acc, g_full, rtol=1e-5, atol=1e-5)
@@ -286,7 +286,7 @@ def test_jit_equals_eager(mode):
                                    np_aggregate(x, m, mode, 2, s), rtol=1e-5)
     # the normalizer itself under jit
     n_jit = jax.jit(loss_normalizer, static_argnums=1)(jm, 2)
-    for a, b in zip(jax.tree.leaves(n_jit), jax.tree.leaves(norm)):
+    for a, b in zip(jax.tree.leaves(n_jit), jax.tree.leaves(norm), strict=True):
         assert float(a) == float(b)
 
 
@@ -303,7 +303,7 @@ def test_vmap_over_divide_by_length_equals_loop(mode):
     assert not np.isclose(looped[0], looped[-1])
     # gradients under vmap too
     g_batched = jax.vmap(lambda s: jax.grad(lambda xx: aggregate(xx, jm, mode, norm, s))(jx))(switches)
-    g_looped = np.stack([jax.grad(lambda xx: aggregate(xx, jm, mode, norm, float(s)))(jx) for s in switches])
+    g_looped = np.stack([jax.grad(lambda xx, s=s: aggregate(xx, jm, mode, norm, float(s)))(jx) for s in switches])
     np.testing.assert_allclose(g_batched, g_looped, rtol=1e-6)
 
 

@@ -7,12 +7,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from helpers import make_batch
-from pgjax import core
-from pgjax.core import (PRESETS, Batch, HParams, Spec, combine_metrics, finalize_metrics, hparam_grid,
-                        loss_normalizer, preset, token_logprobs)
 
+from pgjax import core
+from pgjax.core import (
+    PRESETS,
+    Batch,
+    HParams,
+    Spec,
+    combine_metrics,
+    finalize_metrics,
+    hparam_grid,
+    loss_normalizer,
+    preset,
+    token_logprobs,
+)
 
 # ---------------------------------------------------------------- float64 references
 
@@ -71,7 +80,7 @@ def reference_loss(name, x, k):
     b = len(r)
     p = b // k
     lengths = m.sum(1)
-    seq = lambda per_tok: (per_tok * m).sum(1)
+    seq = lambda per_tok: (per_tok * m).sum(1)  # noqa: E731
     if name == "reinforce":      # eq. 10, G_t = r for gamma = 1, rho = 1 (no critic, no bootstrap)
         return -np.mean(seq(np.broadcast_to(r[:, None], m.shape)))
     if name == "remax":          # eq. 13
@@ -138,7 +147,7 @@ def test_every_preset_is_finite_with_empty_responses_and_equal_groups():
     batch, theta, tokens = make_batch(1)
     for name, algo in PRESETS.items():
         def f(th):
-            return algo.loss(batch.replace(logp=token_logprobs(th, tokens)))[0]
+            return algo.loss(batch.replace(logp=token_logprobs(th, tokens)))[0]  # noqa: B023 - called at once
         value, grad = jax.value_and_grad(f)(theta)
         assert np.isfinite(float(value)), name
         assert np.all(np.isfinite(np.asarray(grad))), name
@@ -238,7 +247,7 @@ def _expected_gradient(spec, theta, baseline_table, action_dependent=False):
         one = jax.tree.map(lambda x: x[i:i + 1], batch)
         return -core.loss(spec, one, HParams())[0]  # the ascent direction
     grads = [jax.grad(per_trajectory)(theta, i) for i in range(9)]
-    return np.asarray(sum(p * g for p, g in zip(probs, grads)))
+    return np.asarray(sum(p * g for p, g in zip(probs, grads, strict=True)))
 
 
 def _true_gradient(theta):
@@ -279,7 +288,7 @@ def test_micro_batch_gradients_sum_to_full_batch_gradient(aggregation, n_micro):
     total, metrics = np.zeros_like(full), None
     for i in range(n_micro):
         sl = slice(i * rows, (i + 1) * rows)
-        micro = jax.tree.map(lambda x: x[sl], batch.replace(advantages=adv))
+        micro = jax.tree.map(lambda x, sl=sl: x[sl], batch.replace(advantages=adv))
         total[sl] = _grad(spec, hp, micro, theta[sl], tokens[sl], norm)
         _, m = core.loss(spec, micro.replace(logp=token_logprobs(theta[sl], tokens[sl])), hp, norm)
         metrics = m if metrics is None else combine_metrics(metrics, m)
@@ -447,7 +456,7 @@ def test_entropy_coef_without_entropy_raises():
 def test_minus_inf_log_probs_in_padding_give_finite_values_and_gradients(name):
     batch, theta, tokens = make_batch(20)
     pad = batch.mask == 0
-    poison = lambda x: jnp.where(pad, -jnp.inf, x)
+    poison = lambda x: jnp.where(pad, -jnp.inf, x)  # noqa: E731
     batch = batch.replace(old_logp=poison(batch.old_logp), ref_logp=poison(batch.ref_logp),
                           entropy=jnp.where(pad, jnp.nan, 1.0))
     algo = preset(name)
@@ -479,7 +488,7 @@ def test_micro_batches_may_split_a_group_and_carry_per_token_advantages():
         total = np.zeros_like(full)
         for start in range(0, 8, 2):
             sl = slice(start, start + 2)
-            micro = jax.tree.map(lambda x: x[sl], batch.replace(advantages=adv))
+            micro = jax.tree.map(lambda x, sl=sl: x[sl], batch.replace(advantages=adv))
             total[sl] = _grad(algo.spec, algo.hparams, micro, theta[sl], tokens[sl], norm)
         np.testing.assert_allclose(total, full, atol=1e-6, err_msg=name)
 
@@ -517,7 +526,7 @@ def test_token_weights_per_difficulty_bucket_match_a_hand_computed_example():
     mask = jnp.asarray(np.arange(4)[None, :] < lengths[:, None], jnp.float32)
     logp = jnp.asarray(np.random.default_rng(0).normal(size=(12, 4)), jnp.float32) - 2.0
     batch = Batch(mask=mask, rewards=rewards, logp=logp, old_logp=logp, ref_logp=logp, group_size=4)
-    buckets = lambda c: np.abs(np.asarray(c)).sum(1).reshape(3, 4).sum(1)
+    buckets = lambda c: np.abs(np.asarray(c)).sum(1).reshape(3, 4).sum(1)  # noqa: E731
     dr = core.preset("dr_grpo")
     np.testing.assert_allclose(buckets(core.token_weights(dr, batch, dr.hparams)), [1.5, 5 / 3, 7 / 6],
                                rtol=1e-5)

@@ -11,15 +11,15 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
-
 from helpers import EMIT_X, XLA_COLLECTIVE_HANG, comparable, simulated_devices, tiny_experiment
+
 from pgjax.models import hf
 from pgjax.train import experiment as experiment_lib
 from pgjax.train.experiment import AlgorithmSection, ConfigError
 from pgjax.train.learner import UpdateConfig
+from pgjax.train.records import MISMATCH_KEYS
 from pgjax.train.rollout import keep_columns, pad_columns
 from pgjax.train.sinks import read_records
-from pgjax.train.records import MISMATCH_KEYS
 from pgjax.train.trainer import Trainer, train
 
 
@@ -85,10 +85,10 @@ def test_the_sampler_weights_are_a_copy_that_outlives_the_update(tmp_path):
     before = jax.tree.map(np.asarray, copy)
     trainer.step()                                          # donates the state's own buffers
     trainer.step()
-    for a, b, now in zip(jax.tree.leaves(before), jax.tree.leaves(copy), jax.tree.leaves(trainer.state.params)):
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(copy), strict=True):
         np.testing.assert_array_equal(a, np.asarray(b))
-    assert any(not np.array_equal(a, np.asarray(n)) for a, n in zip(jax.tree.leaves(before),
-                                                                     jax.tree.leaves(trainer.state.params)))
+    assert any(not np.array_equal(a, np.asarray(n))
+               for a, n in zip(jax.tree.leaves(before), jax.tree.leaves(trainer.state.params), strict=True))
 
 
 def test_a_batch_widened_for_a_checkpoint_is_cut_back_exactly(tmp_path):
@@ -157,7 +157,8 @@ for copy, own in zip(jax.tree.leaves(weights), jax.tree.leaves(trainer.state.par
     assert copy.sharding.device_set == sampler_devices and own.sharding.device_set <= learner_devices
     np.testing.assert_array_equal(np.asarray(copy), np.asarray(own))
 records = [trainer.step() for _ in range(3)]
-assert all(leaf.sharding.device_set <= learner_devices for leaf in jax.tree.leaves(trainer.pipeline.in_flight[0].rollout))
+assert all(leaf.sharding.device_set <= learner_devices
+           for leaf in jax.tree.leaves(trainer.pipeline.in_flight[0].rollout))
 print("SPLIT LAGS", [r["policy_lag"] for r in records], "REWARD", records[-1]["reward"])
 """
 
@@ -167,7 +168,7 @@ def test_staleness_one_on_an_8_device_mesh_runs_and_resumes_exactly_and_on_a_sam
     tests = os.path.dirname(__file__)
     script = MESH_SCRIPT.format(tests=tests, root=str(tmp_path))
     env = {**os.environ, "XLA_FLAGS": simulated_devices(8), "PYTHONPATH": os.path.dirname(tests)}
-    for attempt in range(2):
+    for _ in range(2):
         done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
         if done.returncode == 0 or XLA_COLLECTIVE_HANG not in done.stderr:
             break

@@ -10,7 +10,6 @@ import shutil
 
 import numpy as np
 import pytest
-
 from helpers import fake_commands, load_experiment_script
 
 EXPERIMENTS = pathlib.Path(__file__).parent.parent / "experiments"

@@ -9,16 +9,23 @@ import pytest
 import tokenizers
 import transformers
 from flax import nnx
+from helpers import tiny_experiment
 
 from pgjax.models import hf
 from pgjax.models.transformer import CausalLM, ModelConfig
 from pgjax.rewards import Conversation, per_example
 from pgjax.train import experiment as experiment_lib
 from pgjax.train.experiment import ConfigError, TaskSection
-from pgjax.train.rollout import (PLAIN, PromptFormat, RolloutConfig, collect, encode_prompts, prompt_format_for,
-                                 stop_tokens)
+from pgjax.train.rollout import (
+    PLAIN,
+    PromptFormat,
+    RolloutConfig,
+    collect,
+    encode_prompts,
+    prompt_format_for,
+    stop_tokens,
+)
 from pgjax.train.trainer import Trainer
-from helpers import tiny_experiment
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -41,7 +48,8 @@ def test_a_prompt_is_rendered_as_the_user_turn_after_the_system_prompt():
     tokenizer = chatml_tokenizer()
     assert PromptFormat(chat=True, system_prompt="be brief").render(tokenizer, ["1+2=?"]) == [
         "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\n1+2=?<|im_end|>\n<|im_start|>assistant\n"]
-    assert PromptFormat(chat=True).render(tokenizer, ["x"]) == ["<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"]
+    assert PromptFormat(chat=True).render(tokenizer, ["x"]) == [
+        "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"]
     assert PLAIN.render(tokenizer, ["x"]) == ["x"]
     tokens, mask = encode_prompts(tokenizer, ["x"], 24, PromptFormat(chat=True))
     start = tokenizer.convert_tokens_to_ids("<|im_start|>")
@@ -140,7 +148,8 @@ def test_the_trainer_renders_prompts_and_stops_at_the_end_of_turn(tmp_path):
     trainer = Trainer(base)
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert trainer.context.prompt_format == PromptFormat(chat=True, system_prompt="be brief")
-    assert trainer.context.eos_ids[0] == end and tokenizer.eos_token_id in trainer.context.eos_ids and trainer.context.end_id == end
+    assert (trainer.context.eos_ids[0] == end and tokenizer.eos_token_id in trainer.context.eos_ids
+            and trainer.context.end_id == end)
     record = trainer.step()
     assert record["step"] == 1 and record["skipped_updates"] == 0
     plain = Trainer(experiment_lib.override(base, ["task.chat_template=none", "task.system_prompt="]))

@@ -40,7 +40,8 @@ CASES = {
     "negative steps": (["--set", "steps=-5"], "steps=-5 is invalid: an integer >= 0"),
     "zero batch": (["--set", "prompts_per_step=0"], "prompts_per_step=0 is invalid: an integer >= 1"),
     "non-positive learning rate": (["--set", "optim.lr=0"], "optim.lr='0' is invalid: lr must be finite and > 0"),
-    "bad hyperparameter": (["--set", "algorithm.hparams.clip_eps_low=1.5"], "hyperparameter clip_eps_low=1.5 must be in [0, 1)"),
+    "bad hyperparameter": (["--set", "algorithm.hparams.clip_eps_low=1.5"],
+                           "hyperparameter clip_eps_low=1.5 must be in [0, 1)"),
     "unknown algorithm": (["--set", "algorithm.preset=trpo"], "algorithm.preset='trpo' is invalid: one of reinforce"),
     "a renamed key": (["--set", "hparams.kl_coef=0.01"], "did you mean algorithm.hparams.kl_coef?"),
     "the old algorithm key": (["--set", "algorithm=grpo"], "did you mean algorithm.preset?"),
@@ -67,7 +68,8 @@ CASES = {
     "sampling and scoring temperatures that differ": (["--set", "rollout.temperature=0.8"],
                                                       "update.temperature=1.0 differs from rollout.temperature=0.8"),
     "a task option the task does not take": (["--set", "task.count=4"],
-                                             "task.count=4 does nothing for task 'arithmetic', which takes digits, ops"),
+                                             "task.count=4 does nothing for task 'arithmetic', which takes "
+                                             "digits, ops"),
     "a reward that is not a function": (["--set", "task.reward=pgjax.rewards:TASKS"], "is not callable"),
     "distributed ids out of range": (["--set", "distributed.num_processes=2", "--set", "distributed.process_id=2"],
                                      "process_id in [0, num_processes)"),
@@ -489,7 +491,8 @@ def test_print_config_lists_every_key_with_its_resolved_value(capsys):
     keys = [k for k in experiment_lib.valid_keys()]
     assert sorted(values) == sorted(keys)
     assert values["rollout.temperature"] == "0.8" and values["algorithm.preset"] == "'grpo'"
-    assert values["algorithm.hparams.kl_coef"] == "0.04" and values["algorithm.hparams.divide_by_std"] == "1.0"   # the preset's
+    # the preset's
+    assert values["algorithm.hparams.kl_coef"] == "0.04" and values["algorithm.hparams.divide_by_std"] == "1.0"
 
 
 def test_help_lists_the_sections(capsys):

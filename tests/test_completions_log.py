@@ -14,8 +14,8 @@ import shutil
 
 import numpy as np
 import pytest
-
 from helpers import EMIT_X, EmitX, read_texts, read_wandb_history, tiny_experiment
+
 from pgjax.train import experiment as experiment_lib
 from pgjax.train.completions import clip, logged_at, pick_rows
 from pgjax.train.experiment import ConfigError, Experiment, LoggingSection

@@ -11,6 +11,7 @@ import sys
 
 import jax
 import pytest
+from helpers import save_tiny_checkpoint
 
 from pgjax import run
 from pgjax.models import hf
@@ -22,7 +23,6 @@ from pgjax.train import experiment as experiment_lib
 from pgjax.train import memory
 from pgjax.train.experiment import ConfigError
 from pgjax.train.trainer import Trainer
-from helpers import save_tiny_checkpoint
 
 ROOT = pathlib.Path(__file__).parent.parent
 MAIN_JOB = str(ROOT / "experiments" / "arithmetic_dr_grpo.py")

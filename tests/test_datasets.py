@@ -8,9 +8,9 @@ import socket
 
 import numpy as np
 import pytest
+from helpers import save_tiny_checkpoint, tiny_experiment
 
 import pgjax.rewards as R
-from helpers import save_tiny_checkpoint, tiny_experiment
 from pgjax.parallel.mesh import single_device_mesh
 from pgjax.rewards.tokenizer import char_tokenizer
 from pgjax.train import experiment as experiment_lib
@@ -308,7 +308,8 @@ def _arrow(path, columns, stream: bool):
     ("data.feather", lambda p: _arrow(p, PLAIN_COLUMNS, stream=False), {"file_format": "arrow"}),
     ("data.csv", lambda p: p.write_text("question,answer,level\n1+1?,2,1\n2+2?,4,2\n3+3?,6,3\n"), {}),
     ("data.json", lambda p: p.write_text(json.dumps([{"question": q, "answer": a, "level": n} for q, a, n in
-                                                      zip(*PLAIN_COLUMNS.values())])), {"file_format": "json"}),
+                                                      zip(*PLAIN_COLUMNS.values(), strict=True)])),
+     {"file_format": "json"}),
 ])
 def test_a_local_table_loads_like_json_lines(tmp_path, name, write, options):
     pytest.importorskip("datasets")
@@ -446,7 +447,7 @@ def test_a_chat_jsonl_file_trains(tmp_path, chat_checkpoint):
     path = _write(tmp_path / "chat.jsonl", lines)
     records = _train(tmp_path, chat_checkpoint, path=str(path), prompt_field="messages")
     assert [r["step"] for r in records if "step" in r][-1] == 1
-    rows = [(prompt, answer) for call in SEEN for prompt, answer in zip(call["prompts"], call["answer"])]
+    rows = [(prompt, answer) for call in SEEN for prompt, answer in zip(call["prompts"], call["answer"], strict=True)]
     assert len(rows) >= 4 * 2
     for prompt, answer in rows:     # the reward sees the last user turn, the conversation, the record's answer
         assert prompt == "plus 1=" and prompt.messages[0] == _turn("system", "add") and len(prompt.messages) == 4

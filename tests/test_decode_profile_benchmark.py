@@ -7,7 +7,6 @@ import os
 import jax
 import jax.numpy as jnp
 import pytest
-
 from helpers import load_benchmark
 
 

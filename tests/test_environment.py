@@ -4,11 +4,11 @@ reply without a call is the scored final answer, and a template that takes tools
 import json
 
 import pytest
+from test_chat_prompts import chatml_tokenizer
 
 from pgjax.agents import Calculator, PythonSandbox
 from pgjax.agents.environment import JsonCalls, TaggedCalls, ToolCall, ToolEnvironment, call_format_for
 from pgjax.train.rollout import PromptFormat
-from test_chat_prompts import chatml_tokenizer
 
 TOOLS = (Calculator(), PythonSandbox())
 

@@ -17,16 +17,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_chat_prompts import chatml_tokenizer
+from test_sampler import forward, sharp_model
 
 from pgjax import core
 from pgjax.agents import Calculator
 from pgjax.agents.environment import Step, ToolEnvironment
 from pgjax.sample import SamplingConfig, generate
-from pgjax.train.episodes import (CUT_MARK, EnvironmentFailure, EpisodeError, EpisodeLimits, checked_step,
-                                  episode_limits, episode_rollout, error_id, run_episodes)
+from pgjax.train.episodes import (
+    CUT_MARK,
+    EnvironmentFailure,
+    EpisodeError,
+    EpisodeLimits,
+    checked_step,
+    episode_limits,
+    episode_rollout,
+    error_id,
+    run_episodes,
+)
 from pgjax.train.rollout import PromptFormat, decode_responses, encode_prompts
-from test_chat_prompts import chatml_tokenizer
-from test_sampler import forward, sharp_model
 
 EXAMPLES = [{"prompt": "1+2=?"}, {"prompt": "what is 7"}]
 CHAT = PromptFormat(chat=True)
@@ -76,8 +85,11 @@ def setup():
     return ending_model(end), tokenizer, end
 
 
-def play(setup, environment, limits=EpisodeLimits(max_turns=4, max_tokens=200, max_observation_tokens=32),
-         max_new_tokens=6, n=3, temperature=1.0, key=0, width=WIDTH, examples=EXAMPLES, mesh=None):
+LIMITS = EpisodeLimits(max_turns=4, max_tokens=200, max_observation_tokens=32)
+
+
+def play(setup, environment, limits=LIMITS, max_new_tokens=6, n=3, temperature=1.0, key=0, width=WIDTH,
+         examples=EXAMPLES, mesh=None):
     model, tokenizer, end = setup
     sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, eos_ids=(end,), n=n)
     return run_episodes(model, tokenizer, environment, examples, jax.random.key(key), sampling, limits, CHAT, width,
@@ -281,7 +293,7 @@ def test_an_environment_that_fails_ends_its_episode_not_the_run(setup):
     model, tokenizer, end = setup
     examples = [{"prompt": f"{i}+1=?"} for i in range(4)]
     episodes = play(setup, Broken, n=2, examples=examples)
-    for r, (error, expected) in enumerate(zip(episodes.errors, FAULT_TEXTS)):
+    for r, (error, expected) in enumerate(zip(episodes.errors, FAULT_TEXTS, strict=True)):
         assert (error is None) if expected is None else error.startswith(expected), (r, error)
         assert episodes.ended[r] == ("error" if expected else "done")
     assert episodes.nonfinite == [None] * 6 + ["Broken.step returned reward nan at turn 1", None]
@@ -323,6 +335,7 @@ def test_a_step_that_never_returns_ends_its_episode_at_the_timeout(setup):
     """``task.reward_timeout`` covers environments (``context.TimedEnvironment``): a step that hangs
     ends its episode with the timeout named; the others play on; demonstrations pass through."""
     import time
+
     from pgjax.train.context import TimedEnvironment
 
     class Sleepy(OneTurn):
@@ -383,6 +396,7 @@ WORKED_LIMITS = EpisodeLimits(max_turns=2, max_tokens=90, max_observation_tokens
 
 def worked_episodes(examples=WORKED, limits=WORKED_LIMITS, reply_tokens=40, environment=None):
     from helpers import TOOL_ALPHABET
+
     from pgjax.train.sft import episode_demonstrations
     tokenizer = chatml_tokenizer(chars=TOOL_ALPHABET)
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -441,6 +455,7 @@ def test_a_warm_start_on_worked_episodes_teaches_the_tool_convention(tmp_path):
     the tiny model, which never calls the calculator before, calls it (validly) in every greedy episode
     after 60 steps; a budget too small for the demonstrations is a configuration error up front."""
     from helpers import tiny_experiment
+
     from pgjax.train.experiment import ConfigError, TaskSection, WarmStartSection
     from pgjax.train.optim import OptimConfig
     from pgjax.train.trainer import Trainer
@@ -526,6 +541,7 @@ def test_episodes_on_a_simulated_mesh_equal_the_single_device_ones():
 
 def episode_experiment(tmp_path, task: str, **rollout):
     from helpers import tiny_experiment
+
     from pgjax.train.experiment import TaskSection
     exp = tiny_experiment(tmp_path, task=TaskSection(name=f"helpers:{task}", stop_text="a"), steps=3)
     return dataclasses.replace(exp, rollout=dataclasses.replace(exp.rollout, **rollout))
@@ -585,6 +601,7 @@ def test_a_one_turn_environment_trains_line_for_line_as_the_single_turn_task(tmp
     """EmitX as one-turn episodes (max_turns = 1) gives the single-turn run's records, every metric
     (losses, mismatch, accuracy, lengths), but the episode counts it adds."""
     from helpers import EMIT_X, comparable, tiny_experiment
+
     from pgjax.train.records import EPISODE_KEYS
     from pgjax.train.trainer import train
     single = tiny_experiment(tmp_path / "single", task=EMIT_X, steps=3)
@@ -603,6 +620,7 @@ def test_stale_episodes_resume_exactly(tmp_path):
     """With rollout.staleness = 1 the batch in flight is a batch of episodes (token-level rewards in
     the checkpoint): a run stopped after step 2 and resumed ends as the uninterrupted one."""
     from helpers import comparable
+
     from pgjax.train.trainer import train
     whole = episode_experiment(tmp_path / "whole", "EmitXGame", max_turns=2, max_observation_tokens=4, staleness=1)
     whole = dataclasses.replace(whole, steps=4)
@@ -615,8 +633,9 @@ def test_stale_episodes_resume_exactly(tmp_path):
 
 def test_episode_settings_are_checked():
     from helpers import tiny_experiment
-    from pgjax.train.context import task_context
+
     from pgjax.parallel.mesh import single_device_mesh
+    from pgjax.train.context import task_context
     from pgjax.train.experiment import AlgorithmSection, ConfigError, TaskSection, validate
     exp = tiny_experiment(pathlib.Path("/nonexistent"), task=TaskSection(name="helpers:EmitX"))
     with pytest.raises(ConfigError, match="rollout.max_turns=3 needs an environment"):
@@ -636,6 +655,7 @@ def test_task_tools_make_a_calculator_environment_scored_by_the_tasks_verifier(t
     and scores the final reply with word_math's own verifier; a template without tools gets the
     plain-text convention; the same with a template that takes tools gets JSON calls and schemas."""
     from helpers import save_tiny_checkpoint, tiny_experiment
+
     from pgjax.agents import JsonCalls, TaggedCalls
     from pgjax.train.context import task_context
     from pgjax.train.experiment import ConfigError, ModelSection, TaskSection
@@ -690,6 +710,7 @@ def test_the_evaluation_command_plays_tool_episodes(tmp_path, capsys):
     import json
 
     from helpers import save_tiny_checkpoint
+
     from pgjax import eval as eval_cli
     checkpoint = save_tiny_checkpoint(tmp_path / "model")
     out = tmp_path / "report.json"

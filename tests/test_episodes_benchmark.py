@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import save_tiny_checkpoint
+from test_chat_prompts import CHATML
 
 from pgjax.models import hf
-from test_chat_prompts import CHATML
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("episodes_benchmark", ROOT / "benchmarks" / "episodes.py")
@@ -45,5 +45,5 @@ def test_both_sides_play_matched_episodes_and_the_carried_side_prefills_less(tmp
     saved = json.loads(out.read_text())
     carried, again = saved["prefilled"]["carried"], saved["prefilled"]["re-prefilled"]
     assert 0.3 < saved["agree"] <= 1.0                           # the first turn's replies agree at least
-    assert all(a < b for a, b in zip(carried, again))          # the history again every turn
+    assert all(a < b for a, b in zip(carried, again, strict=True))          # the history again every turn
     assert len(saved["seconds"]["carried"]) >= 5 and "re-prefilled / carried" in "\n".join(saved["table"])

@@ -15,15 +15,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from helpers import EMIT_X, make_batch, tiny_experiment
+
 from pgjax import core
 from pgjax.parallel.mesh import MeshConfig, single_device_mesh
 from pgjax.plan import Planner
 from pgjax.theory import mdp as mdp_lib
 from pgjax.theory.audit import audit
-from pgjax.train.experiment import (AlgorithmSection, ConfigError, Experiment, ModelSection, load, override,
-                                   resolved, validate)
+from pgjax.train.experiment import (
+    AlgorithmSection,
+    ConfigError,
+    Experiment,
+    ModelSection,
+    load,
+    override,
+    resolved,
+    validate,
+)
 from pgjax.train.inputs import input_files
 from pgjax.train.learner import UpdateConfig
 from pgjax.train.run_dir import experiment_record
@@ -257,7 +265,7 @@ def test_the_audit_command_line_audits_a_users_estimator(plugins, capsys):
                        f"| {result.total_variance:.4f} |")
     with pytest.raises(SystemExit):
         audit_lib.main(["--estimator", "no_such_module:OPO"])
-    assert "algorithm.preset='no_such_module:OPO' cannot be imported" in capsys.readouterr().err
+    assert "--estimator='no_such_module:OPO' cannot be imported" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- the protocol's checks
@@ -284,9 +292,11 @@ def test_a_loss_not_additive_over_micro_batches_is_refused_only_where_it_matters
     research = plugins[2]
     exp = tiny_experiment(tmp_path, task=EMIT_X, update=UpdateConfig(micro_batches=2))
     with pytest.raises(ConfigError, match=r"own_counts: the loss is not additive over micro-batches: .* summed over 2 "
-                                          r"micro-batches.*divide by the normaliser norm.*or set update.micro_batches=1"):
+                                          r"micro-batches.*divide by the normaliser norm.*or set "
+                                          r"update.micro_batches=1"):
         Trainer(exp, algorithm=research.OwnCounts())
-    validate(dataclasses.replace(exp, update=UpdateConfig(), algorithm=AlgorithmSection(estimator=research.OwnCounts())),
+    validate(dataclasses.replace(exp, update=UpdateConfig(),
+                                 algorithm=AlgorithmSection(estimator=research.OwnCounts())),
              single_device_mesh())
     core.check_estimator(research.MyDrGRPO(), 4, micro_batches=4)
     core.check_estimator(plugins[1].OPO(), 4, micro_batches=4)
@@ -328,7 +338,7 @@ def test_dr_grpo_written_as_a_users_estimator_trains_bit_for_bit_like_the_preset
     preset, want = _trained(exp)
     mine, got = _trained(exp, plugins[2].MyDrGRPO())
     assert _without_timings(got) == _without_timings(want)
-    for a, b in zip(jax.tree.leaves(mine.state.params), jax.tree.leaves(preset.state.params)):
+    for a, b in zip(jax.tree.leaves(mine.state.params), jax.tree.leaves(preset.state.params), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
@@ -346,7 +356,7 @@ def test_opo_trains_on_the_main_job(plugins, tmp_path):
         assert record["advantage_abs_mean"] > 0 and record["kl_old"] == pytest.approx(0.0, abs=1e-6)
         assert record["clip_fraction"] is None          # OPO counts no clipped tokens
     moved = [np.max(np.abs(np.asarray(a) - b)) for a, b in zip(jax.tree.leaves(trainer.state.params),
-                                                             jax.tree.leaves(started))]
+                                                             jax.tree.leaves(started), strict=True)]
     assert max(moved) > 0           # the updates were applied
 
 
@@ -371,7 +381,8 @@ def test_a_users_estimator_from_the_command_line_resumes_exactly_and_its_source_
     _run([str(file), *opo, "--set", "run_dir=" + str(tmp_path / "straight")], tmp_path, folder)
     _run([str(file), *opo, "--set", "run_dir=" + str(tmp_path / "resumed"), "--set", "steps=2"], tmp_path, folder)
     _run([str(file), *opo, "--set", "run_dir=" + str(tmp_path / "resumed"), "--resume"], tmp_path, folder)
-    read = lambda run: _without_timings([json.loads(line) for line in (tmp_path / run / "metrics.jsonl").open()])
+    def read(run):
+        return _without_timings([json.loads(line) for line in (tmp_path / run / "metrics.jsonl").open()])
     straight, resumed = read("straight"), read("resumed")
     assert [r["step"] for r in straight] == [0, 1, 2, 3, 4] and resumed == straight
     assert straight[-1]["advantage_abs_mean"] > 0

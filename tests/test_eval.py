@@ -145,13 +145,13 @@ def test_outcome_metrics_by_hand():
     # the ratio's interval: per resample, correct-and-finished over finished, resamples with none left out
     finished = np.array(slow_bootstrap_means(np.array([3, 0, 4]) / 4, 500, 4))
     both = np.array(slow_bootstrap_means(np.array([1, 0, 3]) / 4, 500, 4))
-    ratio = [b / f for b, f in zip(both, finished) if f > 0]
+    ratio = [b / f for b, f in zip(both, finished, strict=True) if f > 0]
     assert len(ratio) < 500                         # some resamples drew only the prompt that never finishes
     np.testing.assert_allclose(metrics["accuracy_finished"]["ci95"],
                                [hand_percentile(ratio, 2.5), hand_percentile(ratio, 97.5)], atol=1e-13)
     right = np.array(slow_bootstrap_means(np.array([2, 0, 3]) / 4, 500, 4))
     right_tokens = np.array(slow_bootstrap_means(np.array([8, 0, 8]) / 4, 500, 4))
-    ratio = [t / r for t, r in zip(right_tokens, right) if r > 0]
+    ratio = [t / r for t, r in zip(right_tokens, right, strict=True) if r > 0]
     np.testing.assert_allclose(metrics["length_correct"]["ci95"],
                                [hand_percentile(ratio, 2.5), hand_percentile(ratio, 97.5)], atol=1e-13)
     lengths = slow_bootstrap_means(np.array([3.0, 8.0, 2.5]), 500, 4)
@@ -172,7 +172,7 @@ def enumerated_sign_flip_p(differences) -> Fraction:
     """P(|sum s_i d_i| >= |sum d_i|) counted over every one of the 2^P sign vectors."""
     observed = abs(sum(differences))
     signs = list(itertools.product((1, -1), repeat=len(differences)))
-    hits = sum(abs(sum(s * d for s, d in zip(flip, differences))) >= observed for flip in signs)
+    hits = sum(abs(sum(s * d for s, d in zip(flip, differences, strict=True))) >= observed for flip in signs)
     return Fraction(hits, len(signs))
 
 

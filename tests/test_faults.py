@@ -28,6 +28,20 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import (
+    TINY_MODEL,
+    EmitX,
+    SignalAt,
+    comparable,
+    copy_of,
+    experiment_file,
+    read_events,
+    sampled_rollout,
+    save_tiny_checkpoint,
+    snapshot,
+    tiny_experiment,
+    tiny_learner,
+)
 
 from pgjax import eval as eval_cli
 from pgjax import run as cli
@@ -37,19 +51,17 @@ from pgjax.parallel.mesh import single_device_mesh
 from pgjax.rewards import RewardError, with_timeout
 from pgjax.sample import Decoding
 from pgjax.train import experiment as experiment_lib
+from pgjax.train import inputs
+from pgjax.train import run_dir as run_dir_lib
 from pgjax.train.checkpoints import Checkpoints
 from pgjax.train.experiment import AlgorithmSection, ConfigError, RunStopped, TaskSection
+from pgjax.train.interrupts import RunInterrupted
 from pgjax.train.learner import UpdateConfig
 from pgjax.train.optim import OptimConfig
 from pgjax.train.rollout import RolloutConfig, dispatch_samples, pad_id, sample_and_score
-from pgjax.train import inputs
-from pgjax.train import run_dir as run_dir_lib
-from pgjax.train.interrupts import RunInterrupted
 from pgjax.train.run_dir import RunDirectory, RunLock, locate
 from pgjax.train.sinks import read_completions, read_records
 from pgjax.train.trainer import Trainer, train
-from helpers import (TINY_MODEL, EmitX, SignalAt, comparable, copy_of, experiment_file, read_events,
-                     sampled_rollout, save_tiny_checkpoint, snapshot, tiny_experiment, tiny_learner)
 
 ROOT = pathlib.Path(__file__).parent.parent
 
@@ -59,7 +71,7 @@ def assert_no_nan_on_disk(directory: pathlib.Path) -> None:
     for path in [directory / "metrics.jsonl", *directory.glob("checkpoints/*/record/metadata")]:
         if path.is_file():
             for line in path.read_text().splitlines():
-                json.loads(line, parse_constant=lambda c: pytest.fail(f"{path} holds {c}"))
+                json.loads(line, parse_constant=lambda c, path=path: pytest.fail(f"{path} holds {c}"))
 
 
 def finite_tree(tree) -> bool:
@@ -338,7 +350,8 @@ def test_a_changed_model_shape_is_one_line_naming_the_arrays(finished, tmp_path)
         train(wider, resume=True, accept_changes=True, progress=False)
     message = str(error.value)
     assert "does not fit this experiment's training state" in message and "\n" not in message
-    assert "mlp" in message and "float32[1, 32, 64] in the checkpoint, float32[1, 32, 48] here" in message   # [layers, D, F]
+    # [layers, D, F]
+    assert "mlp" in message and "float32[1, 32, 64] in the checkpoint, float32[1, 32, 48] here" in message
     assert "partial_restore" not in message
 
 

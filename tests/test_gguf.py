@@ -56,8 +56,8 @@ def tiny_hf_weights(seed=0, dims=TINY, gemma=False):
     rng = np.random.default_rng(seed)
     t = dims
     d, q, kv, hd = t["hidden"], t["heads"] * t["head_dim"], t["kv"] * t["head_dim"], t["head_dim"]
-    normal = lambda *shape: rng.normal(0, 0.2, shape).astype(np.float32)
-    norm = lambda size=d: ((0 if gemma else 1) + 0.1 * rng.normal(size=size)).astype(np.float32)
+    normal = lambda *shape: rng.normal(0, 0.2, shape).astype(np.float32)  # noqa: E731
+    norm = lambda size=d: ((0 if gemma else 1) + 0.1 * rng.normal(size=size)).astype(np.float32)  # noqa: E731
     out = {"model.embed_tokens.weight": normal(t["vocab"], d), "model.norm.weight": norm()}
     if not gemma:
         out["lm_head.weight"] = normal(t["vocab"], d)
@@ -472,7 +472,7 @@ def chunked_package(root, data: bytes, cuts=(3, 7), recorded=None, name="model.g
     recording ``recorded`` or the data's hash, the terms and a notice, METADATA requiring one chunk wheel
     per piece) and the chunk wheels, chunk i = data cut at ``cuts``, member ``NAME.partII``.
     Returns (main wheel, chunk wheels, {requirement: wheel})."""
-    pieces = [data[a:b] for a, b in zip((0, *cuts), (*cuts, len(data)))]
+    pieces = [data[a:b] for a, b in zip((0, *cuts), (*cuts, len(data)), strict=True)]
     requires = "".join(f"Requires-Dist: pkg-part{i + 1}==1.0\n" for i in range(len(pieces)))
     main = write_zip(root / "pkg-1.0-py3-none-any.whl", {
         "pkg/__init__.py": "", "pkg/data/SHA256SUMS": f"{recorded or sha256(data)}  {name}\n",
@@ -673,7 +673,7 @@ def perturbed(model, scale=0.01, seed=0):
     params = nnx.state(model, nnx.Param)
     leaves, treedef = jax.tree.flatten(params)
     keys = jax.random.split(jax.random.key(seed), len(leaves))
-    moved = [w + scale * jnp.std(w) * jax.random.normal(k, w.shape, w.dtype) for w, k in zip(leaves, keys)]
+    moved = [w + scale * jnp.std(w) * jax.random.normal(k, w.shape, w.dtype) for w, k in zip(leaves, keys, strict=True)]
     nnx.update(model, jax.tree.unflatten(treedef, moved))
     return model
 
@@ -698,7 +698,7 @@ def assert_same_greedy_tokens(policy, reference, tokenizer, prompts, mask, eos, 
         theirs = reference.generate(input_ids=torch.tensor(prompts), attention_mask=torch.tensor(mask),
                                     max_new_tokens=new, do_sample=False, eos_token_id=list(eos),
                                     pad_token_id=tokenizer.pad_token_id).numpy()[:, prompts.shape[1]:]
-    for prompt, real, a, b in zip(prompts, mask, ours, theirs):
+    for prompt, real, a, b in zip(prompts, mask, ours, theirs, strict=True):
         a, b = until_eos(a, eos), until_eos(b, eos)
         print(f"\n{tokenizer.decode(prompt[real > 0])[-40:]!r} -> {tokenizer.decode(a)!r}")
         assert a == b

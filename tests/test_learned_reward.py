@@ -10,8 +10,8 @@ import json
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from helpers import EMIT_X, save_tiny_checkpoint, tiny_experiment
+
 from pgjax.models import hf
 from pgjax.train.experiment import ConfigError, ModelSection, RewardModelSection, TaskSection
 from pgjax.train.learned_reward import LearnedReward, Mix, step_ends
@@ -63,7 +63,7 @@ def test_the_scorer_gives_the_reward_models_scores_in_chunks(prefers_x):
     got = scorer(["ab"] * 5, completions)
     model = hf.load_reward_model(prefers_x / "final")
     tokenizer = hf.load_tokenizer(prefers_x / "final")
-    for completion, score in zip(completions, got):
+    for completion, score in zip(completions, got, strict=True):
         ids = tokenizer("ab" + completion)["input_ids"]
         want = float(model.scores(jnp.asarray([ids]), jnp.ones((1, len(ids)), jnp.int32))[0])
         assert score == pytest.approx(want, rel=1e-5, abs=1e-6)
@@ -220,7 +220,7 @@ def test_a_process_reward_models_step_logits_are_its_logits_at_the_steps_ends(tm
     got = scorer.step_logits(["q", "q", "q"], completions)
     assert [[end for end, _ in row] for row in got] == [[4, 10], [4], [1]]
     tokenizer = hf.load_tokenizer(checkpoint)
-    for completion, row in zip(completions, got):
+    for completion, row in zip(completions, got, strict=True):
         steps = [s for s in completion.split("\n") if s.strip()]
         encoded = encode_steps(tokenizer, PLAIN, [{"prompt": "q", "steps": steps, "labels": [1] * len(steps)}],
                                width=32)

@@ -1,18 +1,16 @@
 """Tests for pgjax.core.logprobs: plain log-probs/entropy and the chunked custom_vjp path."""
 import math
 
-import numpy as np
-import pytest
-
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
 
 from pgjax.core.logprobs import (
     chunked_logprobs_and_entropy,
     entropy_from_logits,
     token_logprobs,
 )
-
 
 # ---------------------------------------------------------------------------
 # Independent float64 NumPy references.
@@ -196,7 +194,7 @@ def test_chunked_matches_plain_value_and_grad(lead, chunk_size):
     # gradients must be non-trivial for the comparison to mean anything
     for x in g_ref:
         assert np.abs(np.asarray(x)).max() > 1e-3
-    for x, y in zip(g, (h, w, t)):
+    for x, y in zip(g, (h, w, t), strict=True):
         assert x.shape == y.shape and x.dtype == y.dtype
     _assert_tree_close(g, g_ref)
 
@@ -234,10 +232,10 @@ def test_chunked_only_logp_or_only_entropy_grad():
     h, w, tok = make_problem(2, (21,), 8, 30)
     for which in (0, 1):
         def f_plain(h, w):
-            return jnp.sum(plain(h, w, tok, 1.3)[which])
+            return jnp.sum(plain(h, w, tok, 1.3)[which])  # noqa: B023 - called at once
 
         def f_chunk(h, w):
-            return jnp.sum(chunked_logprobs_and_entropy(h, w, tok, 1.3, 4)[which])
+            return jnp.sum(chunked_logprobs_and_entropy(h, w, tok, 1.3, 4)[which])  # noqa: B023 - called at once
 
         _assert_tree_close(jax.jit(jax.grad(f_chunk, argnums=(0, 1)))(h, w),
                            jax.jit(jax.grad(f_plain, argnums=(0, 1)))(h, w))

@@ -80,8 +80,8 @@ def test_adapter_gradients_follow_from_the_weight_gradient_by_the_chain_rule(che
                                    ("mlp", "down", "down_proj"), ("attention", "v", "v_proj")):
         layers = range(CONFIG.num_hidden_layers)
         for i in layers:
-            pick = (lambda v: v[i]) if scan_layers else (lambda v: v)
-            where = (lambda t: t["layers"]) if scan_layers else (lambda t: t["layers"][i])
+            pick = (lambda v, i=i: v[i]) if scan_layers else (lambda v: v)
+            where = (lambda t: t["layers"]) if scan_layers else (lambda t, i=i: t["layers"][i])
             a = pick(np.asarray(where(nnx.state(model))[module][f"{target}_lora"]["a"][...]))
             b = pick(np.asarray(where(nnx.state(model))[module][f"{target}_lora"]["b"][...]))
             g = pick(np.asarray(where(g_merged)[module][weight][...])).reshape(a.shape[0], b.shape[1])
@@ -94,7 +94,8 @@ def test_peft_and_plain_transformers_reproduce_the_adapted_logits(checkpoint, tm
     torch = pytest.importorskip("torch")
     peft = pytest.importorskip("peft")
     from transformers import AutoModelForCausalLM
-    model, x = adapted(checkpoint, config=LoRAConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj", "up_proj"))), tokens()
+    model, x = adapted(checkpoint, config=LoRAConfig(rank=4, alpha=8.0,
+                                                     targets=("q_proj", "v_proj", "up_proj"))), tokens()
     want = np.asarray(model(x))
     hf.save_peft(model, tmp_path / "adapter", base_model=os.path.relpath(checkpoint))   # recorded absolute
     written = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
@@ -155,7 +156,7 @@ def test_the_learner_trains_only_the_adapters_against_the_base_as_reference(chec
     frozen_before, frozen_after = lora.split_trainable(before)[1], lora.split_trainable(after)[1]
     jax.tree.map(np.testing.assert_array_equal, frozen_after, frozen_before)
     moved = [np.abs(a - b).max() for a, b in zip(jax.tree.leaves(lora.split_trainable(after)[0]),
-                                                  jax.tree.leaves(lora.split_trainable(before)[0]))]
+                                                  jax.tree.leaves(lora.split_trainable(before)[0]), strict=True)]
     assert min(moved) > 0
 
 
@@ -193,10 +194,10 @@ def test_a_lora_export_names_a_base_that_peft_loads_from_another_directory(tmp_p
     exported file is readable like a checkpoint's."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("peft")
+    from helpers import EMIT_X, tiny_experiment
     from huggingface_hub import constants
     from peft import AutoPeftModelForCausalLM
     from test_faults import file_modes, plain_mode
-    from helpers import EMIT_X, tiny_experiment
 
     from pgjax.train.run_dir import RunDirectory
     from pgjax.train.trainer import Trainer

@@ -12,7 +12,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-
 from helpers import per_layer
 
 from pgjax.core import token_logprobs

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-
 from helpers import GEMMA3_TINY, per_layer, save_tiny_tokenizer, tiny_hf_config
+
 from pgjax.core import chunked_logprobs_and_entropy, token_logprobs
 from pgjax.models import hf, lora
 from pgjax.models.transformer import CausalLM, ModelConfig, rope_frequencies

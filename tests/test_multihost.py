@@ -15,8 +15,8 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
-
 from helpers import simulated_devices
+
 from pgjax.models import hf
 from pgjax.train.records import TIMING_KEYS
 from pgjax.train.sinks import read_completions
@@ -90,7 +90,7 @@ def assert_same_metrics(got: list[dict], want: list[dict]):
 
 
 def assert_same_parameters(a, b):
-    close = lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-5)
+    close = lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-5)  # noqa: E731
     jax.tree.map(close, nnx.state(hf.load(pathlib.Path(a) / "final")), nnx.state(hf.load(pathlib.Path(b) / "final")))
 
 

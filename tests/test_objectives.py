@@ -354,9 +354,9 @@ def test_grad_modified_ratio_equals_grad_clipped_objective(f64, seed, eps_low, e
     theta, taken, theta_old, a = _params_and_data(seed)
     jt, jtaken, ja = jnp.asarray(theta), jnp.asarray(taken), jnp.asarray(a)
     old = token_logp(jnp.asarray(theta_old), jtaken)
-    ratio = lambda th: importance_ratio(token_logp(th, jtaken), old)
-    j_hat = lambda th: jnp.sum(modified_ratio(ratio(th), ja, eps_low, eps_high, c) * ja)
-    j_ppo = lambda th: jnp.sum(clipped_objective(ratio(th), ja, eps_low, eps_high, c))
+    ratio = lambda th: importance_ratio(token_logp(th, jtaken), old)  # noqa: E731
+    j_hat = lambda th: jnp.sum(modified_ratio(ratio(th), ja, eps_low, eps_high, c) * ja)  # noqa: E731
+    j_ppo = lambda th: jnp.sum(clipped_objective(ratio(th), ja, eps_low, eps_high, c))  # noqa: E731
     g_hat, g_ppo = jax.grad(j_hat)(jt), jax.grad(j_ppo)(jt)
     np.testing.assert_allclose(g_hat, g_ppo, rtol=1e-6, atol=1e-6)
 
@@ -375,7 +375,7 @@ def test_dual_clip_zeroes_gradient_of_large_ratios(f64):
     lp = jnp.asarray(rng.normal(size=(B, T)))
     old = lp - jnp.asarray(rng.uniform(1.5, 2.0, size=(B, T)))     # rho in (4.5, 7.4)
     a = -jnp.abs(jnp.asarray(rng.normal(size=(B, T)))) - 0.1
-    f = lambda x, c: jnp.sum(clipped_objective(importance_ratio(x, old), a, 0.2, 0.2, c))
+    f = lambda x, c: jnp.sum(clipped_objective(importance_ratio(x, old), a, 0.2, 0.2, c))  # noqa: E731
     np.testing.assert_array_equal(jax.grad(f)(lp, 3.0), np.zeros((B, T)))
     np.testing.assert_allclose(jax.grad(f)(lp, 0.0), np.exp(lp - old) * a, rtol=1e-12)
 
@@ -384,7 +384,7 @@ def test_dual_clip_zeroes_gradient_of_large_ratios(f64):
 def test_on_policy_ratio_and_ppo_at_theta_old_is_reinforce(f64, eps_low, eps_high, c):
     theta, taken, _, a = _params_and_data(13)
     jt, jtaken, ja = jnp.asarray(theta), jnp.asarray(taken), jnp.asarray(a)
-    logp = lambda th: token_logp(th, jtaken)
+    logp = lambda th: token_logp(th, jtaken)  # noqa: E731
     np.testing.assert_array_equal(on_policy_ratio(logp(jt)), np.ones((B, T)))
     g_reinforce = jax.grad(lambda th: jnp.sum(ja * logp(th)))(jt)
     assert np.abs(g_reinforce).max() > 1e-3
@@ -433,7 +433,8 @@ def test_vmap_over_eps_and_dual_clip_equals_loop(fn):
     eps_high = np.array([0.2, 0.28, 0.2, 0.5], np.float32)
     duals = np.array([0.0, 1.5, 3.0, 0.5], np.float32)   # 0 and 0.5 disable the dual clip
     batched = jax.jit(jax.vmap(lambda el, eh, c: fn(jr, ja, el, eh, c)))(eps_low, eps_high, duals)
-    looped = np.stack([fn(jr, ja, float(el), float(eh), float(c)) for el, eh, c in zip(eps_low, eps_high, duals)])
+    looped = np.stack([fn(jr, ja, float(el), float(eh), float(c))
+                       for el, eh, c in zip(eps_low, eps_high, duals, strict=True)])
     np.testing.assert_allclose(batched, looped, rtol=1e-6, atol=1e-7)
     # the settings give different results, so the vmap really sweeps them
     assert len({np.asarray(x).tobytes() for x in looped}) == len(eps_low)
@@ -459,7 +460,7 @@ def test_vmap_grad_identity_over_settings(f64):
     theta, taken, theta_old, a = _params_and_data(17)
     jt, jtaken, ja = jnp.asarray(theta), jnp.asarray(taken), jnp.asarray(a)
     old = token_logp(jnp.asarray(theta_old), jtaken)
-    ratio = lambda th: importance_ratio(token_logp(th, jtaken), old)
+    ratio = lambda th: importance_ratio(token_logp(th, jtaken), old)  # noqa: E731
     grid = jnp.asarray(np.array(CLIP_SETTINGS))
 
     def grads(s):

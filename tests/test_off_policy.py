@@ -146,7 +146,7 @@ def test_jit_and_vmap_over_caps():
     batch = _batch()
     grid, settings = core.hparam_grid(algo.hparams, is_cap=[0.5, 1.0, 2.0, np.inf])
     values = jax.jit(jax.vmap(lambda hp: algo.loss(batch, hp)[0]))(grid)
-    for value, setting in zip(values, settings):
+    for value, setting in zip(values, settings, strict=True):
         assert float(value) == pytest.approx(float(algo.loss(batch, algo.hparams.replace(**setting))[0]), rel=1e-6)
     assert len(set(np.round(np.asarray(values), 6))) > 1
 

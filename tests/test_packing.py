@@ -7,8 +7,8 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-
 from helpers import tiny_learner
+
 from pgjax import core
 from pgjax.models.lora import LoRAConfig
 from pgjax.models.transformer import CausalLM, ModelConfig, positions_in_segments
@@ -135,7 +135,8 @@ def test_a_packed_update_equals_the_unpacked_one(algorithm, update):
     for key in metrics:
         np.testing.assert_allclose(packed_metrics[key], metrics[key], atol=1e-5, rtol=1e-5, err_msg=key)
     start = jax.device_get(nnx.state(policy))
-    assert max(float(np.abs(a - b).max()) for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(start))) > 1e-3
+    assert max(float(np.abs(a - b).max())
+               for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(start), strict=True)) > 1e-3
 
 
 def test_a_packed_lora_update_equals_the_unpacked_one():
@@ -154,4 +155,5 @@ def test_a_packed_lora_update_equals_the_unpacked_one():
         results.append(jax.device_get(learner.update(state, rollout, algo.hparams)[0].params))
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-6, rtol=1e-5), results[1], results[0])
     start = jax.device_get(nnx.state(CausalLM(config, nnx.Rngs(0))))
-    assert max(float(np.abs(a - b).max()) for a, b in zip(jax.tree.leaves(results[0]), jax.tree.leaves(start))) > 1e-4
+    assert max(float(np.abs(a - b).max())
+               for a, b in zip(jax.tree.leaves(results[0]), jax.tree.leaves(start), strict=True)) > 1e-4

@@ -5,8 +5,8 @@ import json
 
 import numpy as np
 import pytest
-
 from helpers import EMIT_X, tiny_experiment
+
 from pgjax import pairs as pairs_cli
 from pgjax.rewards.preferences import load_preferences
 from pgjax.train.trainer import train

@@ -6,8 +6,8 @@ the single runs of those rates; what populations do not support is a one-line Co
 import dataclasses
 import json
 import math
-import pathlib
 import os
+import pathlib
 import shutil
 import signal
 import subprocess
@@ -18,9 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from helpers import EMIT_X, TINY_MODEL, load_benchmark, read_events, simulated_devices, starts_with_x, tiny_experiment
 
-from helpers import (EMIT_X, TINY_MODEL, load_benchmark, read_events, simulated_devices, starts_with_x,
-                     tiny_experiment)
 from pgjax.models import hf
 from pgjax.train import interrupts
 from pgjax.train.experiment import ConfigError, LoRASection, RunStopped, TaskSection, WarmStartSection, stream_seed
@@ -84,7 +83,7 @@ def largest_difference(stacked, i: int, single) -> float:
     """The largest difference between member ``i``'s parameters and a single run's, relative to each
     array's largest entry."""
     return max(float(np.max(np.abs(a[i] - b)) / np.max(np.abs(b)))
-               for a, b in zip(jax.tree.leaves(stacked), jax.tree.leaves(single)))
+               for a, b in zip(jax.tree.leaves(stacked), jax.tree.leaves(single), strict=True))
 
 
 def assert_same_record(single: dict, member: dict, where: str, rtol=RTOL):
@@ -296,7 +295,8 @@ def test_a_population_resumes_exactly_from_its_checkpoint(tmp_path):
     assert sorted(int(p.name) for p in (tmp_path / "resumed" / "checkpoints").iterdir() if p.name.isdigit()) == [0, 2]
     resumed, resumed_params, population = _fitted(exp, tmp_path / "resumed", resume=True)
     assert resumed == straight and [r["step"] for r in resumed[0]] == [0, 1, 2, 3, 4]
-    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(resumed_params), jax.tree.leaves(params)))
+    assert all(np.array_equal(a, b)
+               for a, b in zip(jax.tree.leaves(resumed_params), jax.tree.leaves(params), strict=True))
     assert json.loads((tmp_path / "resumed" / "population.json").read_text())["steps_done"] == 4
     # killed after step 3 was logged, before its checkpoint: the resume drops step 3's records and redoes them
     _fitted(dataclasses.replace(exp, steps=3, checkpoint_every=4), tmp_path / "killed")
@@ -304,7 +304,8 @@ def test_a_population_resumes_exactly_from_its_checkpoint(tmp_path):
     assert [r["step"] for r in read_records(tmp_path / "killed" / "member-0")] == [0, 1, 2, 3]
     killed, killed_params, _ = _fitted(exp, tmp_path / "killed", resume=True)
     assert killed == straight
-    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(killed_params), jax.tree.leaves(params)))
+    assert all(np.array_equal(a, b)
+               for a, b in zip(jax.tree.leaves(killed_params), jax.tree.leaves(params), strict=True))
     # what a resume refuses, in one line each, before anything is written
     with pytest.raises(ConfigError, match="another population's members"):
         Population(exp, [Member(seed=0)]).fit(tmp_path / "straight", resume=True)
@@ -329,7 +330,8 @@ def test_a_stop_signal_ends_a_population_after_its_step_with_a_checkpoint(tmp_pa
     assert (tmp_path / "stopped" / "checkpoints" / "1").is_dir()
     resumed, resumed_params, _ = _fitted(exp, tmp_path / "stopped", resume=True)
     assert resumed == straight
-    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(resumed_params), jax.tree.leaves(params)))
+    assert all(np.array_equal(a, b)
+               for a, b in zip(jax.tree.leaves(resumed_params), jax.tree.leaves(params), strict=True))
 
 
 DEVICES_WARM_START = WarmStartSection(steps=3, batch_size=8)
@@ -358,7 +360,8 @@ def members_over_devices(tmp: str) -> dict:
         records = [population.step() for _ in range(2)]
         out[name] = {"records": records, "tokens": [np.asarray(t).tolist() for t in tokens],
                      "evaluation": population.evaluate(),
-                     "params": [np.asarray(x).tolist() for x in jax.tree.leaves(jax.device_get(population.state.params))]}
+                     "params": [np.asarray(x).tolist()
+                                for x in jax.tree.leaves(jax.device_get(population.state.params))]}
     return out
 
 
@@ -393,7 +396,7 @@ def test_members_over_8_devices_train_as_on_one(tmp_path):
         # relative to each array's largest entry: Adam's step of an entry whose gradient is about 0 is +-lr
         # whatever its size, so rounding that flips the sign of such a gradient moves the entry by up to 2 lr
         # (measured: 4e-3 of the largest entry after 3 warm-start and 2 RL steps at lr 1e-2)
-        for a, b in zip(got["params"], params):
+        for a, b in zip(got["params"], params, strict=True):
             assert np.max(np.abs(np.asarray(a, np.float32) - b)) / np.max(np.abs(b)) < 2e-2, name
 
 
@@ -404,7 +407,7 @@ def test_the_member_loop_equals_a_map_over_the_members(width):
     def fn(a, b, x):
         return a + x.sum(), b * 2.0, {"y": jnp.tanh(a) * x, "n": jnp.sum(b)}
     keys = jax.random.split(jax.random.key(0), 3)
-    a, b, x = (jax.random.normal(k, shape) for k, shape in zip(keys, [(4, 3), (4, 2, 2), (4, 3)]))
+    a, b, x = (jax.random.normal(k, shape) for k, shape in zip(keys, [(4, 3), (4, 2, 2), (4, 3)], strict=True))
     got = jax.jit(over_members(fn, width, 4, carried=2), donate_argnums=(0, 1))(a + 0.0, b + 0.0, x)
     want = [fn(a[i], b[i], x[i]) for i in range(4)]
     for k, part in enumerate(got):
@@ -424,17 +427,17 @@ def test_the_member_scale_makes_the_update_of_that_learning_rate():
     s = (s[0], s[1]._replace(scale=jnp.asarray(3.0, jnp.float32)))
     r = reference.init(q)
     for step in range(6):
-        grads = jax.tree.map(lambda x: jax.random.normal(jax.random.key(step), x.shape), params)
+        grads = jax.tree.map(lambda x, step=step: jax.random.normal(jax.random.key(step), x.shape), params)
         u, s = scaled.update(grads, s, p)
         v, r = reference.update(grads, r, q)
         p, q = optax.apply_updates(p, u), optax.apply_updates(q, v)
-    for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(q)):
+    for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(q), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
     # at scale 1 it changes nothing, bit for bit
     one = optax.chain(make_optimizer(base), member_scale())
     u, _ = one.update(grads, one.init(params), params)
     v, _ = make_optimizer(base).update(grads, make_optimizer(base).init(params), params)
-    assert all(bool(jnp.array_equal(a, b)) for a, b in zip(jax.tree.leaves(u), jax.tree.leaves(v)))
+    assert all(bool(jnp.array_equal(a, b)) for a, b in zip(jax.tree.leaves(u), jax.tree.leaves(v), strict=True))
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -461,7 +464,8 @@ def test_a_population_that_cannot_fit_is_refused_before_anything_is_built(tmp_pa
     model = dataclasses.replace(TINY_MODEL, hidden_size=512, intermediate_size=1536, num_hidden_layers=2,
                                 num_attention_heads=8, num_key_value_heads=8, head_dim=64)
     exp = tiny_experiment(tmp_path, algorithm="dr_grpo", task=EMIT_X, model=model)
-    with pytest.raises(ConfigError, match=r"the population of 100000 needs at least [\d,.]+ GiB of memory .*or the members fewer") as error:
+    with pytest.raises(ConfigError, match=r"the population of 100000 needs at least [\d,.]+ GiB of memory "
+                                          r".*or the members fewer") as error:
         Population(exp, [Member(seed=i) for i in range(100_000)])
     assert "\n" not in str(error.value)
 

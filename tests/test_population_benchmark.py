@@ -6,7 +6,6 @@ import sys
 
 import numpy as np
 import pytest
-
 from helpers import load_benchmark
 
 population = load_benchmark("population")

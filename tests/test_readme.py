@@ -63,7 +63,8 @@ GENERATED = {"algorithm-table": "python -m pgjax.demo --table",
 def _generated(name: str) -> str:
     pattern = re.compile(rf"<!-- {name}:start -->\n(.*?)\n<!-- {name}:end -->", re.S)
     found = [(doc.name, match.group(1).strip()) for doc in DOCS for match in pattern.finditer(doc.read_text())]
-    assert len(found) == 1, f"<!-- {name}:start --> ... <!-- {name}:end --> must be on exactly one page, found {found!r:.200}"
+    assert len(found) == 1, (f"<!-- {name}:start --> ... <!-- {name}:end --> must be on exactly one page, "
+                             f"found {found!r:.200}")
     return found[0][1]
 
 
@@ -81,7 +82,8 @@ def test_algorithm_table_is_generated_from_the_presets():
 @pytest.mark.slow
 def test_audit_table_is_the_audit_commands_output(x64):    # x64: as the command computes it
     from pgjax.theory.audit import report
-    assert _generated("audit-table") == report().strip(), "the audit table is stale: paste `python -m pgjax.theory.audit`"
+    assert _generated("audit-table") == report().strip(), \
+        "the audit table is stale: paste `python -m pgjax.theory.audit`"
 
 
 @pytest.mark.slow
@@ -296,7 +298,8 @@ def test_the_benchmark_tables_are_the_saved_results():
 
 def test_the_table_check_finds_stale_missing_orphan_and_duplicate_blocks():
     tables = _readme_tables()
-    page = "a\n<!-- benchmark:x -->\n| old |\n<!-- /benchmark:x -->\n<!-- benchmark:gone -->\n|\n<!-- /benchmark:gone -->"
+    page = ("a\n<!-- benchmark:x -->\n| old |\n<!-- /benchmark:x -->\n<!-- benchmark:gone -->\n|\n"
+            "<!-- /benchmark:gone -->")
     saved = {"x": "| new |\n| --- |", "y": "| y |"}
     assert [p.split(":")[0] for p in tables.stale(page, saved)] == ["x", "y", "gone"]
     fixed = tables.regenerate(page, saved)

@@ -12,8 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pgjax.core.returns import (as_token_rewards, discounted_returns, gae, lambda_returns,
-                                outcome_to_token_rewards)
+from pgjax.core.returns import as_token_rewards, discounted_returns, gae, lambda_returns, outcome_to_token_rewards
 
 RTOL = ATOL = 1e-5
 
@@ -456,7 +455,7 @@ def test_vmap_over_stack_of_batches_equals_loop():
     # different masks per batch, too
     for i, bt in enumerate(batches):
         bt["mask"] = np.roll(bt["mask"], i, axis=0)
-    stack = lambda key: jnp.stack([jnp.asarray(bt[key]) for bt in batches])
+    stack = lambda key: jnp.stack([jnp.asarray(bt[key]) for bt in batches])  # noqa: E731
     mask, tok_r, out_r, v = stack("mask"), stack("tok_r"), stack("outcome"), stack("values")
     boot = jnp.stack([jnp.asarray(bt["boot"]["random"]) for bt in batches])
 
@@ -483,20 +482,20 @@ def test_vmap_over_traced_gamma_and_lambda_equals_loop():
     d = make_batch(30)
     mask, r, v = jnp.asarray(d["mask"]), jnp.asarray(d["tok_r"]), jnp.asarray(d["values"])
     boot = jnp.asarray(d["boot"]["random"])
-    grid = [(g, l) for g in GAMMAS for l in LAMS]
+    grid = [(g, lam) for g in GAMMAS for lam in LAMS]
     gammas = jnp.array([g for g, _ in grid], jnp.float32)
-    lams = jnp.array([l for _, l in grid], jnp.float32)
+    lams = jnp.array([lam for _, lam in grid], jnp.float32)
 
-    vm_adv, vm_ret = jax.jit(jax.vmap(lambda g, l: gae(r, v, mask, g, l, boot)))(gammas, lams)
+    vm_adv, vm_ret = jax.jit(jax.vmap(lambda g, lam: gae(r, v, mask, g, lam, boot)))(gammas, lams)
     vm_g = jax.vmap(lambda g: discounted_returns(jnp.asarray(d["outcome"]), mask, g, boot))(gammas)
-    vm_lr = jax.vmap(lambda g, l: lambda_returns(r, v, mask, g, l))(gammas, lams)
-    for i, (g, l) in enumerate(grid):
-        a, ret = gae_j(r, v, mask, g, l, boot)
+    vm_lr = jax.vmap(lambda g, lam: lambda_returns(r, v, mask, g, lam))(gammas, lams)
+    for i, (g, lam) in enumerate(grid):
+        a, ret = gae_j(r, v, mask, g, lam, boot)
         chex.assert_trees_all_close((vm_adv[i], vm_ret[i]), (a, ret), rtol=1e-6, atol=1e-6)
-        chex.assert_trees_all_close(vm_lr[i], lambda_returns_j(r, v, mask, g, l), rtol=1e-6, atol=1e-6)
+        chex.assert_trees_all_close(vm_lr[i], lambda_returns_j(r, v, mask, g, lam), rtol=1e-6, atol=1e-6)
         chex.assert_trees_all_close(vm_g[i], discounted_returns_j(jnp.asarray(d["outcome"]), mask, g, boot),
                                     rtol=1e-6, atol=1e-6)
-        ref_adv, ref_ret = ref_gae(d["tok_r"], d["values"], d["mask"], g, l, d["boot"]["random"])
+        ref_adv, ref_ret = ref_gae(d["tok_r"], d["values"], d["mask"], g, lam, d["boot"]["random"])
         assert_close(vm_adv[i], ref_adv)
         assert_close(vm_ret[i], ref_ret)
 
@@ -507,13 +506,13 @@ def test_vmap_over_hyperparameters_and_batches_nested():
     v = jnp.stack([jnp.asarray(d0["values"]), jnp.asarray(d1["values"])])
     m = jnp.stack([jnp.asarray(d0["mask"]), jnp.asarray(d1["mask"])])
     lams = jnp.array([1.0, 0.95, 0.0])
-    f = jax.vmap(jax.vmap(lambda rr, vv, mm, l: gae(rr, vv, mm, 0.9, l)[0],
+    f = jax.vmap(jax.vmap(lambda rr, vv, mm, lam: gae(rr, vv, mm, 0.9, lam)[0],
                           in_axes=(0, 0, 0, None)), in_axes=(None, None, None, 0))
     out = f(r, v, m, lams)
     assert out.shape == (3, 2) + d0["mask"].shape
-    for i, l in enumerate([1.0, 0.95, 0.0]):
+    for i, lam in enumerate([1.0, 0.95, 0.0]):
         for j, dd in enumerate([d0, d1]):
-            assert_close(out[i, j], ref_gae(dd["tok_r"], dd["values"], dd["mask"], 0.9, l)[0])
+            assert_close(out[i, j], ref_gae(dd["tok_r"], dd["values"], dd["mask"], 0.9, lam)[0])
 
 
 # ----------------------------------------------------------------------------- dtypes (pgjax.core.dtypes rule)
@@ -522,7 +521,7 @@ def test_float64_inputs_stay_float64_under_x64(x64):
     # "compute in at least float32 but keep float64": with x64 on, float64 inputs give float64 results that
     # match the float64 reference to double precision.
     d = make_batch(80)
-    f64 = lambda a: jnp.asarray(a, jnp.float64)
+    f64 = lambda a: jnp.asarray(a, jnp.float64)  # noqa: E731
     mask, r, v, boot = f64(d["mask"]), f64(d["tok_r"]), f64(d["values"]), f64(d["boot"]["random"])
     adv, ret = gae(r, v, mask, 0.9, 0.95, boot)
     assert adv.dtype == ret.dtype == jnp.float64
@@ -538,7 +537,7 @@ def test_float64_inputs_stay_float64_under_x64(x64):
 
 def test_bfloat16_inputs_are_upcast():
     d = make_batch(81)
-    bf = lambda a: jnp.asarray(a, jnp.bfloat16)
+    bf = lambda a: jnp.asarray(a, jnp.bfloat16)  # noqa: E731
     adv, ret = gae(bf(d["tok_r"]), bf(d["values"]), bf(d["mask"]), 0.9, 0.95)
     assert adv.dtype == ret.dtype == jnp.float32
     assert discounted_returns(bf(d["outcome"]), bf(d["mask"]), 0.9).dtype == jnp.float32

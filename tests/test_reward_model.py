@@ -2,14 +2,14 @@
 the head at each row's last real token whatever the padding; a reward model saved as a sequence
 classifier and a process reward model saved as a token classifier give transformers' scores, for
 every family transformers has the classifier of, and load back with the same scores."""
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from helpers import tiny_hf_config
-from pgjax.models import hf
-import dataclasses
 
+from pgjax.models import hf
 from pgjax.models.heads import RewardModel, scored_index
 
 torch = pytest.importorskip("torch", reason="golden tests need torch (pip install torch==2.13.0)")
@@ -44,9 +44,9 @@ def test_the_score_is_the_head_at_the_last_real_token_whatever_the_padding(tmp_p
     tokens, mask = right_padded_batch()
     right = np.asarray(model.scores(jnp.asarray(tokens), jnp.asarray(mask)))
     alone = [float(model.scores(jnp.asarray(row[m > 0][None]), jnp.ones((1, int(m.sum())), jnp.int32))[0])
-             for row, m in zip(tokens, mask)]
+             for row, m in zip(tokens, mask, strict=True)]
     np.testing.assert_allclose(right, alone, rtol=1e-5, atol=1e-6)
-    left_tokens = np.stack([np.roll(row, int((m == 0).sum())) for row, m in zip(tokens, mask)])
+    left_tokens = np.stack([np.roll(row, int((m == 0).sum())) for row, m in zip(tokens, mask, strict=True)])
     left_mask = (left_tokens != PAD).astype(np.int64)
     np.testing.assert_array_equal(scored_index(left_tokens, left_mask, None), [6, 6, 6])
     np.testing.assert_array_equal(scored_index(tokens, mask, None), [2, 6, 4])

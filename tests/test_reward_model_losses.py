@@ -37,7 +37,7 @@ def test_bradley_terry_loss_stays_finite_at_huge_gaps_and_vmaps_over_margins():
     chosen, rejected = jnp.array([1.0, 0.5, -0.2]), jnp.array([0.0, 0.7, -0.4])
     margins = jnp.array([0.0, 0.5, 1.0])
     losses = jax.vmap(lambda m: core.bradley_terry_loss(chosen, rejected, m))(margins)
-    for m, value in zip(np.asarray(margins), np.asarray(losses)):
+    for m, value in zip(np.asarray(margins), np.asarray(losses), strict=True):
         assert value == pytest.approx(np_bt(np.asarray(chosen), np.asarray(rejected), m, np.ones(3)), rel=1e-6)
     assert np.all(np.diff(np.asarray(losses)) > 0)             # a larger margin is harder to win
 

@@ -11,8 +11,8 @@ import re
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from helpers import comparable, save_tiny_checkpoint, tiny_experiment
+
 from pgjax.models import hf
 from pgjax.rewards.preferences import PreferenceFields, load_preferences
 from pgjax.train.experiment import ConfigError, LoRASection, ModelSection, RewardModelSection, override
@@ -149,6 +149,7 @@ def test_a_resumed_run_repeats_the_uninterrupted_records(trained, checkpoint, tm
 
 def test_with_lora_only_the_head_and_the_adapters_move(checkpoint, tmp_path):
     import jax
+
     from pgjax.models.lora import LoRAParam
     pairs = write_jsonl(tmp_path / "pairs.jsonl", sums(40))
     model = ModelSection(path=str(checkpoint), lora=LoRASection(rank=4, alpha=8))
@@ -159,7 +160,8 @@ def test_with_lora_only_the_head_and_the_adapters_move(checkpoint, tmp_path):
         trainer.step()
     after = jax.tree.map(np.asarray, trainer.state.params)
     moved = {jax.tree_util.keystr(path) for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(before),
-                                                                jax.tree.leaves(after)) if not np.array_equal(a, b)}
+                                                                jax.tree.leaves(after), strict=True)
+             if not np.array_equal(a, b)}
     adapters = {jax.tree_util.keystr(path) for path, leaf in jax.tree_util.tree_leaves_with_path(
         trainer.state.params, is_leaf=lambda x: isinstance(x, LoRAParam)) if isinstance(leaf, LoRAParam)}
     assert "['head']" in {m.removesuffix(".value") for m in moved} or any("head" in m for m in moved)
@@ -177,7 +179,7 @@ def test_the_held_out_pairs_share_no_prompt_with_the_training_pairs(checkpoint, 
     tokenizer = trainer.tokenizer
 
     def prompts(data):
-        return {tokenizer.decode(row[mask > 0])[:4] for row, mask in zip(data.chosen, data.chosen_mask)}
+        return {tokenizer.decode(row[mask > 0])[:4] for row, mask in zip(data.chosen, data.chosen_mask, strict=True)}
     assert len(trainer.eval_data) == 18 and len(trainer.train_data) == 42           # 3 whole prompts held out
     assert not prompts(trainer.eval_data) & prompts(trainer.train_data)
 

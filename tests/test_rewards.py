@@ -76,7 +76,8 @@ def test_uncomputable_rewards_are_zero_never_nan():
     summed = total(["a", "b"], ["x", "y"])
     np.testing.assert_array_equal(summed, [np.nan, 2.0])
     with pytest.raises(R.RewardError, match=r"reward function 2 \* <lambda> \+ format_reward returned nan for row 0 "
-                                            r"of 2 \(1 non-finite; prompt 'a', completion 'x'\).*nonfinite_rewards='mask'"):
+                                            r"of 2 \(1 non-finite; prompt 'a', completion 'x'\)"
+                                            r".*nonfinite_rewards='mask'"):
         R.finite_rewards(summed, R.reward_name(total), ["a", "b"], ["x", "y"])
     cleaned, bad = R.finite_rewards(summed, "r", ["a", "b"], ["x", "y"], nonfinite="mask")
     np.testing.assert_array_equal(cleaned, [0.0, 2.0])
@@ -121,7 +122,7 @@ def test_arithmetic_verifier_on_hand_written_answers():
              ("37+45=", "83", 82, 0.0), ("12-45=", "33", -33, 0.0),
              ("37+45=", "82.0", 82, 0.0), ("37+45=", "8 2", 82, 0.0), ("37+45=", "eighty-two", 82, 0.0),
              ("37+45=", "", 82, 0.0), ("37+45=", "+82", 82, 0.0), ("37+45=", "9" * 5000, 82, 0.0)]
-    prompts, completions, targets, expected = zip(*cases)
+    prompts, completions, targets, expected = zip(*cases, strict=True)
     np.testing.assert_array_equal(R.arithmetic_reward(prompts, completions, target=targets), expected)
 
 
@@ -199,7 +200,7 @@ def test_scratchpad_examples_agree_with_verifier_and_are_deterministic(digits, o
         assert prompts == [ex["prompt"] for ex in reference]
         assert [ex["target"] for ex in examples] == [ex["target"] for ex in reference]
         lengths = set()
-        for ex, ref in zip(examples, reference):
+        for ex, ref in zip(examples, reference, strict=True):
             working, answer = ex["answer"].split(":")
             assert set(working) <= {"."} and answer == ref["answer"]
             assert ex["answer"] == "." * len(working) + ":" + str(ex["target"])
@@ -232,7 +233,7 @@ def test_scratchpad_task_config_and_errors():
 def test_every_task_builds_from_an_experiment_task_section():
     from pgjax.train.experiment import TaskSection
 
-    build = lambda section: R.make_task(section.name, section.options, **section.factory_fields())
+    build = lambda section: R.make_task(section.name, section.options, **section.factory_fields())  # noqa: E731
     assert build(TaskSection(name="scratchpad_arithmetic")) == R.ScratchpadArithmeticTask(digits=2, ops="+",
                                                                                             max_scratch=8)
     section = TaskSection(name="scratchpad_arithmetic", digits=3, ops="+-", max_scratch=4, working="after")

@@ -22,8 +22,8 @@ import time
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from helpers import EMIT_X, EmitX, SignalAt, copy_of, experiment_file, save_tiny_checkpoint, snapshot, tiny_experiment
+
 from pgjax import run as cli
 from pgjax.models import hf
 from pgjax.models.heads import RewardModel

@@ -275,6 +275,7 @@ def test_a_task_with_the_python_tool_on_a_machine_without_a_layer_is_a_configura
     """task.tools=python tries the sandbox once when the task is built: a missing layer is a
     ConfigError naming it before anything is written, not an error in every episode."""
     from helpers import tiny_experiment
+
     from pgjax.train.context import task_context
     from pgjax.train.experiment import ConfigError, TaskSection
     monkeypatch.setattr(syscalls, "filter_program", lambda: "no libseccomp here")
@@ -395,8 +396,8 @@ def hostile(code: str, who: str | None, **limits):
 @OS_LAYERS
 @pytest.mark.parametrize("code", [
     "import os, time\nos.close(1)\nos.close(2)\ntime.sleep(60)",
-    "import os, signal, time\nfor s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):\n    signal.signal(s, signal.SIG_IGN)\n"
-    "os.close(1)\nos.close(2)\nwhile True:\n    time.sleep(1)",
+    "import os, signal, time\nfor s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):\n"
+    "    signal.signal(s, signal.SIG_IGN)\nos.close(1)\nos.close(2)\nwhile True:\n    time.sleep(1)",
     "import os, time\nnull = os.open('/dev/null', os.O_WRONLY)\nos.dup2(null, 1)\nos.dup2(null, 2)\ntime.sleep(60)",
 ], ids=["closes-its-output", "ignores-signals", "output-to-devnull"])
 def test_the_wall_clock_limit_holds_whatever_the_program_does_with_its_descriptors(code, who):
@@ -608,8 +609,9 @@ ATTACKS = [      # each is safe for the machine even if it got through (no reboo
     "import os\nos.write(1, os.urandom(4096))",
 ]
 ENDINGS = ["", "import os, time\nos.close(1)\nos.close(2)\ntime.sleep(30)", "while True:\n    pass",
-           "import time\ntime.sleep(30)", "import os, signal\nos.kill(os.getpid(), {signal})", "import os\nos._exit({status})",
-           "raise SystemExit({status})", "import sys\nsys.stdout.buffer.write(bytes(range(256)))", "print('\\ud800')"]
+           "import time\ntime.sleep(30)", "import os, signal\nos.kill(os.getpid(), {signal})",
+           "import os\nos._exit({status})", "raise SystemExit({status})",
+           "import sys\nsys.stdout.buffer.write(bytes(range(256)))", "print('\\ud800')"]
 
 
 def hostile_program(rng, trainer: int, canary: str, unix: str) -> str:

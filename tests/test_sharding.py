@@ -34,8 +34,9 @@ def check_meshes():
     policy = CausalLM(config, nnx.Rngs(0))
     algo = core.preset("ppo")
     # plain SGD: the parameter change is the gradient itself (Adam would amplify rounding in tiny gradients)
-    make_learner = lambda mesh=None: Learner(policy, algo, 4, UpdateConfig(minibatches=2, micro_batches=2),
-                                             optax.sgd(1.0), optax.sgd(1.0), use_reference=False, mesh=mesh)
+    def make_learner(mesh=None):
+        return Learner(policy, algo, 4, UpdateConfig(minibatches=2, micro_batches=2), optax.sgd(1.0), optax.sgd(1.0),
+                       use_reference=False, mesh=mesh)
     prompts = np.random.default_rng(0).integers(2, 64, (8, 5))
     sampling = SamplingConfig(max_new_tokens=6, eos_ids=(1,), n=4)
     samples = generate(policy, prompts, np.ones_like(prompts), jax.random.key(0), sampling)
@@ -62,7 +63,8 @@ def check_meshes():
         fsdp, tensor = sizes[1], sizes[2]
         # each device holds 1/(fsdp * tensor) of the weight
         assert gate == {(32 // fsdp, 64 // tensor)}, (sizes, gate)
-        close = lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
+        def close(a, b):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
         jax.tree.map(close, got, want)
         sharded_policy = nnx.merge(nnx.graphdef(policy), mesh_lib.shard(nnx.state(policy), mesh))
         for config, single in ((sampling, samples), (ragged, ragged_samples)):
@@ -105,8 +107,8 @@ def check_model_options(policy, algo, rollout):
     import jax
     import numpy as np
     import optax
-
     from helpers import per_layer
+
     from pgjax.models import hf
     from pgjax.parallel import mesh as mesh_lib
     from pgjax.train.learner import Learner, UpdateConfig

@@ -9,8 +9,8 @@ import shutil
 
 import numpy as np
 import pytest
-
 from helpers import fake_commands, load_experiment_script
+
 from pgjax import study as studies
 
 EXPERIMENTS = pathlib.Path(__file__).parent.parent / "experiments"

@@ -147,7 +147,7 @@ def test_length_normalisation_shortens_correct_and_lengthens_incorrect_responses
     assert biased.direction_bias > 1e-2
     unbiased_direction = biased.scale * biased.true_grad
     for correct, sign in ((True, -1.0), (False, 1.0)):
-        f = lambda th: _expected_length(one, logits_fn(th), correct)
+        f = lambda th, correct=correct: _expected_length(one, logits_fn(th), correct)  # noqa: E731
         grad = np.asarray(jax.grad(f)(theta)).reshape(-1)
         change = grad @ biased.mean - grad @ unbiased_direction
         assert sign * change > 0, (correct, change)

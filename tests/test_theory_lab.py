@@ -6,7 +6,8 @@ import jax
 import numpy as np
 import pytest
 
-from pgjax.theory import lab, mdp as mdp_lib
+from pgjax.theory import lab
+from pgjax.theory import mdp as mdp_lib
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ from pgjax.theory import audit as audit_lib
 from pgjax.theory import learned_reward as lr
 from pgjax.theory import mdp as mdp_lib
 
-
 pytestmark = pytest.mark.usefixtures("x64")          # conftest's: float64, as the audits compute
 
 

@@ -12,7 +12,6 @@ from pgjax.theory import mdp as mdp_lib
 from pgjax.theory import multiturn
 
 
-
 @pytest.fixture(autouse=True)
 def _x64():
     with jax.enable_x64(True):

@@ -143,7 +143,7 @@ def test_sequence_is_is_unbiased_for_eq_19_and_token_is_is_not(lab):
     token = [lab.cells[f"stale {s}", _label("token IS")].relative_bias for s in (1, 2, 4)]
     ignore = [lab.cells[f"stale {s}", "ignore"].relative_bias for s in (1, 2, 4)]
     assert token[0] > 0.1 and token[2] > 0.5, token
-    assert all(t < 0.85 * i for t, i in zip(token, ignore)), (token, ignore)
+    assert all(t < 0.85 * i for t, i in zip(token, ignore, strict=True)), (token, ignore)
     assert np.all(np.diff(token) > 0)
 
 
@@ -241,7 +241,7 @@ def test_truncation_and_masking_trade_sequence_is_variance_for_bias(lab):
     0.124); C = 2 halves it (0.134) for a relative bias of 0.47, masking cuts it to 0.043 but drops the
     trajectories pi now prefers (bias 1.17: E_mu[g] is orthogonal to grad J). Below the cap nothing
     changes: at staleness 1 no trajectory has W > 2, so sequence TIS is exactly unbiased there."""
-    cell = lambda b, name: lab.cells[b, _label(name)]
+    cell = lambda b, name: lab.cells[b, _label(name)]  # noqa: E731
     full, tis, mis = (cell("stale 4", n) for n in ("sequence IS", "sequence TIS", "sequence MIS"))
     assert full.total_variance > 2.0 * lab.reference.total_variance
     assert 0.45 < tis.total_variance / full.total_variance < 0.55
@@ -287,7 +287,7 @@ def test_kish_ess_of_sequence_is_by_trajectory(lab):
     mdp = lab.mdp
     pi_logits, mu_logits = _k1_setting(lab, "stale 4")
     pi, mu = _token_probs(mdp, pi_logits).prod(2), _token_probs(mdp, mu_logits).prod(2)
-    expect = lambda q, x: float(np.sum(mdp.prompt_probs[:, None] * q * x))
+    expect = lambda q, x: float(np.sum(mdp.prompt_probs[:, None] * q * x))  # noqa: E731
     length = mdp.lengths[None].astype(float)
     kish = expect(pi, length) ** 2 / (expect(mu, length) * expect(pi, length * pi / mu))
     assert lab.cells["stale 4", _label("sequence IS")].ess_fraction == pytest.approx(kish, rel=1e-10)

@@ -7,11 +7,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_sampler import VOCAB, forward, left_padded_prompts, sharp_model
 
 from pgjax.core import token_logprobs
 from pgjax.sample import SamplingConfig, generate
 from pgjax.sample.sampler import append, decode_turn, start
-from test_sampler import VOCAB, forward, left_padded_prompts, sharp_model
 
 EOS = (3,)
 
@@ -51,7 +51,7 @@ def run_turns(model, config, key, limits_per_turn, block_lengths, n=2):
         steps = int(timeline.cursor) - cursor
         assert steps == max(int(np.asarray(out.lengths).max()), 0) and (np.asarray(out.lengths) <= limits).all()
         slots[:, cursor:cursor + steps] = response[:, :steps]
-        for r, t in zip(*np.nonzero(mask)):
+        for r, t in zip(*np.nonzero(mask), strict=True):
             sampled.append((r, cursor + t, response[r, t], float(out.policy_logprobs[r, t])))
         if turn < len(block_lengths):
             width, lengths = block_lengths[turn]

@@ -10,8 +10,8 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-
 from helpers import EMIT_X, EmitX, p_first_x, sampled_rollout, starts_with_x, tiny_experiment, tiny_learner
+
 from pgjax import core
 from pgjax.models import hf
 from pgjax.models.scoring import response_logprobs
@@ -107,12 +107,13 @@ def padded_rollout(policy, extra_prompt=60, extra_response=59, group_size=4):
     mask[0, :2] = mask[2, :1] = 0
     samples = generate(policy, tokens, mask, jax.random.key(1), SamplingConfig(max_new_tokens=5, eos_ids=(1,),
                                                                                n=group_size))
-    widen = lambda x, pad: jnp.pad(x, ((0, 0), pad))
+    widen = lambda x, pad: jnp.pad(x, ((0, 0), pad))  # noqa: E731
     prompt_tokens, response_tokens = samples.tokens[:, :4], samples.tokens[:, 4:]
     prompt_mask, response_mask = samples.attention_mask[:, :4], samples.attention_mask[:, 4:]
     rewards = jnp.asarray((np.asarray(samples.response) == 7).sum(1), jnp.float32)
     rollout = Rollout(
-        tokens=jnp.concatenate([widen(prompt_tokens, (extra_prompt, 0)), widen(response_tokens, (0, extra_response))], 1),
+        tokens=jnp.concatenate([widen(prompt_tokens, (extra_prompt, 0)),
+                                widen(response_tokens, (0, extra_response))], 1),
         attention_mask=jnp.concatenate([widen(prompt_mask, (extra_prompt, 0)),
                                         widen(response_mask, (0, extra_response))], 1),
         batch=core.Batch(mask=widen(samples.response_mask, (0, extra_response)), rewards=rewards, logp=None,
@@ -263,7 +264,8 @@ def test_an_experiment_file_with_a_renamed_or_unknown_field_is_a_config_error(tm
     file = tmp_path / "old.py"
     file.write_text("from pgjax.train.experiment import Experiment, ModelSection\n"
                     "def experiment():\n    return Experiment(model=ModelSection(layers=2))\n")
-    with pytest.raises(ConfigError, match="unexpected keyword argument 'layers'.*layers is now model.num_hidden_layers"):
+    with pytest.raises(ConfigError,
+                       match="unexpected keyword argument 'layers'.*layers is now model.num_hidden_layers"):
         experiment_lib.load(file)
     file.write_text("from pgjax.train.experiment import Experiment\ndef experiment():\n"
                     "    return Experiment(steps=-1)\n")

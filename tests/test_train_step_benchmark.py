@@ -3,7 +3,6 @@ and refuses a row that does not exist or a selection without the row every loss 
 import argparse
 
 import pytest
-
 from helpers import load_benchmark
 
 pytest.importorskip("torch")

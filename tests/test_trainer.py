@@ -7,13 +7,13 @@ import pathlib
 
 import numpy as np
 import pytest
-
 from helpers import read_events, read_wandb_history
+
 from pgjax import run
 from pgjax.train import experiment as experiment_lib
 from pgjax.train.progress import Progress
-from pgjax.train.sinks import read_records
 from pgjax.train.records import TIMING_KEYS
+from pgjax.train.sinks import read_records
 from pgjax.train.trainer import Callback, Trainer, train
 
 EXPERIMENT = """
@@ -106,7 +106,8 @@ def test_metrics_reach_jsonl_tensorboard_and_wandb_with_the_same_values(tmp_path
     run_id = (directory / "wandb_run_id").read_text()           # a resumed run continues the same W&B run
     train(experiment_lib.override(exp, ["steps=3"]), resume=True, progress=False)
     assert (directory / "wandb_run_id").read_text() == run_id
-    assert {pathlib.Path(f).name for f in glob.glob(f"{directory}/wandb/offline-run-*/*.wandb")} == {f"run-{run_id}.wandb"}
+    assert {pathlib.Path(f).name for f in glob.glob(f"{directory}/wandb/offline-run-*/*.wandb")} == \
+        {f"run-{run_id}.wandb"}
     assert [r["step"] for r in read_records(directory)] == [0, 1, 2, 3]
     assert sorted(read_events(directory)["reward"]) == [1, 2, 3]
 

@@ -10,8 +10,16 @@
 
 Multi-turn rollouts of a policy in these environments: ``pgjax.train.episodes``.
 """
-from pgjax.agents.environment import (CallFormat, Environment, JsonCalls, Step, TaggedCalls, ToolCall, ToolEnvironment,
-                                      call_format_for)
+from pgjax.agents.environment import (
+    CallFormat,
+    Environment,
+    JsonCalls,
+    Step,
+    TaggedCalls,
+    ToolCall,
+    ToolEnvironment,
+    call_format_for,
+)
 from pgjax.agents.sandbox import PythonSandbox, SandboxError, SandboxRun, SandboxUnavailable
 from pgjax.agents.tools import Calculator, Tool, ToolResult, format_number
 
@@ -19,6 +27,6 @@ from pgjax.agents.tools import Calculator, Tool, ToolResult, format_number
 # each a class called with no arguments
 TOOLS = {"calculator": Calculator, "python": PythonSandbox}
 
-__all__ = ["Calculator", "CallFormat", "Environment", "JsonCalls", "PythonSandbox", "SandboxError", "SandboxRun", "SandboxUnavailable",
-           "Step", "TOOLS", "TaggedCalls", "Tool", "ToolCall", "ToolEnvironment", "ToolResult", "call_format_for",
-           "format_number"]
+__all__ = ["Calculator", "CallFormat", "Environment", "JsonCalls", "PythonSandbox", "SandboxError", "SandboxRun",
+           "SandboxUnavailable", "Step", "TOOLS", "TaggedCalls", "Tool", "ToolCall", "ToolEnvironment", "ToolResult",
+           "call_format_for", "format_number"]

@@ -396,7 +396,7 @@ def boot(config: dict) -> None:
         exec(code, {"__name__": "__main__", "__builtins__": builtins})
     except SystemExit:
         raise
-    except BaseException as error:                          # noqa: BLE001 - the program's own error
+    except BaseException as error:                          # the program's own error
         frames = [frame for frame in traceback.extract_tb(error.__traceback__) if frame.filename != "<string>"]
         sys.stderr.write("Traceback (most recent call last):\n" + "".join(traceback.format_list(frames))
                          + "".join(traceback.format_exception_only(type(error), error)))

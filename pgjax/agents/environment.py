@@ -221,7 +221,7 @@ class ToolEnvironment:
             return Step(reward=reward, done=True, info={"calls": 0, "valid_calls": 0, "correct": reward})
         by_name = {tool.name: tool for tool in self.tools}
         results = [by_name[call.name](call.arguments) for call in calls]
-        for call, result in zip(calls, results):
+        for call, result in zip(calls, results, strict=True):
             if not isinstance(result, ToolResult):
                 raise TypeError(f"the tool {call.name!r} returned {type(result).__name__}, not a ToolResult")
         texts = [self.calls.result(result.text) for result in results] + errors

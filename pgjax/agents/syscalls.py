@@ -55,9 +55,10 @@ ALLOWED = (
     "getrlimit", "setrlimit", "getrusage", "times", "wait4", "waitid", "exit", "exit_group",
 )
 CLONE_THREAD = 0x00010000
-# clone flags that make namespaces or share the parent's place (a thread carries none of them)
+# clone flags that make namespaces or share the parent's place (a thread carries none of them):
+# NEWNS CLONE_NEWCGROUP NEWUTS NEWIPC NEWUSER NEWPID NEWNET, NEWTIME, PARENT
 CLONE_REFUSED = (0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
-                 | 0x00000080 | 0x00008000)        # NEWNS CLONE_NEWCGROUP NEWUTS NEWIPC NEWUSER NEWPID NEWNET, NEWTIME, PARENT
+                 | 0x00000080 | 0x00008000)
 EPERM, ENOSYS = 1, 38
 PRIO_PROCESS = 0
 

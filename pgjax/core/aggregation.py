@@ -53,7 +53,7 @@ def loss_normalizer(mask: Array, group_size: int, max_length=None) -> Normalizer
     b, t = mask.shape
     mask = at_least_f32(mask)
     check_group_size(b, group_size)
-    f = lambda x: jnp.asarray(x, mask.dtype)
+    f = lambda x: jnp.asarray(x, mask.dtype)  # noqa: E731
     return Normalizer(num_tokens=f(jnp.sum(mask)), num_sequences=f(b), num_prompts=f(b // group_size),
                       max_length=f(t if max_length is None else max_length))
 

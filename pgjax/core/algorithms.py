@@ -26,12 +26,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from pgjax.core import advantages as adv_lib
-from pgjax.core.advantages import check_group_size
 from pgjax.core import objectives as obj_lib
 from pgjax.core import off_policy as op_lib
+from pgjax.core.advantages import check_group_size
+from pgjax.core.aggregation import AGGREGATIONS, Normalizer, aggregate, loss_normalizer
 from pgjax.core.dtypes import at_least_f32
 from pgjax.core.estimator import Estimator
-from pgjax.core.aggregation import AGGREGATIONS, Normalizer, aggregate, loss_normalizer
 from pgjax.core.returns import as_token_rewards, gae
 
 Array = jax.Array
@@ -357,7 +357,7 @@ def loss(spec: Spec, batch: Batch, hp: HParams, norm: Normalizer | None = None):
     norm = loss_normalizer(mask, batch.group_size) if norm is None else norm
     adv = advantages(spec, batch, hp) if batch.advantages is None else jax.lax.stop_gradient(batch.advantages)
     old_logp = _old_logp(batch)
-    agg = lambda x: aggregate(x, mask, spec.aggregation, norm, hp.divide_by_length)
+    agg = lambda x: aggregate(x, mask, spec.aggregation, norm, hp.divide_by_length)  # noqa: E731
 
     ratio_old = batch.behaviour_logp if spec.correction == "behaviour_ratio" else old_logp
     objective, ratio, clipped = _policy_terms(spec, hp, batch.logp, ratio_old, adv, mask)
@@ -397,7 +397,7 @@ def token_weights(estimator, batch: Batch, hp, norm: Normalizer | None = None) -
     ``norm`` None: this batch's own (``loss_normalizer``).
     """
     norm = loss_normalizer(batch.mask, batch.group_size) if norm is None else norm
-    value = lambda logp: estimator.loss(batch.replace(logp=logp), hp, norm)[0]
+    value = lambda logp: estimator.loss(batch.replace(logp=logp), hp, norm)[0]  # noqa: E731
     return -jax.grad(value)(batch.logp) * (batch.mask > 0)
 
 
@@ -520,7 +520,7 @@ def hparam_grid(base, **axes) -> tuple:
     Returns the stacked grid and the list of settings (dicts) in its order.
     """
     names = list(axes)
-    settings = [dict(zip(names, combo)) for combo in itertools.product(*(axes[n] for n in names))]
+    settings = [dict(zip(names, combo, strict=True)) for combo in itertools.product(*(axes[n] for n in names))]
     if isinstance(base, Estimator):
         grid = stack_hparams([base.with_hparams(**s).hparams for s in settings])
         base.check_hparams(grid)

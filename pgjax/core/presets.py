@@ -69,6 +69,7 @@ def preset(name: str) -> Algorithm:
     return PRESETS[name]
 
 
+
 def _num(x) -> str:
     return f"{float(x):g}"
 

@@ -338,7 +338,7 @@ def _scalar(reader, key: str, default=_REQUIRED):
     """A metadata value that must be one number (per-layer arrays are unsupported)."""
     value = _field(reader, key, default)
     if isinstance(value, list):
-        raise ValueError(f"unsupported GGUF metadata: {key} varies per layer ({value[:4]}...)")  # noqa: TRY004
+        raise ValueError(f"unsupported GGUF metadata: {key} varies per layer ({value[:4]}...)")
     return value
 
 
@@ -346,7 +346,7 @@ def hparams(reader) -> dict:
     """The transformers config keyword arguments of the architecture, read from its metadata
     (``HF_CONFIGS`` names the config class)."""
     arch = architecture(reader)
-    get = lambda key, default=_REQUIRED: _scalar(reader, f"{arch}.{key}", default)
+    get = lambda key, default=_REQUIRED: _scalar(reader, f"{arch}.{key}", default)  # noqa: E731
     hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
     head_dim = int(get("attention.key_length", hidden // heads))
     if int(get("attention.value_length", head_dim)) != head_dim:

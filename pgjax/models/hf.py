@@ -116,7 +116,7 @@ def _check_supported(hf_config, family: Family) -> None:
     output would need the chunked log-probs to cap too)."""
     gemma = family.gemma
     act_name, act = ("hidden_activation", "gelu_pytorch_tanh") if gemma else ("hidden_act", "silu")
-    flag = lambda name: bool(getattr(hf_config, name, False))
+    flag = lambda name: bool(getattr(hf_config, name, False))  # noqa: E731
     window = not gemma and getattr(hf_config, "sliding_window", None) is not None
     unsupported = {act_name: getattr(hf_config, act_name, act) != act, "mlp_bias": flag("mlp_bias"),
                    "attention_bias": not family.qkv_bias and flag("attention_bias"),
@@ -169,8 +169,8 @@ def _layout(config: ModelConfig):
     c = config
     h, kv, d, hd = c.num_attention_heads, c.num_key_value_heads, c.hidden_size, c.head_dim
     same = (lambda w: w, lambda w: w)
-    heads_in = lambda n: (lambda w: w.T.reshape(d, n, hd), lambda w: w.reshape(d, n * hd).T)
-    bias = lambda n: (lambda w: w.reshape(n, hd), lambda w: w.reshape(n * hd))
+    heads_in = lambda n: (lambda w: w.T.reshape(d, n, hd), lambda w: w.reshape(d, n * hd).T)  # noqa: E731
+    bias = lambda n: (lambda w: w.reshape(n, hd), lambda w: w.reshape(n * hd))  # noqa: E731
     transpose = (lambda w: w.T, lambda w: w.T)
     out = [("model.embed_tokens.weight", ("embed",), *same), ("model.norm.weight", ("final_norm", "weight"), *same)]
     if not c.tie_word_embeddings:

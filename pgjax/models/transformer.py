@@ -252,13 +252,18 @@ class Attention(nnx.Module):
         c, dtype = config, jnp.dtype(config.param_dtype)
         self.config = c
         self.q = _param(rngs, (c.hidden_size, c.num_attention_heads, c.head_dim), ("embed", "heads", "head_dim"), dtype)
-        self.k = _param(rngs, (c.hidden_size, c.num_key_value_heads, c.head_dim), ("embed", "kv_heads", "head_dim"), dtype)
-        self.v = _param(rngs, (c.hidden_size, c.num_key_value_heads, c.head_dim), ("embed", "kv_heads", "head_dim"), dtype)
+        self.k = _param(rngs, (c.hidden_size, c.num_key_value_heads, c.head_dim), ("embed", "kv_heads", "head_dim"),
+                        dtype)
+        self.v = _param(rngs, (c.hidden_size, c.num_key_value_heads, c.head_dim), ("embed", "kv_heads", "head_dim"),
+                        dtype)
         self.o = _param(rngs, (c.num_attention_heads, c.head_dim, c.hidden_size), ("heads", "head_dim", "embed"), dtype)
         if c.qkv_bias:
-            self.q_bias = nnx.Param(jnp.zeros((c.num_attention_heads, c.head_dim), dtype), logical_axes=("heads", "head_dim"))
-            self.k_bias = nnx.Param(jnp.zeros((c.num_key_value_heads, c.head_dim), dtype), logical_axes=("kv_heads", "head_dim"))
-            self.v_bias = nnx.Param(jnp.zeros((c.num_key_value_heads, c.head_dim), dtype), logical_axes=("kv_heads", "head_dim"))
+            self.q_bias = nnx.Param(jnp.zeros((c.num_attention_heads, c.head_dim), dtype),
+                                    logical_axes=("heads", "head_dim"))
+            self.k_bias = nnx.Param(jnp.zeros((c.num_key_value_heads, c.head_dim), dtype),
+                                    logical_axes=("kv_heads", "head_dim"))
+            self.v_bias = nnx.Param(jnp.zeros((c.num_key_value_heads, c.head_dim), dtype),
+                                    logical_axes=("kv_heads", "head_dim"))
         if c.qk_norm:
             self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype, c.gemma)
             self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype, c.gemma)
@@ -492,7 +497,7 @@ class CausalLM(nnx.Module):
         if cache is None:
             return self.final_norm(self._trunk(x, contexts, dropout_key, mesh)), ()
         new_cache = []
-        for i, (layer, kind) in enumerate(zip(self.blocks(), c.layer_kinds)):
+        for i, (layer, kind) in enumerate(zip(self.blocks(), c.layer_kinds, strict=True)):
             x, layer_cache = layer(x, *contexts[kind], cache[i], index)
             new_cache.append(layer_cache)
         return self.final_norm(x), tuple(new_cache)

@@ -51,7 +51,7 @@ def cluster_detected(environ=os.environ) -> bool:
     """Whether the environment describes a run of more than one process."""
     if environ.get("JAX_COORDINATOR_ADDRESS"):
         return True
-    many = lambda key: int(environ.get(key, "1") or "1") > 1
+    many = lambda key: int(environ.get(key, "1") or "1") > 1  # noqa: E731
     return (many("SLURM_NTASKS") or many("OMPI_COMM_WORLD_SIZE")
             or "," in environ.get("TPU_WORKER_HOSTNAMES", ""))
 

@@ -43,6 +43,7 @@ Math answers (``math_answers``): ``extract_answer``, the one answer extractor of
 ``answer_from`` and ``number_only``) and ``answers_equal`` (numeric, then
 symbolic with sympy). Percent rule: ``50\\%`` equals ``50``, not ``0.5``.
 """
+from pgjax.plugins import import_object
 from pgjax.rewards.arithmetic import (
     ArithmeticTask,
     MixedArithmeticTask,
@@ -62,6 +63,7 @@ from pgjax.rewards.base import (
     as_rewards,
     batch_fields,
     call_reward,
+    call_within,
     check_columns,
     combine,
     described_value,
@@ -73,7 +75,6 @@ from pgjax.rewards.base import (
     raised_at,
     raised_text,
     reward_name,
-    call_within,
     with_timeout,
 )
 from pgjax.rewards.countdown import CountdownTask, countdown_reward, evaluate_expression, is_countdown_solution
@@ -86,7 +87,6 @@ from pgjax.rewards.math_answers import (
     parse_number,
     reference_answer,
 )
-from pgjax.plugins import import_object
 from pgjax.rewards.registry import (
     TASKS,
     accepted_options,
@@ -102,7 +102,6 @@ from pgjax.rewards.word_math import (
     word_math_format_reward,
     word_math_reward,
 )
-
 
 __all__ = [
     "TASKS", "accepted_options", "ArithmeticTask", "Conversation", "CountdownTask", "EOS_ID", "FILE_FORMATS",

@@ -94,7 +94,7 @@ def _arithmetic_problems(digits: int, ops: str, n: int, rng: np.random.Generator
     b = rng.integers(low, high, size=n)
     picks = rng.integers(0, len(ops), size=n)
     out = []
-    for x, y, k in zip(a.tolist(), b.tolist(), picks.tolist()):
+    for x, y, k in zip(a.tolist(), b.tolist(), picks.tolist(), strict=True):
         op = ops[k]
         value = x + y if op == "+" else x - y if op == "-" else x * y
         out.append((f"{x}{op}{y}=", value))

@@ -282,7 +282,8 @@ class WeightedSum:
 
     terms: tuple[tuple[str, RewardFn, float], ...]
 
-    def components(self, prompts: Sequence[str], completions: Sequence[str], **fields: Sequence) -> dict[str, np.ndarray]:
+    def components(self, prompts: Sequence[str], completions: Sequence[str],
+                   **fields: Sequence) -> dict[str, np.ndarray]:
         n = check_columns(prompts, completions, fields)
         return {name: as_rewards(fn(prompts, completions, **fields), n, name) for name, fn, _ in self.terms}
 

@@ -240,7 +240,7 @@ def _rows(path: str, file_format: str) -> Iterator[tuple[int, dict[str, Any]]]:
     read by ``datasets`` streaming (no copy, no hub: only the local file is opened; the builder's lock
     files go to a temporary directory, not the user's cache); ValueError naming the file when it
     cannot be read in that format."""
-    import datasets     # the data extra; reader_format has named it if it is missing
+    import datasets  # the data extra; reader_format has named it if it is missing
     try:
         with tempfile.TemporaryDirectory(prefix="pgjax-datasets-") as cache:
             rows = list(datasets.load_dataset(file_format, data_files=[path], split="train", streaming=True,
@@ -416,7 +416,7 @@ class JsonlMathTask:
             except ValueError as error:
                 problems[i] = str(error)
         encoded = tokenizer(list(texts.values()), add_special_tokens=special_tokens)["input_ids"] if texts else []
-        ids = dict(zip(texts, encoded))
+        ids = dict(zip(texts, encoded, strict=True))
         keep = []
         for i, place in enumerate(data.places):
             if i in ids and 1 <= len(ids[i]) <= max_tokens:

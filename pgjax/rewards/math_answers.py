@@ -322,8 +322,7 @@ def _check_powers(e, scale: float = 1.0) -> None:
 def to_sympy(s: str):
     """A sympy expression for a normalised answer; ValueError (or a sympy error) if it is not one."""
     import sympy
-    from sympy.parsing.sympy_parser import (implicit_multiplication_application, parse_expr,
-                                            standard_transformations)
+    from sympy.parsing.sympy_parser import implicit_multiplication_application, parse_expr, standard_transformations
 
     if len(s) > MAX_CHARS:
         raise ValueError("answer too long")

@@ -22,8 +22,17 @@ import math
 import os
 from typing import Any
 
-from pgjax.rewards.data import (Conversation, _check_prompt, _Dataset, _finite, _Invalid, _lines, _parse, _rows,
-                                reader_format)
+from pgjax.rewards.data import (
+    Conversation,
+    _check_prompt,
+    _Dataset,
+    _finite,
+    _Invalid,
+    _lines,
+    _parse,
+    _rows,
+    reader_format,
+)
 
 
 def _reply(value, field: str) -> tuple[list | None, str]:

@@ -13,8 +13,8 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pgjax.rewards.arithmetic import ArithmeticTask, MixedArithmeticTask, ScratchpadArithmeticTask
 from pgjax.plugins import resolve
+from pgjax.rewards.arithmetic import ArithmeticTask, MixedArithmeticTask, ScratchpadArithmeticTask
 from pgjax.rewards.base import Task, described_value
 from pgjax.rewards.countdown import CountdownTask
 from pgjax.rewards.data import JsonlMathTask

@@ -276,7 +276,8 @@ class _Live:
 
     def write_into(self, out: tuple, ended) -> tuple:
         """``out`` [R, N] and ``ended`` [R] with this batch's rows written in."""
-        return tuple(o.at[self.rows].set(x) for o, x in zip(out, self.out)), ended.at[self.rows].set(self.ended)
+        return (tuple(o.at[self.rows].set(x) for o, x in zip(out, self.out, strict=True)),
+                ended.at[self.rows].set(self.ended))
 
     def write_timeline(self, timeline: Timeline, mesh) -> Timeline:
         """``timeline`` with this batch's rows (cache, key mask, last logits) written in."""
@@ -327,7 +328,7 @@ def _decode(model: CausalLM, timeline: Timeline, key, limits, config: SamplingCo
         alive = ~live.done
         token = jnp.where(alive, token, config.pad_id)
         columns = (token, alive.astype(jnp.float32), jnp.where(alive, logq, 0.0), jnp.where(alive, logp, 0.0))
-        out = tuple(o.at[:, step].set(c) for o, c in zip(live.out, columns))
+        out = tuple(o.at[:, step].set(c) for o, c in zip(live.out, columns, strict=True))
         key_mask = jax.lax.dynamic_update_slice_in_dim(live.key_mask, alive[:, None].astype(jnp.int32),
                                                        cursor + step, axis=1)
         logits, cache = model.decode(token[:, None], key_mask, live.cache, cursor + step)
@@ -351,7 +352,7 @@ def _decode(model: CausalLM, timeline: Timeline, key, limits, config: SamplingCo
                  limit=limits, done=limits <= 0, ended=ended, out=out)
     step = 0
     sizes = stage_sizes(rows, config.compaction, mesh)
-    for size, next_size in zip(sizes, (*sizes[1:], 0)):
+    for next_size in (*sizes[1:], 0):
         step, live = jax.lax.while_loop(running_while_more_than(next_size), body, (step, live))
         out, ended = live.write_into(out, ended)
         if keep_timeline:

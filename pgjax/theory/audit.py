@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pgjax import core
+from pgjax.plugins import named_estimator
 from pgjax.theory import mdp as mdp_lib
 
 
@@ -288,7 +289,8 @@ def audit_table(mdp: mdp_lib.TokenMDP, policy, theta, k: int, extra: tuple = ())
     greedy_table = mdp_lib.greedy_state_values(mdp, policy[0](jnp.asarray(theta)))
     results.append(("per-step greedy baseline G-hat_t from every s_t (eq. 13)",
                     audit(mdp, policy, theta, core.preset("reinforce_baseline"), k=k, state_baseline=greedy_table)))
-    results.append((f"per-step RLOO: K-1 = {k - 1} continuations from every s_t", per_step_rloo_audit(mdp, policy, theta, k)))
+    results.append((f"per-step RLOO: K-1 = {k - 1} continuations from every s_t",
+                    per_step_rloo_audit(mdp, policy, theta, k)))
     for label, r in results:
         bias = f"{r.direction_bias:.2e}" if r.direction_bias > 1e-12 else "< 1e-12"
         rows.append(f"| {label} | {r.scale:.4f} | {bias} | {r.cosine:.4f} | {r.total_variance:.4f} |")
@@ -329,10 +331,9 @@ def main(argv=None):
                         help="also audit this estimator of your own (an import path, as algorithm.preset takes; "
                              "repeatable), at its default hyperparameters")
     args = parser.parse_args(argv)
-    from pgjax.train.experiment import AlgorithmSection, ConfigError
     try:
-        extra = tuple((path, AlgorithmSection(preset=path).build()) for path in args.estimator)
-    except (ConfigError, ValueError) as error:
+        extra = tuple((path, named_estimator(path, "--estimator")) for path in args.estimator)
+    except ValueError as error:
         parser.error(str(error))
     with jax.enable_x64(True):
         print(report(args.k, args.vocab, args.horizon, args.prompts, args.reward, args.policy, args.seed, extra))

@@ -83,8 +83,8 @@ def make_train(mdp: mdp_lib.TokenMDP, policy, entry: LabAlgorithm, *, k: int = 4
             old_logp = mdp_lib.trajectory_logprobs(mdp, logits)[prompt_of_row, rows.reshape(-1)]
 
             def epoch_update(theta, _):
-                loss = lambda th: core.loss(entry.algo.spec, batch_for(th, rows, old_logp, values, greedy),
-                                            entry.hparams)[0]
+                def loss(th):
+                    return core.loss(entry.algo.spec, batch_for(th, rows, old_logp, values, greedy), entry.hparams)[0]
                 return theta - learning_rate * jax.grad(loss)(theta), None
 
             theta, _ = jax.lax.scan(epoch_update, theta, None, length=entry.epochs)

@@ -42,7 +42,7 @@ TURN_REWARD = 0.5
 def _episodes(vocab: int, horizon: int, turns: int, observations: int) -> list[tuple[tuple, ...]]:
     """Every episode as its parts: turn, observation, turn, ..., turn."""
     replies = [tuple(int(t) for t in row[mask > 0]) for row, mask in
-               zip(*mdp_lib.enumerate_trajectories(vocab, horizon, EOT)[:2])]
+               zip(*mdp_lib.enumerate_trajectories(vocab, horizon, EOT)[:2], strict=True)]
     parts = [replies] + [[(o,) for o in range(1, observations + 1)], replies] * (turns - 1)
     return list(itertools.product(*parts))
 

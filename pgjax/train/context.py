@@ -22,13 +22,32 @@ import pathlib
 import sys
 from collections.abc import Callable
 
-from pgjax.agents import (TOOLS, Environment, JsonCalls, PythonSandbox, SandboxUnavailable, Step, Tool,
-                          ToolEnvironment, call_format_for)
+from pgjax.agents import (
+    TOOLS,
+    Environment,
+    JsonCalls,
+    PythonSandbox,
+    SandboxUnavailable,
+    Step,
+    Tool,
+    ToolEnvironment,
+    call_format_for,
+)
 from pgjax.models import hf
 from pgjax.parallel import multihost
 from pgjax.plugins import is_import_path, resolve
-from pgjax.rewards import (batch_fields, call_reward, call_within, described_value, error_text, finite_rewards, make_task,
-                           raised_at, reward_name, with_timeout)
+from pgjax.rewards import (
+    batch_fields,
+    call_reward,
+    call_within,
+    described_value,
+    error_text,
+    finite_rewards,
+    make_task,
+    raised_at,
+    reward_name,
+    with_timeout,
+)
 from pgjax.train.episodes import EpisodeError, checked_step, opening_ids
 from pgjax.train.experiment import ConfigError, Experiment, stream_seed
 from pgjax.train.rollout import PromptFormat, prompt_format_for, stop_tokens

@@ -170,7 +170,7 @@ def run_episodes(policy: CausalLM, tokenizer, environment: Callable[[], Environm
     call the same compiled decode and append."""
     n, rows = sampling.n, len(examples) * sampling.n
     environments = [_user_call(environment, "the environment factory") for _ in range(rows)]
-    openings = [_user_call(lambda: env.reset(examples[r // n]), f"{type(env).__name__}.reset")
+    openings = [_user_call(lambda r=r, env=env: env.reset(examples[r // n]), f"{type(env).__name__}.reset")
                 for r, env in enumerate(environments)]
     episodes = [_Row(opening_turns(prompt_format, messages)) for messages in openings]
     ids = opening_ids(tokenizer, prompt_format, openings)
@@ -186,7 +186,7 @@ def run_episodes(policy: CausalLM, tokenizer, environment: Callable[[], Environm
     for turn in range(limits.max_turns):
         budgets = np.array([0 if row.ended else min(sampling.max_new_tokens, limits.max_tokens - row.used)
                             for row in episodes])
-        for row, budget in zip(episodes, budgets):
+        for row, budget in zip(episodes, budgets, strict=True):
             if not row.ended and budget <= 0:
                 row.ended = "tokens"
         if not largest(any(row.ended is None for row in episodes), mesh):      # every process's rows
@@ -225,7 +225,7 @@ def _user_call(call: Callable, what: str):
         return call()
     except RewardError:
         raise
-    except Exception as error:                     # noqa: BLE001 - the user's environment
+    except Exception as error:                     # the user's environment
         raise EnvironmentFailure(f"{what} raised {raised_text(error)}") from None
 
 
@@ -249,7 +249,7 @@ def checked_step(environment: Environment, reply: str) -> Step:
         step = environment.step(reply)
     except (RewardError, EpisodeError):
         raise
-    except Exception as error:                     # noqa: BLE001 - the user's environment, on the policy's reply
+    except Exception as error:                     # the user's environment, on the policy's reply
         raise EpisodeError(f"{name}.step raised {raised_text(error)}") from None
     problem = step_problem(step)
     if problem:
@@ -390,10 +390,10 @@ def demonstrated_episodes(tokenizer, environment: Callable[[], Environment], exa
     ``reply_tokens``, and a demonstration that does not end its episode (done, and correct where the
     environment says) within ``limits``."""
     environments = [environment() for _ in examples]
-    openings = [env.reset(example) for env, example in zip(environments, examples)]
+    openings = [env.reset(example) for env, example in zip(environments, examples, strict=True)]
     prompts, prompt_mask = left_pad(tokenizer, opening_ids(tokenizer, prompt_format, openings), prompt_width)
     episodes = [_Row(opening_turns(prompt_format, messages)) for messages in openings]
-    for index, (row, env, example) in enumerate(zip(episodes, environments, examples)):
+    for index, (row, env, example) in enumerate(zip(episodes, environments, examples, strict=True)):
         if not callable(getattr(env, "demonstration", None)):
             raise ValueError(f"{type(env).__name__} has no demonstration(example): a warm start on episodes needs "
                              "the replies of a worked episode (docs/agents.md)")
@@ -482,7 +482,7 @@ def episode_rollout(episodes: Episodes, examples: list[dict], tokenizer, config:
     lengths = np.asarray(attention[:, width:].sum(1))              # gap-free: the episode's last column + 1
     if config.trim_padding:            # to the longest episode of every process's rows: one shape everywhere
         rollout = trim_padding(rollout, np.array([largest(lengths.max(initial=0), mesh)]))
-    texts = [tokenizer.decode(row[width:width + n]) for row, n in zip(tokens, lengths)]
+    texts = [tokenizer.decode(row[width:width + n]) for row, n in zip(tokens, lengths, strict=True)]
     correct = np.nan_to_num(episodes.correct, nan=0.0)
     stats = {"reward": episodes.returns, "correct": correct, "length": episodes.mask.sum(1).astype(np.int32),
              "truncated": episodes.truncated, "kept": keep, "nonfinite": nonfinite,

@@ -179,7 +179,7 @@ def outcome_metrics(greedy_correct, sampled: dict | None, ks=(1,), resamples: in
     values = {name: float(column.mean()) for name, column in columns.items()}
     draws = dict.fromkeys(columns)
     if len(correct) >= 2:
-        draws = dict(zip(columns, bootstrap_means(np.stack(list(columns.values()), 1), resamples, seed).T))
+        draws = dict(zip(columns, bootstrap_means(np.stack(list(columns.values()), 1), resamples, seed).T, strict=True))
     for name in (*(f"pass@{k}" for k in ks), "finish_rate"):
         metrics[name] = _bootstrapped(values[name], draws[name])
     metrics["accuracy_finished"] = _ratio(values, draws, "finished_correct", "finish_rate")
@@ -204,7 +204,7 @@ def _episode_metrics(sampled: dict, resamples: int, seed: int) -> dict:
     values = {name: float(column.mean()) for name, column in columns.items()}
     draws = dict.fromkeys(columns)
     if len(calls) >= 2:
-        draws = dict(zip(columns, bootstrap_means(np.stack(list(columns.values()), 1), resamples, seed).T))
+        draws = dict(zip(columns, bootstrap_means(np.stack(list(columns.values()), 1), resamples, seed).T, strict=True))
     out = {name: _bootstrapped(values[name], draws[name]) for name in ("call_rate", "mean_turns",
                                                                        "mean_episode_tokens")}
     out["valid_call_rate"] = _ratio(values, draws, "valid", "calls")

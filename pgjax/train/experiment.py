@@ -44,9 +44,18 @@ from pgjax.models.lora import TARGETS, LoRAConfig
 from pgjax.models.transformer import RUNTIME_OPTIONS, ModelConfig
 from pgjax.parallel.mesh import MeshConfig, check_divisible_rows
 from pgjax.parallel.multihost import DistributedConfig
-from pgjax.plugins import is_import_path, resolve
-from pgjax.rewards import (FILE_FORMATS, accepted_options, described_value, error_text, located_error,
-                           make_task, raised_at, reader_format, reward_function, task_factory)
+from pgjax.plugins import is_import_path, named_estimator, resolve
+from pgjax.rewards import (
+    FILE_FORMATS,
+    accepted_options,
+    error_text,
+    located_error,
+    make_task,
+    raised_at,
+    reader_format,
+    reward_function,
+    task_factory,
+)
 from pgjax.train.learned_reward import NORMALIZE
 from pgjax.train.learner import UpdateConfig
 from pgjax.train.memory import check_run_memory
@@ -469,28 +478,12 @@ class AlgorithmSection:
 
 
 def _estimator(name: str) -> core.Estimator:
-    """The preset ``name`` (``core.PRESETS``) or the estimator at the import path ``name``: the object
-    there, or what calling it with no arguments returns when it is a class or function; ConfigError
-    unless that is a ``core.Estimator`` whose ``requires`` and hyperparameters are valid."""
+    """The estimator ``algorithm.preset`` names (``plugins.named_estimator``: a preset, or an import path);
+    ConfigError otherwise."""
     try:
-        found = resolve("algorithm.preset", name, core.PRESETS, "estimator (a pgjax.core.Estimator)")
+        return named_estimator(name)
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    if not isinstance(found, core.Estimator) and callable(found):
-        try:
-            found = found()
-        except Exception as error:      # the user's code
-            raise ConfigError(f"algorithm.preset={name!r}: calling it with no arguments raised "
-                              f"{located_error(error)}") from None
-    if not isinstance(found, core.Estimator):
-        raise ConfigError(f"algorithm.preset={name!r} is {described_value(found)}, not an estimator: subclass "
-                          "pgjax.core.Estimator (docs/estimators.md)")
-    try:
-        core.estimator.requirements(found)
-        found.check_hparams(found.hparams)
-    except (ValueError, TypeError) as error:
-        raise ConfigError(f"algorithm.preset={name!r}: {error}") from None
-    return found
 
 
 STAGES = ("rl", "reward_model", "process_reward_model")

@@ -33,8 +33,8 @@ from flax import nnx
 from pgjax import core
 from pgjax.models import hf
 from pgjax.parallel import multihost
-from pgjax.rewards import RewardError
 from pgjax.parallel.mesh import batch_shards, shard, single_device_mesh
+from pgjax.rewards import RewardError
 from pgjax.train.rollout import prompt_format_for, right_pad
 
 NORMALIZE = ("none", "batch")
@@ -112,7 +112,7 @@ class LearnedReward:
 
     def __call__(self, prompts, completions, **_) -> np.ndarray:
         """The score of each completion [R] (this process's rows; every process calls it together)."""
-        texts = [self.prompt_format.exchange(self.tokenizer, p, c) for p, c in zip(prompts, completions)]
+        texts = [self.prompt_format.exchange(self.tokenizer, p, c) for p, c in zip(prompts, completions, strict=True)]
         ids = self.tokenizer(texts, add_special_tokens=self.prompt_format.special_tokens)["input_ids"]
         return self._run(ids, per_token=False)
 
@@ -124,7 +124,7 @@ class LearnedReward:
         (``reward_trainer.encode_steps``). RewardError for a completion the chat template does not
         write as it is, or a logit that is not finite."""
         rows, ids, places = [], [], []
-        for prompt, completion in zip(prompts, completions):
+        for prompt, completion in zip(prompts, completions, strict=True):
             ends = step_ends(completion, self.separator)
             try:
                 one, tokens = step_places(self.tokenizer, self.prompt_format, prompt, completion, ends)
@@ -132,7 +132,8 @@ class LearnedReward:
                 raise RewardError(f"{self.__name__}: {error}, so its steps cannot be placed") from None
             rows.append(ends), ids.append(one), places.append(tokens)
         logits = self._run(ids, per_token=True)
-        out = [[(end, float(logits[r, token])) for end, token in zip(rows[r], places[r])] for r in range(len(rows))]
+        out = [[(end, float(logits[r, token])) for end, token in zip(rows[r], places[r], strict=True)]
+               for r in range(len(rows))]
         bad = next(((r, z) for r, row in enumerate(out) for _, z in row if not np.isfinite(z)), None)
         if bad is not None:
             raise RewardError(f"{self.__name__} returned {bad[1]} for a step of row {bad[0]} of {len(out)}")

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import jax
 
-from pgjax.train.experiment import RunStopped
 from pgjax.train import interrupts
+from pgjax.train.experiment import RunStopped
 from pgjax.train.interrupts import RunInterrupted
 from pgjax.train.learner import all_finite
 from pgjax.train.run_dir import RunDirectory

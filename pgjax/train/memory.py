@@ -133,7 +133,8 @@ def check_run_memory(exp, model: ModelConfig, mesh: jax.sharding.Mesh, members: 
     if os.environ.get(SKIP_MEMORY_CHECK) == "1":
         return
     floor, ram, device = run_floor(exp, model, mesh), host_memory(), mesh.local_devices[0]
-    floor = {"state": floor["state"] * (members // groups), "kv_cache": floor["kv_cache"], "host": floor["host"] * members}
+    floor = {"state": floor["state"] * (members // groups), "kv_cache": floor["kv_cache"],
+             "host": floor["host"] * members}
     limit = device_memory(device)
     if limit is None:
         checks = [(groups * len(mesh.local_devices) * floor["state"] + floor["kv_cache"] // jax.process_count()
@@ -150,8 +151,8 @@ def check_run_memory(exp, model: ModelConfig, mesh: jax.sharding.Mesh, members: 
             raise ValueError(f"{whole} needs at least {human(need)} {where} (training state {human(floor['state'])} "
                              f"per device, the KV cache of a step's rollout {human(floor['kv_cache'])}, prompts and "
                              f"tokens on the host {human(floor['host'])}), more than {whose} {human(room)}: make the "
-                             f"model, batch or token budgets smaller{fewer}; python -m pgjax.plan plans a training step's "
-                             f"memory per device ({SKIP_MEMORY_CHECK}=1 starts the run anyway)")
+                             f"model, batch or token budgets smaller{fewer}; python -m pgjax.plan plans a training "
+                             f"step's memory per device ({SKIP_MEMORY_CHECK}=1 starts the run anyway)")
 
 
 def out_of_memory(error: BaseException) -> str | None:

@@ -96,7 +96,7 @@ def pack(tokens, attention_mask, prompt_width: int, rows, micro_batches: int, wi
     out_tokens = np.zeros((micro_batches, packed_rows, width), tokens.dtype)
     segment_ids = np.zeros((micro_batches, packed_rows, width), np.int32)
     predictors = np.zeros((micro_batches, parts.shape[1], budget), np.int32)
-    for m, (part, part_bins) in enumerate(zip(parts, bins)):
+    for m, (part, part_bins) in enumerate(zip(parts, bins, strict=True)):
         for p, members in enumerate(part_bins):
             start = 0
             for segment, i in enumerate(members, 1):

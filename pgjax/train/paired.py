@@ -29,8 +29,7 @@ import pathlib
 import numpy as np
 from scipy import stats as scipy_stats
 
-from pgjax.train.evaluation import (RESAMPLES, bootstrap_means, budgets_of, digits_of, integer_array,
-                                    percentile_interval)
+from pgjax.train.evaluation import RESAMPLES, bootstrap_means, budgets_of, digits_of, integer_array, percentile_interval
 
 # metric: (the per-prompt count of successes in a report's per_prompt, the trials per run per prompt)
 PAIRED = {"greedy_accuracy": ("greedy_correct", lambda ev: 1), "pass@1": ("sampled_correct", lambda ev: ev["samples"]),
@@ -103,10 +102,10 @@ def across_seeds(values_b, values_a) -> dict:
     per-seed differences d_s = b_s - a_s over n >= 2 seeds, mean m and sample standard deviation sd
     (ddof 1): ``ci95`` = m -+ t_{0.975, n-1} sd / sqrt(n), Student's t interval across seeds, and
     ``p_value`` the two-sided paired t test of mean d = 0 (1.0 when every d_s is equal: no spread to
-    test against, and the interval is the point; equal up to float rounding counts); ``positive``: the seeds with d_s > 0. Here the
-    seeds are the sample: unlike ``paired_difference``, which takes the runs as fixed, this says how
-    sure the difference is across training runs. With ``values_a`` all zero it is B's own mean and
-    interval across seeds."""
+    test against, and the interval is the point; equal up to float rounding counts); ``positive``: the
+    seeds with d_s > 0. Here the seeds are the sample: unlike ``paired_difference``, which takes the
+    runs as fixed, this says how sure the difference is across training runs. With ``values_a`` all
+    zero it is B's own mean and interval across seeds."""
     b, a = (np.asarray(v, np.float64) for v in (values_b, values_a))
     if b.ndim != 1 or b.shape != a.shape or b.size < 2 or not (np.isfinite(b).all() and np.isfinite(a).all()):
         raise ValueError(f"need two [n] arrays of finite per-seed values, n >= 2 (got {b.shape} and {a.shape})")
@@ -158,7 +157,8 @@ def check_same_prompts(models: dict[str, list[dict]]) -> None:
     for run in runs[1:]:
         prompts = run["per_prompt"]["prompt"]
         if prompts != first:
-            where = next((i for i, (a, b) in enumerate(zip(first, prompts)) if a != b), min(len(first), len(prompts)))
+            where = next((i for i, (a, b) in enumerate(zip(first, prompts, strict=False)) if a != b),
+                         min(len(first), len(prompts)))
             detail = (f"prompt {where} differs: {first[where]!r} against {prompts[where]!r}"
                       if where < min(len(first), len(prompts)) else f"{len(first)} against {len(prompts)} prompts")
             raise ValueError(f"{runs[0]['source']} and {run['source']} were evaluated on different prompts ({detail}); "

@@ -31,11 +31,17 @@ from pgjax.rewards import RewardError
 from pgjax.sample import Samples
 from pgjax.train.completions import logged_at, sample_rows
 from pgjax.train.context import TaskContext
+from pgjax.train.episodes import (
+    ENVIRONMENT_ERROR_REPEATS,
+    EPISODE_STATS,
+    Episodes,
+    collect_episodes,
+    episode_rollout,
+    error_id,
+)
 from pgjax.train.experiment import Experiment, RunStopped, stream_seed
 from pgjax.train.learner import Learner, Rollout, TrainState, placeholder_rollout
 from pgjax.train.records import LEARNED_STATS, STAT_KEYS
-from pgjax.train.episodes import (ENVIRONMENT_ERROR_REPEATS, EPISODE_STATS, Episodes, collect_episodes, episode_rollout,
-                                  error_id)
 from pgjax.train.rollout import collect, dispatch_samples, keep_columns, pad_columns, pad_id
 
 

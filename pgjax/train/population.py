@@ -64,13 +64,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pgjax import core
 from pgjax.models import hf
 from pgjax.models.transformer import CausalLM
 from pgjax.parallel import multihost
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
 from pgjax.parallel.mesh import MEMBER_AXIS, MESH_AXES, population_mesh, single_device_mesh
 from pgjax.rewards import RewardError
 from pgjax.sample import Samples
@@ -82,10 +81,10 @@ from pgjax.train.experiment import ConfigError, Experiment, RunStopped, stream_s
 from pgjax.train.interrupts import RunInterrupted
 from pgjax.train.learner import Rollout, TrainState, all_finite, build_learner
 from pgjax.train.optim import make_optimizer
-from pgjax.train.records import STAT_KEYS, step_record
-from pgjax.train.run_dir import RunLock, experiment_changes, experiment_record, is_operational
-from pgjax.train.rollout import collect, encode_prompts, keep_columns, pad_id, sample_and_score, trim_padding
 from pgjax.train.pipeline import sampler_graphdef
+from pgjax.train.records import STAT_KEYS, step_record
+from pgjax.train.rollout import collect, encode_prompts, keep_columns, pad_id, sample_and_score, trim_padding
+from pgjax.train.run_dir import RunLock, experiment_changes, experiment_record, is_operational
 from pgjax.train.sft import sft_step
 from pgjax.train.sinks import MetricsFile, open_sink, plot, read_records
 from pgjax.train.trainer import check_widths, initial_policy, training_reward, warm_start_batch
@@ -288,7 +287,7 @@ class Population:
         ``lr`` (a list; None: ``optim.lr``), each with every seed of ``seeds``: member index
         ``setting * len(seeds) + seed index``; the other arguments are ``Population``'s."""
         names = list(axes)
-        settings = [dict(zip(names, combo)) for combo in itertools.product(*(axes[n] for n in names))]
+        settings = [dict(zip(names, combo, strict=True)) for combo in itertools.product(*(axes[n] for n in names))]
         members = [Member(seed=int(seed), hparams={k: float(v) for k, v in setting.items()}, lr=rate)
                    for setting in settings for rate in (lr if lr is not None else [None]) for seed in seeds]
         return cls(exp, members, algorithm, vmap_width, member_groups)
@@ -443,7 +442,7 @@ class Population:
         for index in range(ws.steps):
             batches = [warm_start_batch(self.exp, self.context, self.context.task.examples(
                 ws.batch_size, seed=stream_seed(s, "warm_start", index))) for s in self.seeds]
-            params, opt_state, loss = step(params, opt_state, *(np.stack(x) for x in zip(*batches)))
+            params, opt_state, loss = step(params, opt_state, *(np.stack(x) for x in zip(*batches, strict=True)))
             if index % 50 == 0 or index == ws.steps - 1:
                 losses = ", ".join(f"{float(x):.3f}" for x in np.asarray(loss))
                 print(f"warm start {index + 1}/{ws.steps}: loss {losses} (seeds {self.seeds})", file=sys.stderr)
@@ -486,7 +485,7 @@ class Population:
             rollouts.append(rollout)
             stats.append(stat)
         if exp.rollout.trim_padding:        # every member cut to the widest member's trimmed width
-            widths = [trim_padding(r, rows_lengths) for r, rows_lengths in zip(rollouts, host.lengths)]
+            widths = [trim_padding(r, rows_lengths) for r, rows_lengths in zip(rollouts, host.lengths, strict=True)]
             response = max(r.mask.shape[1] for r in widths)
             prompt = max(r.tokens.shape[1] - r.mask.shape[1] for r in widths)
             rollouts = [keep_columns(r, prompt, response) for r in rollouts]
@@ -526,7 +525,7 @@ class Population:
         times = {"time_sample": t1 - t0, "time_prepare": t2 - t1, "time_update": t3 - t2, "time_step": t3 - t0}
         generated = sum(float(s["length"].sum()) for s in stats if s is not None)
         padding = 1.0 - np.asarray(jnp.mean(rollout.attention_mask, axis=(1, 2)))
-        records = []
+        records: list[dict | None] = []
         for i, stat in enumerate(stats):
             if stat is None:
                 records.append(None)
@@ -560,7 +559,8 @@ class Population:
         active = self._place(jnp.asarray(self.active))
         state, metrics = self.state, None
         for epoch in range(cfg.epochs):
-            order = jax.vmap(lambda key: jax.random.permutation(jax.random.fold_in(key, epoch), prompts))(shuffle_key)
+            order = jax.vmap(lambda key, epoch=epoch: jax.random.permutation(jax.random.fold_in(key, epoch), prompts)
+                             )(shuffle_key)
             for groups in jnp.split(order, cfg.minibatches, axis=1):
                 rows = self._place((groups[..., None] * k + jnp.arange(k)).reshape(groups.shape[0], -1))
                 state, step_metrics = self._step(state, active, rollout, rows, self.hparams)
@@ -615,7 +615,11 @@ class Population:
         lock = RunLock(directory)
         lock.acquire()
         try:
-            since = self._resume(directory) if resume else self._claim(directory)
+            since: int | None = None
+            if resume:
+                since = self._resume(directory)
+            else:
+                self._claim(directory)
             checkpoints = Checkpoints(directory / "checkpoints", guard=partial(self._check_in_place, lock))
             try:
                 with interrupts.graceful_stop(lambda: self._left_behind(checkpoints)):
@@ -632,7 +636,6 @@ class Population:
         if held:
             raise ConfigError(f"{directory} holds a population or a run already ({', '.join(held)}): choose another "
                               "run_dir, or resume=True to continue the population there")
-        return None
 
     def _resume(self, directory: pathlib.Path) -> int:
         """Restore the population of ``directory`` from its newest intact checkpoint (the step it is at,
@@ -725,7 +728,7 @@ class Population:
             while self.step_count < exp.steps and self.active.any():
                 step_records = self.step()
                 if self.step_count % exp.eval_every == 0 or self.step_count == exp.steps:
-                    for record, accuracy in zip(step_records, self.evaluate()):
+                    for record, accuracy in zip(step_records, self.evaluate(), strict=True):
                         if record is not None and accuracy is not None:
                             record["eval_accuracy"] = accuracy
                 for i, record in enumerate(step_records):
@@ -768,7 +771,7 @@ class Population:
         """population.json (atomically): the experiment, the members (seed, hyperparameters as given and
         as resolved, learning rate), the step reached and the members stopped."""
         members = []
-        for i, (member, estimator) in enumerate(zip(self.members, self.estimators)):
+        for i, (member, estimator) in enumerate(zip(self.members, self.estimators, strict=True)):
             resolved = {k: float(v) for k, v in core.hparam_items(estimator.hparams).items()}
             members.append({"member": i, "directory": f"member-{i}", **member.describe(),
                             "lr_resolved": member.lr if member.lr is not None else self.exp.optim.lr,

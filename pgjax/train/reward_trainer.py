@@ -35,18 +35,18 @@ import json
 import sys
 from functools import partial
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
-import flax
 import optax
 from flax import nnx
 
 from pgjax import core
 from pgjax.models import hf, lora
 from pgjax.models.heads import RewardModel
-from pgjax.parallel import multihost
 from pgjax.parallel import mesh as mesh_lib
+from pgjax.parallel import multihost
 from pgjax.parallel.mesh import learner_and_sampler_meshes, shard
 from pgjax.rewards.data import Conversation
 from pgjax.rewards.preferences import PreferenceFields, StepFields, load_preferences, load_step_labels
@@ -156,7 +156,7 @@ def encode_steps(tokenizer, prompt_format, records: list[dict], width: int, sepa
         if len(ids) > width:
             raise RecordError(row, f"its prompt and steps take {len(ids)} tokens; reward_model.max_tokens={width}")
         encoded.append(ids)
-        for token, label in zip(tokens, record["labels"]):
+        for token, label in zip(tokens, record["labels"], strict=True):
             if step_mask[row, token]:
                 raise RecordError(row, f"two steps end in one token ({tokenizer.decode([ids[token]])!r})")
             step_mask[row, token], labels[row, token] = 1, label
@@ -294,7 +294,7 @@ class RewardModelTrainer(RunLoop):
                                                   section.max_tokens, section.separator)
         data = user_error(f"reward_model.{key}", load)
         kept = []
-        for record, place in zip(data.records, data.places):
+        for record, place in zip(data.records, data.places, strict=True):
             try:
                 encode([record])
                 kept.append(record)
@@ -359,7 +359,7 @@ class RewardModelTrainer(RunLoop):
         epochs = positions // count
         orders = {e: np.random.default_rng(stream_seed(self.exp.seed, "train", int(e))).permutation(count)
                   for e in np.unique(epochs)}
-        return np.array([orders[e][p % count] for e, p in zip(epochs, positions)])
+        return np.array([orders[e][p % count] for e, p in zip(epochs, positions, strict=True)])
 
     def _global(self, *arrays):
         """This process's rows of ``arrays`` (each with every process's rows) as global arrays split over

@@ -569,7 +569,7 @@ class RunDirectory:
         (``_put_in_place``): a kill at any moment leaves no half final/."""
         if self.primary:
             self.check_in_place("final/")
-            final, partial = self.directory / "final", self.directory / "final.partial"
+            partial = self.directory / "final.partial"
             tokenizer = self.directory / "tokenizer"
             shutil.rmtree(partial, ignore_errors=True)
             if isinstance(policy, RewardModel):

@@ -33,7 +33,7 @@ def demonstrations(tokenizer, examples: list[dict], prompt_width: int, response_
     prompt_tokens, prompt_mask = encode_prompts(tokenizer, [e["prompt"] for e in examples], prompt_width,
                                                 prompt_format)
     answers = [tokenizer(example["answer"], add_special_tokens=False)["input_ids"] + [end_id] for example in examples]
-    for example, ids in zip(examples, answers):
+    for example, ids in zip(examples, answers, strict=True):
         if len(ids) > response_width:
             raise ValueError(f"demonstration {example['answer']!r} needs {len(ids)} tokens with its end token; "
                              f"max_new_tokens is {response_width}")

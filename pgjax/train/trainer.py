@@ -36,9 +36,10 @@ from pgjax.parallel import mesh as mesh_lib
 from pgjax.parallel import multihost
 from pgjax.parallel.mesh import learner_and_sampler_meshes, shard
 from pgjax.rewards import RewardError, combine, format_reward, reward_function, with_timeout
+from pgjax.train import interrupts
+from pgjax.train.checkpoints import Checkpoints
 from pgjax.train.completions import logged_at, with_advantages
 from pgjax.train.context import task_context, user_error
-from pgjax.train import interrupts
 from pgjax.train.episodes import episode_limits
 from pgjax.train.evaluation import evaluate
 from pgjax.train.experiment import ConfigError, Experiment, RunStopped, stream_seed, validate
@@ -49,10 +50,9 @@ from pgjax.train.loop import RunLoop
 from pgjax.train.optim import make_optimizer
 from pgjax.train.pipeline import RolloutPipeline
 from pgjax.train.progress import Progress
-from pgjax.train.reward_trainer import RewardModelTrainer
 from pgjax.train.records import RECORD_KEYS, step_record
+from pgjax.train.reward_trainer import RewardModelTrainer
 from pgjax.train.rollout import encode_prompts
-from pgjax.train.checkpoints import Checkpoints
 from pgjax.train.run_dir import RunDirectory
 from pgjax.train.sft import demonstrations, episode_demonstrations, sft_step
 
@@ -157,8 +157,8 @@ class Trainer(RunLoop):
         self.learner = build_learner(policy, self.algorithm, exp.rollout.samples_per_prompt, exp.update, exp.optim,
                                      exp.critic_optim, self.mesh)
         self.state = self.learner.init_state(policy, jax.random.PRNGKey(exp.seed))
-        self.pipeline = RolloutPipeline(exp, self.context, self.learner, policy, training_reward(exp, self.task), self.mesh,
-                                        sampler_mesh, self.state.params, self._mix(sampler_mesh))
+        self.pipeline = RolloutPipeline(exp, self.context, self.learner, policy, training_reward(exp, self.task),
+                                        self.mesh, sampler_mesh, self.state.params, self._mix(sampler_mesh))
         self.step_count = 0
         self.skipped_in_a_row = 0    # consecutive steps whose every update was non-finite (and skipped)
         self.warm_started = not exp.warm_start.steps      # nothing to do, or done (or restored)
