@@ -29,7 +29,7 @@ Rows:
                    weights and AdamW state stay float32 and are cast to bfloat16 for every
                    matmul, activations are bfloat16, norms, softmax and log-probs float32; its
                    loss gap to torch eager's float32 losses is reported, not checked.
-  pgjax, chunked, <option> (``--options``): the chunked row with a model option of issue 17:
+  pgjax, chunked, <option> (``--options``): the chunked row with one of the model's memory options:
                    ``scan`` (``scan_layers``: one ``lax.scan`` over the stacked layers),
                    ``scan + remat`` (and ``remat="save_nothing"``: each layer recomputed in the
                    backward pass), ``LoRA r16`` (rank-16 adapters, alpha 32, on every projection:

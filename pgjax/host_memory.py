@@ -4,29 +4,27 @@ step's temporaries are not page-faulted in afresh.
 XLA's CPU backend allocates every activation of a compiled program afresh on each call and
 frees it at the end. With glibc's default malloc, blocks above the mmap threshold and every
 per-thread arena hand freed memory back to the kernel, and the next call faults the same
-gigabytes in again, zero-filled, 4 KiB at a time: on SmolLM2-135M's update (64 x 64 tokens, 2
-cores) 2.7 million page faults per step, a third of its CPU time in the kernel. Three
+gigabytes in again, zero-filled, 4 KiB at a time: on a model the size of SmolLM2-135M that is
+millions of page faults per step and a large share of its CPU time in the kernel. Three
 ``mallopt`` settings (glibc's own knobs: one arena, no mmap'd blocks, no trimming) keep that
-memory mapped: the same step then takes ~12 s instead of ~18.5 s, with no faults. Only all three
-together remove the faults (``benchmarks/host_memory.py`` measures each variant).
+memory mapped, and the faults go. Only all three together remove them (``benchmarks/host_memory.py``
+measures each variant; docs/benchmarks.md, "Page faults and the allocator", has the numbers).
 
 They are off unless ``PGJAX_KEEP_FREED_MEMORY=1``, because the cost is memory, unpredictably.
 Resident memory never shrinks below its peak, and the one heap fragments: now and then a step
-finds no free block that fits and grows the heap by gigabytes (at 32 x 64 tokens: 6.3 GiB, then
-10.1 GiB from some step on). In one run on a 24 GB machine SmolLM2's update ran out of memory at
-16 x 256 tokens, a shape that needs 13 GiB without the settings. Turn them on for speed when
-the run's memory is well below the machine's.
+finds no free block that fits and grows the heap by gigabytes, enough to run a shape out of
+memory that fits without the settings. Turn them on for speed when the run's memory is well below
+the machine's.
 
 ``import pgjax`` applies them when asked (before JAX starts its threads). Linux with glibc only;
 elsewhere nothing happens.
 
 Transparent huge pages (glibc's tunable ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``, set before
 the process starts: malloc asks for 2 MiB pages for the blocks it maps) fault the same gigabytes in
-about 100 times less often and hand memory back as glibc's defaults do. pgjax does not set them:
-they paid with unrolled layers (SmolLM2-135M's update 1.05-1.25x faster), but at a run's default
-layout (stacked layers with remat) the same update was 1.2x slower with them and the kernel time
-grew (``benchmarks/host_memory.py``, docs/benchmarks.md). ``HUGE_PAGES`` is the tunable for the
-benchmarks that compare them.
+far less often and hand memory back as glibc's defaults do. pgjax does not set them: they paid
+with unrolled layers but slowed the update at a run's default layout (stacked layers with remat),
+its kernel time grown (``benchmarks/host_memory.py``, docs/benchmarks.md). ``HUGE_PAGES`` is the
+tunable for the benchmarks that compare them.
 """
 import ctypes
 import os

@@ -551,8 +551,8 @@ class CausalLM(nnx.Module):
         """Hold the layers as L separate ``Block``s (``blocks()``), the config saying so; nothing changes
         without ``scan_layers``. The sampler calls it on its traced model before the decode loop: the
         rows are then copied out of the stacked weights once per ``generate`` call (one more copy of the
-        layers' weights in memory), not read out of them at every token step (on SmolLM2 that read 0.83x
-        the unrolled layout's tokens/s; copied once, 0.93-1.04x: docs/benchmarks.md)."""
+        layers' weights in memory), not read out of them at every token step, which measured slower
+        (docs/benchmarks.md, "The model options")."""
         if self.config.scan_layers:
             self.layers = nnx.List(self.blocks())
             self.config = dataclasses.replace(self.config, scan_layers=False)
