@@ -9,7 +9,7 @@ from pgjax.train.interrupts import RunInterrupted
 from pgjax.train.learner import all_finite
 from pgjax.train.run_dir import RunDirectory
 
-_all_finite = jax.jit(all_finite)
+jitted_all_finite = jax.jit(all_finite)     # whether every array of a tree is finite, compiled once
 
 
 class RunLoop:
@@ -19,7 +19,7 @@ class RunLoop:
 
     def _check_finite(self, what: str) -> None:
         """RunStopped, before ``what`` is written, when the state holds a NaN or infinity."""
-        if not bool(_all_finite(self.state)):
+        if not bool(jitted_all_finite(self.state)):
             raise RunStopped(f"the training state at step {self.step_count} is not finite: {what} was not written "
                              "(the previous checkpoints are kept)")
 

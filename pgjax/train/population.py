@@ -79,7 +79,8 @@ from pgjax.train.checkpoints import Checkpoints, one_line, write_atomically
 from pgjax.train.context import task_context, user_error
 from pgjax.train.experiment import ConfigError, Experiment, RunStopped, stream_seed, validate
 from pgjax.train.interrupts import RunInterrupted
-from pgjax.train.learner import Rollout, TrainState, all_finite, build_learner
+from pgjax.train.learner import Rollout, TrainState, build_learner
+from pgjax.train.loop import RunLoop, jitted_all_finite
 from pgjax.train.optim import make_optimizer
 from pgjax.train.pipeline import sampler_graphdef
 from pgjax.train.records import STAT_KEYS, step_record
@@ -207,7 +208,7 @@ def _member(tree, i: int):
     return jax.tree.map(lambda x: x[i], tree)
 
 
-class Population:
+class Population(RunLoop):
     """N members of one experiment (``Member``: seed, hyperparameters, learning rate), trained as one
     program over a stacked member axis: ``warm_start``, ``step`` (one record per member), ``evaluate``,
     ``fit``, ``export``. Member i equals the single run of ``member_experiment(i)`` up to float rounding."""
@@ -688,9 +689,7 @@ class Population:
     def _save(self, checkpoints: Checkpoints) -> None:
         """A checkpoint of the whole population at the current step: the stacked state and each member's
         stop; never of a non-finite state (RunStopped)."""
-        if not bool(jax.jit(all_finite)(self.state)):
-            raise RunStopped(f"the population's state at step {self.step_count} is not finite: its checkpoint was "
-                             "not written (the previous checkpoints are kept)")
+        self._check_finite(f"the checkpoint of step {self.step_count}")
         checkpoints.save(self.step_count, self.state, {
             "step": self.step_count, "active": self.active.tolist(), "stopped": list(self.stopped),
             "skipped_in_a_row": self.skipped_in_a_row.tolist()})
@@ -785,7 +784,7 @@ class Population:
         if not 0 <= i < self.size:
             raise IndexError(f"member {i} of a population of {self.size}")
         params = _member(self.state.params, i)
-        if not bool(jax.jit(all_finite)(params)):
+        if not bool(jitted_all_finite(params)):
             raise RunStopped(f"member {i}'s parameters at step {self.step_count} are not finite: not exported")
         directory = pathlib.Path(directory)
         hf.save(self.learner.policy(params), directory)
