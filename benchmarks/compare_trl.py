@@ -71,7 +71,7 @@ odd rounds, reversed in even ones: TRL first, then pgjax first), each child runn
 untimed steps (pgjax's compilation, TRL's first steps) then ``--steps`` (5) timed ones on the same
 plan. A row's seconds are medians over its timed steps pooled across rounds; the ratio (TRL seconds
 / pgjax seconds, > 1: pgjax faster) is the ratio of pooled medians with a percentile-bootstrap 95%
-interval (``benchmarks/stats.py``, each side resampled independently), for the whole step, each
+interval (``pgjax.evaluation.statistics``, each side resampled independently), for the whole step, each
 phase, and seconds per 1000 generated tokens (each generated token is then scored and trained on;
 the prompts are the same on both sides). Every round's medians are printed too. Measure on an idle
 machine: under CPU contention torch's threads slow down far more than XLA's.
@@ -118,7 +118,6 @@ import jax
 import measure
 import numpy as np
 import provenance
-import stats
 import torch
 import transformers
 import trl
@@ -126,14 +125,15 @@ from datasets import Dataset
 from readme_tables import save_table
 
 from pgjax import core, host_memory
+from pgjax.evaluation import statistics as stats
 from pgjax.models import hf
-from pgjax.rewards import ArithmeticTask, arithmetic_reward, is_arithmetic_answer, per_example
-from pgjax.rewards.word_math import word_math_reward
+from pgjax.rollout.collect import PLAIN, PromptFormat, RolloutConfig, collect, encode_prompts
+from pgjax.tasks import ArithmeticTask, arithmetic_reward, is_arithmetic_answer, per_example
+from pgjax.tasks.word_math import word_math_reward
 from pgjax.train.context import task_context
 from pgjax.train.experiment import Experiment, ModelSection, TaskSection
 from pgjax.train.learner import Learner, UpdateConfig
 from pgjax.train.optim import OptimConfig, make_optimizer
-from pgjax.train.rollout import PLAIN, PromptFormat, RolloutConfig, collect, encode_prompts
 
 GRPO = core.preset("grpo")
 BETA = float(GRPO.hparams.kl_coef)  # 0.04
@@ -535,7 +535,7 @@ def compare(numerator, denominator) -> dict:
 def ratio_text(result: dict) -> str:
     if result["low"] is None:
         return f"{result['ratio']:.2f}x (n < {stats.MIN_STEPS}: no interval)"
-    return stats.describe(result)
+    return stats.describe_ratio(result)
 
 
 def model_flops(model, work: Workload, generated: float, prompt_tokens: float) -> dict:

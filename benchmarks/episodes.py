@@ -5,7 +5,7 @@
 
 Matched work: the same ``word_math`` prompts through the model's chat template, ``--samples``
 episodes of each, and an environment that answers every reply with the same user message
-(``--observation``) until ``--turns`` replies. Carried: ``pgjax.train.episodes.run_episodes`` (one
+(``--observation``) until ``--turns`` replies. Carried: ``pgjax.rollout.episodes.run_episodes`` (one
 prefill per prompt, each observation appended once to its row's cache). Re-prefilled: every turn,
 ``generate`` on each row's whole history so far (prompt, replies and observations, left-padded),
 as a loop over a single-turn sampler plays episodes. A reply cut by ``--reply-tokens`` ends its
@@ -35,14 +35,14 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from readme_tables import save_table  # noqa: E402
-from stats import describe, median_interval, median_ratio  # noqa: E402
 
 from pgjax.agents import Step  # noqa: E402
+from pgjax.evaluation.statistics import describe_ratio, median_interval, median_ratio  # noqa: E402
 from pgjax.models import hf  # noqa: E402
-from pgjax.rewards import make_task  # noqa: E402
+from pgjax.rollout.collect import decode_responses, left_pad, pad_id, prompt_format_for, stop_tokens  # noqa: E402
+from pgjax.rollout.episodes import EpisodeLimits, opening_ids, opening_turns, run_episodes  # noqa: E402
 from pgjax.sample import SamplingConfig, generate  # noqa: E402
-from pgjax.train.episodes import EpisodeLimits, opening_ids, opening_turns, run_episodes  # noqa: E402
-from pgjax.train.rollout import decode_responses, left_pad, pad_id, prompt_format_for, stop_tokens  # noqa: E402
+from pgjax.tasks import make_task  # noqa: E402
 
 
 class Echo:
@@ -181,7 +181,7 @@ def main(argv=None):
         m = median_interval(seconds[side])
         medians = [int(np.median([r[key] for r in runs[side]])) for key in ("prefilled", "generated", "cut")]
         table.append(f"| {side} | {m['median']:.2f} [{m['low']:.2f}, {m['high']:.2f}] | "
-                     + " | ".join(map(str, medians)) + f" | {describe(ratio) if side == 'carried' else '1'} |")
+                     + " | ".join(map(str, medians)) + f" | {describe_ratio(ratio) if side == 'carried' else '1'} |")
     save_table(args.json, argv if argv is not None else sys.argv[1:], table, seconds=seconds, ratio=ratio,
                agree=float(agree), prefilled={s: [r["prefilled"] for r in runs[s]] for s in SIDES},
                generated={s: [r["generated"] for r in runs[s]] for s in SIDES})

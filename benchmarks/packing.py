@@ -33,8 +33,8 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from readme_tables import save_table  # noqa: E402
-from stats import describe, median_interval, median_ratio  # noqa: E402
 
+from pgjax.evaluation.statistics import describe_ratio, median_interval, median_ratio  # noqa: E402
 from pgjax.train import experiment as experiment_lib  # noqa: E402
 from pgjax.train.learner import build_learner  # noqa: E402
 from pgjax.train.packing import pack  # noqa: E402
@@ -138,8 +138,8 @@ def main(argv=None):
         gap = max(relative_gap(s[key]["grad_norm"], s["unpacked"]["grad_norm"]) for s in steps)
         compiles = sum(s[key]["compiled"] for s in steps), sum(s[key]["compile_seconds"] for s in steps)
         table.append(f"| {key} | {positions:.2f} | {m['median']:.1f} [{m['low']:.1f}, {m['high']:.1f}] | "
-                     f"{describe(ratios[key]) if width else '1'} | {len(times)} | {compiles[0]} ({compiles[1]:.0f}) | "
-                     f"{gap:.1e} |")
+                     f"{describe_ratio(ratios[key]) if width else '1'} | {len(times)} | "
+                     f"{compiles[0]} ({compiles[1]:.0f}) | {gap:.1e} |")
     save_table(args.json, argv if argv is not None else sys.argv[1:], table, steps=steps, ratios=ratios)
 
 

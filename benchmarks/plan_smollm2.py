@@ -62,7 +62,8 @@ def measure(model: str, rows: int, prompt_len: int, response_len: int, options: 
 
     from pgjax import core
     from pgjax.models import hf
-    from pgjax.train.learner import Learner, Rollout, UpdateConfig
+    from pgjax.rollout.batch import Rollout
+    from pgjax.train.learner import Learner, UpdateConfig
     from pgjax.train.optim import OptimConfig, make_optimizer
 
     jax.devices()

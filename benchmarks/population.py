@@ -48,7 +48,7 @@ import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
-import stats  # noqa: E402
+from pgjax.evaluation import statistics as stats  # noqa: E402
 
 GRID = {"divide_by_std": [0.0, 1.0], "divide_by_length": [0.0, 1.0]}
 SEEDS = [0, 1, 2, 3]
@@ -235,7 +235,7 @@ def table(result: dict) -> list[str]:
     for p in pops:
         proj, agree = p["projected"], p["agreement"]
         lines.append(f"Population, {p['label']}: steady-state RL step (median of steps 3-{steps}, the {n} runs' step "
-                     f"over the population's) {stats.describe(p['steady_ratio'])}; the whole experiment "
+                     f"over the population's) {stats.describe_ratio(p['steady_ratio'])}; the whole experiment "
                      f"({main['full_steps']} steps, an evaluation every {main['eval_every']}) projected from these "
                      f"phases, {proj['runs']:.0f} s against {proj['population']:.0f} s: {proj['ratio']:.2f}x; sampled "
                      f"tokens identical to the member's own run at every step for {agree['identical_members']} of {n} "
@@ -251,7 +251,7 @@ def table(result: dict) -> list[str]:
                   "| ---: | ---: |" + " ---: | ---: |" * len(labels)]
         for row in scale["rows"]:
             cells = [f"{row[label]['median']:.3f} [{row[label]['low']:.3f}, {row[label]['high']:.3f}] | "
-                     f"{stats.describe(row[label]['ratio'])}" for label in labels]
+                     f"{stats.describe_ratio(row[label]['ratio'])}" for label in labels]
             lines.append(f"| {row['members']} | {row['members'] * single:.3f} | " + " | ".join(cells) + " |")
     return lines
 

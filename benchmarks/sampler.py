@@ -46,10 +46,10 @@ import transformers
 from readme_tables import save_table
 
 from pgjax.models import hf
+from pgjax.rollout.collect import encode_prompts, pad_id
 from pgjax.sample import SamplingConfig, generate
 from pgjax.train.context import task_context
 from pgjax.train.experiment import Experiment, ModelSection, TaskSection
-from pgjax.train.rollout import encode_prompts, pad_id
 
 
 def timed(fn, count, repeats):

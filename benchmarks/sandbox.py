@@ -47,7 +47,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from provenance import SPEED_VARIABLES, record  # noqa: E402
 from readme_tables import save_table  # noqa: E402
-from stats import describe, median_interval, median_ratio  # noqa: E402
+
+from pgjax.evaluation.statistics import describe_ratio, median_interval, median_ratio  # noqa: E402
 
 BEFORE = "ab20955"
 CALL = "print(1)"
@@ -215,7 +216,7 @@ def main(argv=None):
              "| measure | before, ms (median [95% interval]) | after, ms | after / before |", "|---|---:|---:|---:|"]
     for label, measure in rows:
         table.append(f"| {label} | {milliseconds(median_interval(pooled[measure]['before']))} | "
-                     f"{milliseconds(median_interval(pooled[measure]['after']))} | {describe(ratios[measure])} |")
+                     f"{milliseconds(median_interval(pooled[measure]['after']))} | {describe_ratio(ratios[measure])} |")
     print(f"total {time.perf_counter() - started:.0f} s", file=sys.stderr)
     save_table(args.json, argv if argv is not None else sys.argv[1:], table,
                provenance=record(children=children), before={"revision": args.before, "commit": before_commit},

@@ -20,12 +20,12 @@ per-step records log the mean response length of correct and incorrect answers
 (``length_correct``, ``length_incorrect``), the length bias the paper describes: GRPO's 1/|o|
 normalisation favours short correct and long incorrect answers, Dr. GRPO removes it. The learning
 rate is 2e-6: at 1e-5 the first run made the model worse (docs/real_models.md). Seeds and the paired
-evaluation against the base model: ``experiments/gemma3_seeds.py``.
+evaluation against the base model: ``experiments/studies/gemma3_seeds.py``.
 """
+from pgjax.rollout.collect import RolloutConfig
 from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
 from pgjax.train.learner import UpdateConfig
 from pgjax.train.optim import OptimConfig
-from pgjax.train.rollout import RolloutConfig
 
 
 def experiment() -> Experiment:

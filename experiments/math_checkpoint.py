@@ -13,14 +13,14 @@ docs/training.md, "Your own data").
 Prompts are the dataset's ``question`` field, put through the checkpoint's chat
 template when it has one (put any "put the final answer in \\boxed{}"
 instruction into the file, or into ``task.system_prompt``); answers are
-compared by ``pgjax.rewards.math_reward`` (final ``\\boxed{}`` / ``####`` / last
+compared by ``pgjax.tasks.math_reward`` (final ``\\boxed{}`` / ``####`` / last
 number, numerically and symbolically), plus 0.1 x the format reward for a
 ``\\boxed{}`` answer. No supervised warm start: the checkpoint is the start.
 """
+from pgjax.rollout.collect import RolloutConfig
 from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
 from pgjax.train.learner import UpdateConfig
 from pgjax.train.optim import OptimConfig
-from pgjax.train.rollout import RolloutConfig
 
 
 def experiment() -> Experiment:

@@ -14,7 +14,7 @@ out until they number 128 or more (129 here); the run reports their pairwise acc
 interval every 25 steps, and ``final/`` is a transformers sequence classifier. 50 steps of 16 pairs
 (about two passes over the 381 others) took 18 minutes on a 2-core AMD EPYC and reached 0.814
 [0.738, 0.872] (docs/reward_models.md). RL against it, 3 seeds, beside RL against the verifier:
-``experiments/smollm2_reward_model_seeds.py``.
+``experiments/studies/smollm2_reward_model_seeds.py``.
 """
 from pgjax.train.experiment import Experiment, ModelSection, RewardModelSection
 from pgjax.train.optim import OptimConfig

@@ -100,7 +100,7 @@ def run_seeds(base: experiment_lib.Experiment, variants: dict, seeds, runs, call
     same warm-started checkpoint, with the trainer ``callbacks``; returns
     ``{variant: {seed: metric records}}``."""
     started = time.perf_counter()
-    out = {variant: {} for variant in variants}
+    out: dict[str, dict[int, list[dict]]] = {variant: {} for variant in variants}
     for seed in range(seeds) if isinstance(seeds, int) else seeds:
         warm = warm_checkpoint(base, seed, runs)
         for variant, changes in variants.items():
@@ -148,7 +148,7 @@ def finished_seeds(summary_path: pathlib.Path, settings: dict, variants, seeds: 
     """``{variant: {seed: curves}}`` of the seeds below ``seeds`` that an earlier study's
     ``summary.json`` holds for every one of ``variants``, if it ran with the same steps, smoke flag and
     overrides; empty per variant otherwise (no file, other settings, a seed some variant lacks)."""
-    kept = {variant: {} for variant in variants}
+    kept: dict[str, dict[int, list]] = {variant: {} for variant in variants}
     if not summary_path.exists():
         return kept
     earlier = json.loads(summary_path.read_text())

@@ -1,6 +1,6 @@
 """The evaluation command line: a checkpoint or a run's policy on a task's held-out prompts, with 95%
-confidence intervals (the metrics and intervals: ``pgjax.train.evaluation``), and the paired comparison
-of such evaluations (``compare``; the statistics: ``pgjax.train.paired``).
+confidence intervals (the metrics and intervals: ``pgjax.evaluation.held_out``), and the paired comparison
+of such evaluations (``compare``; the statistics: ``pgjax.evaluation.paired``).
 
     python -m pgjax.eval MODEL_OR_RUN --task NAME [--set task.KEY=VALUE ...] [--prompts P] [--samples N]
                          [--k 1,8] [--max-new-tokens T[,T...]] [--temperature 1.0] [--seed 0]
@@ -42,15 +42,16 @@ import typing
 
 import jax
 
+from pgjax.evaluation import paired
+from pgjax.evaluation.held_out import BATCH_ROWS, STRATA, check_ks, evaluate, strata_of, to_markdown
+from pgjax.evaluation.statistics import RESAMPLES
 from pgjax.models import hf
-from pgjax.rewards import RewardError
+from pgjax.rollout.collect import RolloutConfig
+from pgjax.rollout.episodes import episode_limits, opening_ids
 from pgjax.sample import Decoding
-from pgjax.train import paired
+from pgjax.tasks import RewardError
 from pgjax.train.context import task_context
-from pgjax.train.episodes import episode_limits, opening_ids
-from pgjax.train.evaluation import BATCH_ROWS, RESAMPLES, STRATA, check_ks, evaluate, strata_of, to_markdown
 from pgjax.train.experiment import PROMPT_KEYS, ConfigError, Experiment, ModelSection, TaskSection, override
-from pgjax.train.rollout import RolloutConfig
 
 # the rollout settings --set takes besides the task's: a multi-turn episode's limits
 EPISODE_SETTINGS = ("rollout.max_turns=", "rollout.max_episode_tokens=", "rollout.max_observation_tokens=")
@@ -207,7 +208,7 @@ def parse_compare_args(argv) -> argparse.Namespace:
 
 def compare_models(args: argparse.Namespace) -> dict:
     """``paired.compare`` of the reports the arguments name (ValueError for a malformed argument or report)."""
-    models = {}
+    models: dict[str, list[dict]] = {}
     for argument in args.models:
         label, _, reports = argument.partition("=")
         if not label or not reports or label in models:

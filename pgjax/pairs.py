@@ -18,13 +18,13 @@ without repeating a response, from:
 
 With ``--steps`` it writes step labels for a process reward model instead: each distinct response as
 ``{"prompt", "completions", "labels", "reward", "tags"}``, its lines the steps and each label whether
-the solution is still right there (``pgjax.rewards.step_checks``: its arithmetic checked exactly, the
+the solution is still right there (``pgjax.tasks.step_checks``: its arithmetic checked exactly, the
 last step's answer by the verifier), the format ``stage="process_reward_model"`` reads.
 
 A prompt whose K responses are all right or all wrong gives no ``correct_over_incorrect`` pair. Each
 line of ``--out`` is ``{"prompt", "chosen", "rejected", "kind", "chosen_reward", "rejected_reward",
 "tags"}`` (``tags``: the example's, e.g. ``difficulty``; a chat prompt as its list of messages), the
-format ``pgjax.rewards.preferences`` reads (``stage="reward_model"``). An existing ``--out`` is never
+format ``pgjax.tasks.preferences`` reads (``stage="reward_model"``). An existing ``--out`` is never
 overwritten; the file appears whole or not at all.
 
 Exit status: 0 done; 1 a reward function failed on the responses; 2 a mistake in the arguments or
@@ -41,14 +41,14 @@ import jax
 import numpy as np
 
 from pgjax import eval as eval_cli
+from pgjax.evaluation.held_out import BATCH_ROWS, _in_batches, strata_of
 from pgjax.parallel import multihost
 from pgjax.parallel.mesh import single_device_mesh
-from pgjax.rewards import RewardError
-from pgjax.rewards.data import Conversation
-from pgjax.rewards.step_checks import checked_steps
+from pgjax.rollout.collect import pad_id, sample_and_score
+from pgjax.tasks import RewardError
+from pgjax.tasks.data import Conversation
+from pgjax.tasks.step_checks import checked_steps
 from pgjax.train.checkpoints import write_atomically
-from pgjax.train.evaluation import BATCH_ROWS, _in_batches, strata_of
-from pgjax.train.rollout import pad_id, sample_and_score
 
 KINDS = ("correct_over_incorrect", "shorter_correct")
 

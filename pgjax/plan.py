@@ -61,8 +61,9 @@ from pgjax.models import hf
 from pgjax.models.lora import LoRAConfig
 from pgjax.models.transformer import REMAT_POLICIES, ModelConfig
 from pgjax.parallel import mesh as mesh_lib
+from pgjax.rollout.batch import Rollout, placeholder_rollout
 from pgjax.train.experiment import AlgorithmSection, ModelSection
-from pgjax.train.learner import Rollout, UpdateConfig, placeholder_rollout
+from pgjax.train.learner import UpdateConfig
 from pgjax.train.memory import abstract_learner, human, placed, shard_bytes
 from pgjax.train.packing import Packing, most_packed_rows
 from pgjax.train.population import over_members
@@ -239,7 +240,7 @@ class Planner:
         self.unit = batch_unit(self.mesh, group_size, micro_batches)
         self.learner, self.state = abstract_learner(model, self.algorithm, group_size, self.update, self.mesh,
                                                     self.reference)
-        self._plans = {}
+        self._plans: dict[int, Plan] = {}
 
     def _stacked(self, tree):
         """A population's ``tree`` (with ``members`` > 1): each ShapeDtypeStruct with a leading member axis,
@@ -261,7 +262,7 @@ class Planner:
                                                                                    None), carried=1), donate_argnums=0))
 
     def rollout(self, rows: int) -> Rollout:
-        """The abstract rollout the sampler hands ``prepare`` (``learner.placeholder_rollout``: tokens,
+        """The abstract rollout the sampler hands ``prepare`` (``rollout.batch.placeholder_rollout``: tokens,
         response mask, rewards, the sampler's log-probs, ReMax's greedy rewards), split over the batch axes."""
         sharding = mesh_lib.batch_sharding(self.mesh)
         return placeholder_rollout(rows, self.prompt_len, self.response_len, self.group_size,
@@ -315,7 +316,8 @@ class Planner:
         rows, width = prepared.tokens.shape
         packed_rows = most_packed_rows(rows // micro, factor, mesh_lib.batch_shards(self.mesh))
         packed = jax.ShapeDtypeStruct((micro, packed_rows, width * factor), jnp.int32, sharding=same)
-        return Packing(tokens=packed, segment_ids=packed, predictors=jax.ShapeDtypeStruct(
+        # abstract fields (ShapeDtypeStructs) of the Packing the update is lowered with, not arrays
+        return Packing(tokens=packed, segment_ids=packed, predictors=jax.ShapeDtypeStruct(  # type: ignore[arg-type]
             (micro, rows // micro, prepared.mask.shape[1]), jnp.int32, sharding=same))
 
     def largest_batch(self, limit: int, start: int) -> Fit:

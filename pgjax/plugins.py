@@ -4,7 +4,7 @@ Every extension point of an experiment takes a built-in name or the import path
 ``package.module:name`` of an object of the user's, in the same setting, looked up the same way
 (``resolve``):
 
-  task.name       a task factory (``pgjax.rewards.TASKS``), its own options in ``task.options``
+  task.name       a task factory (``pgjax.tasks.TASKS``), its own options in ``task.options``
   task.reward     a reward function ``fn(prompts, completions, **fields)`` (import paths only)
   task.tools      tools (``pgjax.agents.TOOLS``): classes or factories called with no arguments
   logging.sinks   logging sinks (``pgjax.train.sinks.SINKS``): ``factory(directory, since)``

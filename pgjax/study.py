@@ -1,8 +1,8 @@
 """Studies: one experiment trained by several methods over several seeds, every trained run and every
 reference checkpoint evaluated by ``python -m pgjax.eval`` on the same prompts, and the evaluations
-compared in pairs (``pgjax.train.paired``), run as jobs that survive the end of a session.
+compared in pairs (``pgjax.evaluation.paired``), run as jobs that survive the end of a session.
 
-A study file (``experiments/smollm2_seeds.py``, ``experiments/gemma3_seeds.py``) defines a ``Study``
+A study file (``experiments/studies/smollm2_seeds.py``, ``experiments/studies/gemma3_seeds.py``) defines a ``Study``
 and calls ``main(STUDY)``; its command line:
 
     python experiments/STUDY.py --plan       # each job: done or missing, and its estimated minutes
@@ -39,9 +39,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pgjax.train import paired
-from pgjax.train.evaluation import budgets_of, digits_of
-from pgjax.train.evaluation import to_markdown as evaluation_table
+from pgjax.evaluation import paired
+from pgjax.evaluation.held_out import budgets_of, digits_of
+from pgjax.evaluation.held_out import to_markdown as evaluation_table
 from pgjax.train.sinks import read_records
 
 NO_VARIANT = {"": ()}
@@ -247,7 +247,7 @@ class Study:
         """``{method: {seed: [(step, value)]}}`` of ``metric`` in the runs whose records are kept: the
         greedy evaluation accuracy where measured, a per-step metric as its mean over each window of
         ``record_window`` steps, placed at the window's last step."""
-        found = {}
+        found: dict[str, dict[int, list[tuple[int, float]]]] = {}
         for method in self.methods:
             for seed in self.seeds_of(method):
                 path = kept_record(self.run_name(method, seed), out)

@@ -20,6 +20,10 @@ import platform
 
 import jax
 import pytest
+from helpers import FAST_COMPILE
+
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):   # before any backend starts
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE}".strip()
 
 CACHE_LIMIT = 2 << 30
 CACHE_EVENTS = {"/jax/compilation_cache/cache_hits": "hits", "/jax/compilation_cache/cache_misses": "misses"}

@@ -8,13 +8,16 @@ a test puts it there itself). Nothing here compiles at import time."""
 import dataclasses
 import hashlib
 import importlib.util
+import itertools
 import json
+import math
 import pathlib
 import shutil
 import signal
 import struct
 import subprocess
 import sys
+from fractions import Fraction
 
 import jax
 import jax.numpy as jnp
@@ -26,13 +29,14 @@ from pgjax.agents import Step
 from pgjax.core import Batch, token_logprobs
 from pgjax.models import hf
 from pgjax.models.transformer import CausalLM, ModelConfig
-from pgjax.rewards import char_tokenizer, per_example
+from pgjax.rollout.batch import Rollout
+from pgjax.rollout.collect import RolloutConfig, encode_prompts
 from pgjax.sample import SamplingConfig, generate
+from pgjax.tasks import char_tokenizer, per_example
 from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
-from pgjax.train.learner import Learner, Rollout
+from pgjax.train.learner import Learner
 from pgjax.train.optim import OptimConfig, make_optimizer
 from pgjax.train.records import TIMING_KEYS
-from pgjax.train.rollout import RolloutConfig, encode_prompts
 from pgjax.train.trainer import Callback
 
 # ---------------------------------------------------------------- simulated devices (subprocesses)
@@ -66,8 +70,11 @@ def load_benchmark(name: str):
 
 
 def load_experiment_script(name: str):
-    """``experiments/<name>.py`` imported as a module (``load_script``)."""
-    return load_script("experiments", name)
+    """``experiments/scripts/<name>.py`` (a standalone script) or ``experiments/studies/<name>.py`` (a study)
+    imported as a module (``load_script``)."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    folder = next(f for f in ("experiments/scripts", "experiments/studies") if (root / f / f"{name}.py").exists())
+    return load_script(folder, name)
 
 
 def load_script(folder: str, name: str):
@@ -84,13 +91,19 @@ def load_script(folder: str, name: str):
     return module
 
 
+# XLA's LLVM back end at -O0 in every test process (conftest.py) and subprocess: a new machine's suite is
+# mostly compiling tiny programs, about 30% faster so (the HLO passes, and so fusion, buffer assignment
+# and the memory plans, are the same; the generated loops are slower, which tiny programs do not feel).
+FAST_COMPILE = "--xla_backend_optimization_level=0"
+
+
 def simulated_devices(count: int) -> str:
     """XLA_FLAGS for ``count`` simulated CPU devices. On this 2-core machine an 8-device program now
     and then never completes a collective (seen in the sampler's while loop on a 2x2x2 mesh: the
     devices wait in different collectives; XLA aborts after 40 s by default, and a 10-minute limit
     hung just the same), so the wait is cut at 120 s and the caller may retry (``XLA_COLLECTIVE_HANG``)."""
     return (f"--xla_force_host_platform_device_count={count} --xla_cpu_collective_call_terminate_timeout_seconds=120"
-            " --xla_cpu_collective_call_warn_stuck_timeout_seconds=60")
+            f" --xla_cpu_collective_call_warn_stuck_timeout_seconds=60 {FAST_COMPILE}")
 
 
 # ---------------------------------------------------------------- random batches and gradient trees
@@ -438,3 +451,43 @@ class SignalAt(Callback):
     def after_step(self, trainer, record):
         if record["step"] == self.step:
             signal.raise_signal(self.signum)
+
+
+# Slow reference statistics (tests/test_statistics.py, tests/test_eval.py)
+
+def slow_bootstrap_means(column, resamples: int, seed: int) -> list[float]:
+    """Each resample's mean by a Python loop, from the same draws as ``bootstrap_means`` documents."""
+    idx = np.random.default_rng(seed).integers(0, len(column), size=(resamples, len(column)))
+    return [math.fsum(float(column[i]) for i in row) / len(column) for row in idx]
+
+
+def hand_percentile(values, q: float) -> float:
+    """The q-th percentile by sorting and interpolating linearly between the order statistics."""
+    ordered = sorted(values)
+    position = q / 100 * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def enumerated_sign_flip_p(differences) -> Fraction:
+    """P(|sum s_i d_i| >= |sum d_i|) counted over every one of the 2^P sign vectors."""
+    observed = abs(sum(differences))
+    signs = list(itertools.product((1, -1), repeat=len(differences)))
+    hits = sum(abs(sum(s * d for s, d in zip(flip, differences, strict=True))) >= observed for flip in signs)
+    return Fraction(hits, len(signs))
+
+
+# Plots
+
+def assert_plotted(path, lines: int = 1) -> None:
+    """``path`` is a PNG on which the first ``lines`` colours of matplotlib's cycle (C0, C1, ...) were each
+    drawn (more than 50 pixels within 8/255 of the colour): a figure with empty axes, or with fewer data
+    series than ``lines``, fails, where a file-size check would pass."""
+    import matplotlib.image
+    from matplotlib import colors
+    pixels = matplotlib.image.imread(path)[..., :3]
+    for i in range(lines):
+        colour = np.asarray(colors.to_rgb(f"C{i}"))
+        drawn = int((np.abs(pixels - colour).max(-1) < 8 / 255).sum())
+        assert drawn > 50, f"{path}: colour C{i} ({colors.to_hex(colour)}) covers {drawn} pixels: series {i} not drawn"

@@ -14,11 +14,11 @@ from flax import nnx
 from helpers import EMIT_X, XLA_COLLECTIVE_HANG, comparable, simulated_devices, tiny_experiment
 
 from pgjax.models import hf
+from pgjax.rollout.collect import keep_columns, pad_columns
 from pgjax.train import experiment as experiment_lib
 from pgjax.train.experiment import AlgorithmSection, ConfigError
 from pgjax.train.learner import UpdateConfig
 from pgjax.train.records import MISMATCH_KEYS
-from pgjax.train.rollout import keep_columns, pad_columns
 from pgjax.train.sinks import read_records
 from pgjax.train.trainer import Trainer, train
 

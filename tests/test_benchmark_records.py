@@ -1,4 +1,4 @@
-"""What every benchmark result must carry (``benchmarks/provenance.py``, ``benchmarks/stats.py``):
+"""What every benchmark result must carry (``benchmarks/provenance.py``, ``pgjax.evaluation.statistics``):
 each results JSON records where its numbers come from (date, commit, command, CPU model and
 instruction sets, cores and threads, library versions, environment) and its docs table names the
 machine; a ratio of two sides is of pooled medians, with a bootstrap interval, from at least 5 steps a side."""
@@ -10,6 +10,8 @@ import sys
 import numpy as np
 import pytest
 
+from pgjax.evaluation import statistics
+
 ROOT = pathlib.Path(__file__).parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -17,14 +19,14 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 @pytest.fixture(scope="module")
 def bench():
-    """The benchmarks' shared modules (benchmarks/ is a folder of scripts, not a package)."""
+    """The benchmarks' provenance module (benchmarks/ is a folder of scripts, not a package) and the
+    statistics they report with."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         import provenance
-        import stats
     finally:
         sys.path.pop(0)
-    return provenance, stats
+    return provenance, statistics
 
 
 @pytest.mark.parametrize("path", sorted(RESULTS.glob("*.json")), ids=lambda p: p.stem)
@@ -53,7 +55,7 @@ def test_a_ratio_is_of_pooled_medians_with_a_bootstrap_interval(bench):
     assert min(trl) / max(ours) <= result["low"] and result["high"] <= max(trl) / min(ours)
     constant = stats.median_ratio([3.0] * 5, [1.5] * 5)
     assert (constant["ratio"], constant["low"], constant["high"]) == (2.0, 2.0, 2.0)
-    assert stats.describe(constant) == "2.00x [2.00, 2.00]"
+    assert stats.describe_ratio(constant) == "2.00x [2.00, 2.00]"
     interval = stats.median_interval(ours)
     assert interval["median"] == 2.0 and interval["low"] <= 2.0 <= interval["high"]
 

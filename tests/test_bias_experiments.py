@@ -1,8 +1,8 @@
-"""The multi-seed studies (experiments/length_bias.py, experiments/difficulty_bias.py,
-experiments/off_policy.py, experiments/switch_grid.py) run end to end in their smoke setting and write
+"""The multi-seed studies (experiments/scripts/length_bias.py, experiments/scripts/difficulty_bias.py,
+experiments/scripts/off_policy.py, experiments/scripts/switch_grid.py) run end to end in their smoke setting and write
 metrics, tables and plots; the switch grid's committed report is regenerated from its committed records;
 a study run again keeps the seeds it already has; the per-difficulty weights agree with a
-hand-computed example; the real-model off-policy script (experiments/smollm2_off_policy.py) trains
+hand-computed example; the real-model off-policy script (experiments/scripts/smollm2_off_policy.py) trains
 and evaluates only what is missing and tables what the runs recorded."""
 import json
 import pathlib
@@ -10,7 +10,7 @@ import shutil
 
 import numpy as np
 import pytest
-from helpers import fake_commands, load_experiment_script
+from helpers import assert_plotted, fake_commands, load_experiment_script
 
 EXPERIMENTS = pathlib.Path(__file__).parent.parent / "experiments"
 
@@ -46,7 +46,7 @@ def test_length_bias_smoke_run_writes_its_metrics_table_and_plot(tmp_path):
     saved = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert saved["curves"]["grpo"]["0"]["step"] == [1, 2]
     assert "| grpo |" in (tmp_path / "out" / "length_bias.md").read_text()
-    assert (tmp_path / "out" / "length_bias.png").stat().st_size > 5000
+    assert_plotted(tmp_path / "out" / "length_bias.png")
     records = (tmp_path / "runs" / "length_only" / "seed0" / "metrics.jsonl").read_text().splitlines()
     assert json.loads(records[-1])["step"] == 2
     experiment = json.loads((tmp_path / "runs" / "length_only" / "seed0" / "experiment.json").read_text())
@@ -61,7 +61,7 @@ def test_difficulty_bias_smoke_run_logs_per_difficulty_weights(tmp_path):
     for d in (1, 2, 3):
         assert {f"weight_{d}", f"weight_share_{d}", f"grad_norm_{d}", f"accuracy_{d}"} <= set(record)
     assert "| no_std | hard (3 digits) |" in (tmp_path / "out" / "difficulty_bias.md").read_text()
-    assert (tmp_path / "out" / "difficulty_bias.png").stat().st_size > 5000
+    assert_plotted(tmp_path / "out" / "difficulty_bias.png")
 
 
 @pytest.mark.slow
@@ -105,7 +105,7 @@ def _fake_smollm2_subprocess(calls):
 
 
 def test_smollm2_off_policy_trains_and_evaluates_only_what_is_missing_and_tables_the_records(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(EXPERIMENTS))                 # its sibling import, as when run as a script
+    monkeypatch.syspath_prepend(str(EXPERIMENTS / "scripts"))       # its sibling import, as when run as a script
     sp = load_experiment_script("smollm2_off_policy")
     runs, out, calls = tmp_path / "runs", tmp_path / "out", []
     with pytest.raises(SystemExit, match="no variant has both a final policy"):
@@ -126,7 +126,7 @@ def test_smollm2_off_policy_trains_and_evaluates_only_what_is_missing_and_tables
     assert ("| s1 | 0.500 [0.400, 0.600] | 0.500 [0.400, 0.600] | 0.500 [0.400, 0.600] | 20.0 [18.0, 22.0] "
             "| 50.0% [40.0, 60.0] | 1.50e-02 | 1.5e-04 | 0.0000 | - | 20.0 s | 0.7 min |"
             ) in (out / "smollm2_off_policy.md").read_text()
-    assert (out / "smollm2_off_policy.png").stat().st_size > 5000
+    assert_plotted(out / "smollm2_off_policy.png")
     calls.clear()
     again = sp.main(["--variants", "s1", "s2_token_tis", "--runs", str(runs), "--out", str(out)])
     assert calls == [] and json.dumps(again) == json.dumps(summary)   # trained and evaluated: left alone
@@ -148,7 +148,7 @@ def test_a_study_keeps_only_seeds_every_variant_finished_under_the_same_settings
 
 def test_smollm2_off_policy_reads_the_truncation_of_old_and_new_reports(monkeypatch):
     """Reports before the finish rate hold ``truncation_rate``; newer ones ``finish_rate``, its complement."""
-    monkeypatch.syspath_prepend(str(EXPERIMENTS))
+    monkeypatch.syspath_prepend(str(EXPERIMENTS / "scripts"))
     sp = load_experiment_script("smollm2_off_policy")
     new = sp.truncation({"finish_rate": {"value": 0.75, "ci95": [0.625, 0.875], "interval": "bootstrap"}})
     assert new == {"value": 0.25, "ci95": [0.125, 0.375]}

@@ -13,10 +13,7 @@ from helpers import tiny_experiment
 
 from pgjax.models import hf
 from pgjax.models.transformer import CausalLM, ModelConfig
-from pgjax.rewards import Conversation, per_example
-from pgjax.train import experiment as experiment_lib
-from pgjax.train.experiment import ConfigError, TaskSection
-from pgjax.train.rollout import (
+from pgjax.rollout.collect import (
     PLAIN,
     PromptFormat,
     RolloutConfig,
@@ -25,6 +22,9 @@ from pgjax.train.rollout import (
     prompt_format_for,
     stop_tokens,
 )
+from pgjax.tasks import Conversation, per_example
+from pgjax.train import experiment as experiment_lib
+from pgjax.train.experiment import ConfigError, TaskSection
 from pgjax.train.trainer import Trainer
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -196,7 +196,7 @@ def test_a_prompt_template_writes_the_prompt_plain_or_as_the_user_turn():
 
 
 def test_stop_text_ends_a_response_at_every_token_that_holds_it():
-    from pgjax.train.rollout import text_tokens
+    from pgjax.rollout.collect import text_tokens
     tokenizer = chatml_tokenizer()
     newline = tokenizer.convert_tokens_to_ids("\n")
     assert TaskSection(stop_text="\\n,=").stop_texts == ("\n", "=")

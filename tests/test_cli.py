@@ -70,7 +70,7 @@ CASES = {
     "a task option the task does not take": (["--set", "task.count=4"],
                                              "task.count=4 does nothing for task 'arithmetic', which takes "
                                              "digits, ops"),
-    "a reward that is not a function": (["--set", "task.reward=pgjax.rewards:TASKS"], "is not callable"),
+    "a reward that is not a function": (["--set", "task.reward=pgjax.tasks:TASKS"], "is not callable"),
     "distributed ids out of range": (["--set", "distributed.num_processes=2", "--set", "distributed.process_id=2"],
                                      "process_id in [0, num_processes)"),
     "resume with nothing to resume": (["--resume"], "--resume: no checkpoint to resume in runs/arithmetic_dr_grpo"),

@@ -16,9 +16,9 @@ from helpers import save_tiny_checkpoint
 from pgjax import run
 from pgjax.models import hf
 from pgjax.parallel.mesh import make_mesh
-from pgjax.rewards import RewardError, call_reward, with_timeout
-from pgjax.rewards.data import load_jsonl
-from pgjax.rewards.preferences import load_preferences
+from pgjax.tasks import RewardError, call_reward, with_timeout
+from pgjax.tasks.data import load_jsonl
+from pgjax.tasks.preferences import load_preferences
 from pgjax.train import experiment as experiment_lib
 from pgjax.train import memory
 from pgjax.train.experiment import ConfigError

@@ -1,4 +1,4 @@
-"""Checks of a user's dataset at load time (pgjax.rewards.data): JSON Lines, chat-message records,
+"""Checks of a user's dataset at load time (pgjax.tasks.data): JSON Lines, chat-message records,
 local parquet / arrow / csv / json files read by ``datasets``, and runs that train on them."""
 import copy
 import importlib.util
@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from helpers import save_tiny_checkpoint, tiny_experiment
 
-import pgjax.rewards as R
+import pgjax.tasks as R
 from pgjax.parallel.mesh import single_device_mesh
-from pgjax.rewards.tokenizer import char_tokenizer
+from pgjax.rollout.collect import PLAIN, RolloutConfig
+from pgjax.tasks.tokenizer import char_tokenizer
 from pgjax.train import experiment as experiment_lib
 from pgjax.train.experiment import ConfigError, ModelSection, TaskSection
-from pgjax.train.rollout import PLAIN, RolloutConfig
 from pgjax.train.trainer import train
 
 GOOD = json.dumps({"question": "1+1?", "answer": "2"})

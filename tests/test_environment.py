@@ -8,7 +8,7 @@ from test_chat_prompts import chatml_tokenizer
 
 from pgjax.agents import Calculator, PythonSandbox
 from pgjax.agents.environment import JsonCalls, TaggedCalls, ToolCall, ToolEnvironment, call_format_for
-from pgjax.train.rollout import PromptFormat
+from pgjax.rollout.collect import PromptFormat
 
 TOOLS = (Calculator(), PythonSandbox())
 

@@ -1,4 +1,4 @@
-"""Multi-turn rollouts (pgjax.train.episodes) on a tiny model with a ChatML character tokenizer: each
+"""Multi-turn rollouts (pgjax.rollout.episodes) on a tiny model with a ChatML character tokenizer: each
 episode's tokens are the chat template's rendering of its conversation, the policy's log-probs are
 the cache-free forward's on those tokens, observation tokens carry mask 0 and get exactly zero
 gradient under every algorithm, per-turn rewards sit on each turn's last policy token and flow
@@ -23,8 +23,8 @@ from test_sampler import forward, sharp_model
 from pgjax import core
 from pgjax.agents import Calculator
 from pgjax.agents.environment import Step, ToolEnvironment
-from pgjax.sample import SamplingConfig, generate
-from pgjax.train.episodes import (
+from pgjax.rollout.collect import PromptFormat, decode_responses, encode_prompts
+from pgjax.rollout.episodes import (
     CUT_MARK,
     EnvironmentFailure,
     EpisodeError,
@@ -35,7 +35,7 @@ from pgjax.train.episodes import (
     error_id,
     run_episodes,
 )
-from pgjax.train.rollout import PromptFormat, decode_responses, encode_prompts
+from pgjax.sample import SamplingConfig, generate
 
 EXAMPLES = [{"prompt": "1+2=?"}, {"prompt": "what is 7"}]
 CHAT = PromptFormat(chat=True)
@@ -287,8 +287,8 @@ def test_an_environment_that_fails_ends_its_episode_not_the_run(setup):
     the other episodes play on; a NaN reward is 0 and named; the rollout leaves the groups of failed
     or non-finite episodes out, counts them, or stops on a NaN with nonfinite_rewards="error"."""
     from pgjax.parallel.mesh import single_device_mesh
-    from pgjax.rewards import RewardError
-    from pgjax.train.rollout import RolloutConfig
+    from pgjax.rollout.collect import RolloutConfig
+    from pgjax.tasks import RewardError
     Broken.made = 0
     model, tokenizer, end = setup
     examples = [{"prompt": f"{i}+1=?"} for i in range(4)]
@@ -685,8 +685,8 @@ def test_task_tools_make_a_calculator_environment_scored_by_the_tasks_verifier(t
 def test_evaluation_plays_episodes_and_reports_their_counts(setup):
     """evaluate with an environment: greedy and sampled passes are episodes, correct is the
     environment's verdict, and the report adds the call rate, valid-call rate, turns and tokens."""
+    from pgjax.evaluation.held_out import evaluate
     from pgjax.sample import Decoding
-    from pgjax.train.evaluation import evaluate
     model, tokenizer, end = setup
 
     class Task:
@@ -700,7 +700,8 @@ def test_evaluation_plays_episodes_and_reports_their_counts(setup):
     metrics = report["metrics"]
     assert {"call_rate", "valid_call_rate", "mean_turns", "mean_episode_tokens", "pass@2"} <= set(metrics)
     assert 1 <= metrics["mean_turns"]["value"] <= 3 and metrics["mean_episode_tokens"]["value"] > 0
-    assert 0 <= metrics["pass@1"]["value"] <= 1 and metrics["call_rate"]["ci95"] is not None
+    correct = np.asarray(report["per_prompt"]["sampled_correct"])          # of 4 samples, per prompt
+    assert metrics["pass@1"]["value"] == pytest.approx(correct.mean() / 4) and metrics["call_rate"]["ci95"] is not None
     assert report["strata"] == {} and len(report["per_prompt"]["sampled_correct"]) == 4
 
 

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import EMIT_X, make_batch, tiny_experiment
+from helpers import EMIT_X, FAST_COMPILE, make_batch, tiny_experiment
 
 from pgjax import core
 from pgjax.parallel.mesh import MeshConfig, single_device_mesh
@@ -423,8 +423,9 @@ def check_user_estimator_shards(plugin_folder: str):
 
     from pgjax.models.transformer import CausalLM, ModelConfig
     from pgjax.parallel import mesh as mesh_lib
+    from pgjax.rollout.batch import Rollout
     from pgjax.sample import SamplingConfig, generate
-    from pgjax.train.learner import Learner, Rollout
+    from pgjax.train.learner import Learner
 
     sys.path.insert(0, plugin_folder)
     import my_estimators
@@ -459,7 +460,8 @@ def check_user_estimator_shards(plugin_folder: str):
 
 @pytest.mark.slow
 def test_a_users_estimator_shards_and_micro_batches_exactly(plugins):
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu",
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count=4 {FAST_COMPILE}",
+           "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])}
     result = subprocess.run([sys.executable, __file__, str(plugins[0])], env=env, capture_output=True, text=True,
                             timeout=600)

@@ -1,129 +1,24 @@
-"""Evaluation: pass@k, the confidence intervals, ``evaluate`` against the Trainer's greedy accuracy, and
+"""Evaluation: its metrics and intervals, ``evaluate`` against the Trainer's greedy accuracy, and
 the command line on a trained run."""
 import dataclasses
-import itertools
 import json
-import math
-from fractions import Fraction
 
 import jax
 import numpy as np
 import pytest
-from helpers import EMIT_X, EmitX, tiny_experiment
+from helpers import EMIT_X, EmitX, hand_percentile, slow_bootstrap_means, tiny_experiment
 
 from pgjax import eval as eval_cli
-from pgjax.train import evaluation, paired
+from pgjax.evaluation import held_out as evaluation
+from pgjax.evaluation import paired, statistics
+from pgjax.rollout.collect import pad_id, sample_and_score
 from pgjax.train.checkpoints import Checkpoints
 from pgjax.train.experiment import TaskSection
-from pgjax.train.rollout import pad_id, sample_and_score
 from pgjax.train.sinks import read_records
 from pgjax.train.trainer import Trainer, train
 
 METRICS = {"greedy_accuracy", "pass@1", "pass@2", "pass@4", "finish_rate", "accuracy_finished", "mean_length",
            "length_correct", "length_incorrect", "format_rate"}
-
-
-def brute_force_pass_at_k(n: int, c: int, k: int) -> float:
-    """The fraction of the k-subsets of n samples (the first c correct) holding a correct one, in float64."""
-    subsets = list(itertools.combinations(range(n), k))
-    return float(np.mean([any(i < c for i in subset) for subset in subsets], dtype=np.float64))
-
-
-@pytest.mark.parametrize("n,k", [(1, 1), (4, 1), (4, 2), (5, 3), (6, 6), (8, 3), (10, 4)])
-def test_pass_at_k_equals_enumeration_over_all_k_subsets(n, k):
-    got = evaluation.pass_at_k(n, np.arange(n + 1), k)       # every c at once: vectorised over problems
-    want = [brute_force_pass_at_k(n, c, k) for c in range(n + 1)]
-    np.testing.assert_allclose(got, want, rtol=0, atol=1e-14)
-    assert got.dtype == np.float64
-
-
-@pytest.mark.parametrize("n,k", [(5, 1), (8, 3), (16, 8), (20, 20)])
-@pytest.mark.parametrize("p", [0.0, 0.05, 0.5, 0.9, 1.0])
-def test_pass_at_k_is_unbiased_for_a_bernoulli_problem(n, k, p):
-    """E_c[pass_at_k(n, c, k)] over c ~ Binomial(n, p), summed exactly, is the true 1 - (1 - p)^k."""
-    c = np.arange(n + 1)
-    weights = np.array([math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in c])
-    assert float(weights @ evaluation.pass_at_k(n, c, k)) == pytest.approx(1 - (1 - p) ** k, abs=1e-12)
-
-
-def test_pass_at_k_edge_cases_and_large_n():
-    assert evaluation.pass_at_k(7, 0, 3) == 0.0                           # c = 0
-    assert evaluation.pass_at_k(7, 7, 3) == 1.0                           # c = n
-    np.testing.assert_array_equal(evaluation.pass_at_k(5, [0, 1, 5], 5), [0.0, 1.0, 1.0])   # k = n
-    assert evaluation.pass_at_k(9, 3, 1) == pytest.approx(3 / 9)          # pass@1 is the fraction correct
-    # per-problem n, broadcast with c
-    np.testing.assert_allclose(evaluation.pass_at_k([4, 10], [1, 3], 2),
-                               [brute_force_pass_at_k(4, 1, 2), brute_force_pass_at_k(10, 3, 2)], atol=1e-14)
-    # large n: binomial coefficients far beyond float range, the product form stays accurate
-    n, c, k = 10_000, 37, 500
-    exact = 1 - Fraction(math.comb(n - c, k), math.comb(n, k))
-    assert evaluation.pass_at_k(n, c, k) == pytest.approx(float(exact), rel=1e-12)
-
-
-@pytest.mark.parametrize("n,c,k,match", [(3, 1, 4, "k=4 must be in"), (3, 1, 0, "k=0 must be in"),
-                                         (3, 4, 1, "c .* must be in"), (3, -1, 1, "c .* must be in"),
-                                         (3.0, 1, 1, "n must be integers"), (3, 0.5, 1, "c must be integers")])
-def test_pass_at_k_rejects_bad_input(n, c, k, match):
-    with pytest.raises(ValueError, match=match):
-        evaluation.pass_at_k(n, c, k)
-
-
-def test_wilson_interval_matches_hand_computed_values():
-    # z = 1.95996, z^2 = 3.84146: 0/10 -> [0, z^2 / (10 + z^2)] = [0, 0.27753]; 10/10 is its mirror image;
-    # 5/10 -> 0.5 -+ (z / 1.38415) sqrt(0.025 + z^2 / 400) = [0.23659, 0.76341];
-    # 1/4 -> (0.25 + 0.48018 -+ 1.95996 sqrt(0.046875 + 0.060025)) / 1.96036 = [0.04559, 0.69936]
-    for (successes, trials), want in {(0, 10): (0.0, 0.27753), (10, 10): (0.72247, 1.0), (5, 10): (0.23659, 0.76341),
-                                      (1, 4): (0.04559, 0.69936)}.items():
-        np.testing.assert_allclose(evaluation.wilson_interval(successes, trials), want, atol=1e-5)
-    for trials in range(1, 60):                   # inside [0, 1], around the observed rate, exact ends
-        for successes in range(trials + 1):
-            low, high = evaluation.wilson_interval(successes, trials)
-            assert 0 <= low <= successes / trials <= high <= 1
-            assert (low == 0) == (successes == 0) and (high == 1) == (successes == trials)
-    for successes, trials in ((1, 0), (3, 2), (-1, 2)):
-        with pytest.raises(ValueError, match="successes <= trials"):
-            evaluation.wilson_interval(successes, trials)
-
-
-def slow_bootstrap_means(column, resamples: int, seed: int) -> list[float]:
-    """Each resample's mean by a Python loop, from the same draws as ``bootstrap_means`` documents."""
-    idx = np.random.default_rng(seed).integers(0, len(column), size=(resamples, len(column)))
-    return [math.fsum(float(column[i]) for i in row) / len(column) for row in idx]
-
-
-def hand_percentile(values, q: float) -> float:
-    """The q-th percentile by sorting and interpolating linearly between the order statistics."""
-    ordered = sorted(values)
-    position = q / 100 * (len(ordered) - 1)
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
-def test_bootstrap_means_and_interval_equal_a_slow_loop_with_the_same_draws():
-    rng = np.random.default_rng(5)
-    columns = rng.normal(size=(37, 3))
-    got = evaluation.bootstrap_means(columns, 2000, seed=11)
-    assert got.shape == (2000, 3) and got.dtype == np.float64
-    for j in range(3):
-        np.testing.assert_allclose(got[:, j], slow_bootstrap_means(columns[:, j], 2000, 11), rtol=0, atol=1e-13)
-    slow = slow_bootstrap_means(columns[:, 0], 2000, 11)
-    np.testing.assert_allclose(evaluation.percentile_interval(got[:, 0]),
-                               (hand_percentile(slow, 2.5), hand_percentile(slow, 97.5)), rtol=0, atol=1e-13)
-    wide = rng.normal(size=(300, 50))                          # 3 blocks of resamples: the same draws
-    np.testing.assert_allclose(evaluation.bootstrap_means(wide, 600, seed=3)[:, 7],
-                               slow_bootstrap_means(wide[:, 7], 600, 3), rtol=0, atol=1e-13)
-    assert not np.array_equal(evaluation.bootstrap_means(columns, 50, seed=1), evaluation.bootstrap_means(columns, 50))
-
-
-def test_percentile_interval_leaves_out_undefined_resamples_and_bad_input_is_refused():
-    assert evaluation.percentile_interval([np.nan, 1.0, 3.0, np.nan]) == (1.05, 2.95)
-    assert evaluation.percentile_interval([np.nan, np.nan]) is None
-    for bad, message in ((np.ones(3), "finite"), ([[1.0], [np.inf]], "finite"), (np.ones((0, 2)), "prompts >= 1")):
-        with pytest.raises(ValueError, match=message):
-            evaluation.bootstrap_means(bad)
-    with pytest.raises(ValueError, match="resamples"):
-        evaluation.bootstrap_means(np.ones((3, 1)), 0)
 
 
 def test_outcome_metrics_by_hand():
@@ -141,7 +36,7 @@ def test_outcome_metrics_by_hand():
             "length_incorrect": 38 / 7, "format_rate": 3 / 12}
     assert {name: m["value"] for name, m in metrics.items()} == pytest.approx(want, abs=1e-15)
     assert metrics["greedy_accuracy"]["interval"] == "wilson"
-    assert metrics["greedy_accuracy"]["ci95"] == list(evaluation.wilson_interval(2, 3))
+    assert metrics["greedy_accuracy"]["ci95"] == list(statistics.wilson_interval(2, 3))
     # the ratio's interval: per resample, correct-and-finished over finished, resamples with none left out
     finished = np.array(slow_bootstrap_means(np.array([3, 0, 4]) / 4, 500, 4))
     both = np.array(slow_bootstrap_means(np.array([1, 0, 3]) / 4, 500, 4))
@@ -166,68 +61,6 @@ def test_outcome_metrics_by_hand():
     assert all_right["length_correct"]["value"] == 54 / 12
     one = evaluation.outcome_metrics(np.array([1], bool), {k: v[:1] for k, v in sampled.items()}, ks=(1,))
     assert one["pass@1"] == {"value": 0.5, "ci95": None, "interval": "bootstrap"}
-
-
-def enumerated_sign_flip_p(differences) -> Fraction:
-    """P(|sum s_i d_i| >= |sum d_i|) counted over every one of the 2^P sign vectors."""
-    observed = abs(sum(differences))
-    signs = list(itertools.product((1, -1), repeat=len(differences)))
-    hits = sum(abs(sum(s * d for s, d in zip(flip, differences, strict=True))) >= observed for flip in signs)
-    return Fraction(hits, len(signs))
-
-
-@pytest.mark.parametrize("differences", [[3, -1, 0, 2, 5, -4, 1, 1, -2, 6, 0, 3], [1, 1, 1, 1, 1, -1, -1],
-                                         [4, 6, -2, 8, 10], [2, -2], [7], [0, 0], [1, 2, 3, -6]])
-def test_sign_flip_test_equals_full_enumeration(differences):
-    assert paired.sign_flip_test(differences) == pytest.approx(float(enumerated_sign_flip_p(differences)),
-                                                               rel=0, abs=1e-14)
-
-
-@pytest.mark.parametrize("b,c", [(0, 0), (5, 0), (7, 2), (10, 10), (12, 30), (1, 2), (40, 3)])
-def test_sign_flip_test_on_greedy_outcomes_is_mcnemars_exact_test(b, c):
-    """b prompts only B answers, c only A, 5 both and 4 neither: p = min(1, 2 P(X <= min(b, c))),
-    X ~ Binomial(b + c, 1/2), summed exactly."""
-    a = [0] * b + [1] * c + [1] * 5 + [0] * 4
-    bb = [1] * b + [0] * c + [1] * 5 + [0] * 4
-    tail = Fraction(sum(math.comb(b + c, j) for j in range(min(b, c) + 1)), 2 ** (b + c))
-    result = paired.paired_difference(a, 1, bb, 1)
-    assert result["p_value"] == pytest.approx(float(min(1, 2 * tail)), rel=1e-12, abs=0)
-    assert result["difference"] == pytest.approx((b - c) / len(a))
-
-
-def test_paired_difference_against_the_slow_bootstrap_and_enumeration():
-    xa, xb = np.array([3, 5, 0, 8, 2, 7, 1, 4, 4, 6]), np.array([2, 1, 0, 4, 3, 4, 4, 2, 1, 4])
-    d = xb / 4 - xa / 8                                          # A: 8 samples per prompt, B: 4
-    result = paired.paired_difference(xa, 8, xb, 4, resamples=10_000, seed=3)
-    assert result["difference"] == pytest.approx(math.fsum(d) / len(d), abs=1e-15)
-    slow = slow_bootstrap_means(d, 10_000, 3)
-    np.testing.assert_allclose(result["ci95"], [hand_percentile(slow, 2.5), hand_percentile(slow, 97.5)], atol=1e-13)
-    assert result["p_value"] == pytest.approx(float(enumerated_sign_flip_p(list(xb * 8 - xa * 4))), abs=1e-14)
-    assert paired.paired_difference(xa, 8, xa, 8)["p_value"] == 1.0
-    for bad in ((xa, 8, xb, 2), (xa, 8, xb[:3], 4), (xa, 0, xb, 4)):
-        with pytest.raises(ValueError, match="0 <= successes <= trials"):
-            paired.paired_difference(*bad)
-    with pytest.raises(ValueError, match="integers"):
-        paired.sign_flip_test([0.5, 1.0])
-
-
-def test_across_seeds_is_students_t_by_hand():
-    """d = b - a = [0.1, 0.3, -0.1, 0.2]: mean 0.125, sd (ddof 1) sqrt(0.0291666...) = 0.170783;
-    t_{0.975, 3} = 3.182446 (the table's value), half-width 3.182446 x 0.170783 / 2 = 0.271753;
-    t = 0.125 / 0.0853913 = 1.463850 on 3 degrees of freedom, two-sided p = 0.239443."""
-    b, a = np.array([0.6, 0.8, 0.4, 0.7]), np.array([0.5, 0.5, 0.5, 0.5])
-    got = paired.across_seeds(b, a)
-    assert got["mean"] == pytest.approx(0.125, abs=1e-12)
-    assert got["ci95"] == pytest.approx([0.125 - 0.271753, 0.125 + 0.271753], abs=2e-6)
-    assert got["p_value"] == pytest.approx(0.239443, abs=2e-6)
-    assert (got["positive"], got["seeds"]) == (3, 4)
-    # one setting's own mean and interval: against zeros; equal differences: no spread, the point
-    assert paired.across_seeds(b, np.zeros(4))["mean"] == pytest.approx(0.625)
-    same = paired.across_seeds(b, b - 0.2)
-    assert same["ci95"] == pytest.approx([0.2, 0.2]) and same["p_value"] == 1.0
-    for bad in (([1.0], [0.0]), ([1.0, 2.0], [0.0]), ([1.0, float("nan")], [0.0, 0.0])):
-        with pytest.raises(ValueError, match="finite per-seed values, n >= 2"):
-            paired.across_seeds(*bad)
 
 
 def test_across_runs_summary_by_hand():
@@ -420,7 +253,7 @@ def test_compare_command_pairs_the_reports(reports, tmp_path, capsys):
     difference = comparison["pairs"][0]["metrics"]["pass@1"]       # pooled runs: the same rate per prompt
     want = (np.array(two_runs["per_prompt"]["sampled_correct"]) - np.array(cold["per_prompt"]["sampled_correct"])) / 4
     assert difference["difference"] == pytest.approx(want.mean())
-    assert difference["p_value"] == pytest.approx(paired.sign_flip_test((want * 4).astype(int)))
+    assert difference["p_value"] == pytest.approx(statistics.sign_flip_test((want * 4).astype(int)))
     assert comparison["pairs"][0]["metrics"]["greedy_accuracy"]["p_value"] == 1.0     # greedy: the same responses
 
 
@@ -463,7 +296,7 @@ def test_compare_pools_runs_per_prompt_and_summarises_them_across_runs(synthetic
     for metric, (field, trials) in {"greedy_accuracy": ("greedy_correct", 1), "pass@1": ("sampled_correct", 4),
                                     "finish_rate": ("sampled_finished", 4)}.items():
         pooled = np.sum([r["per_prompt"][field] for r in runs], axis=0)        # successes of 2 x trials
-        want = paired.paired_difference(base["per_prompt"][field], trials, pooled, 2 * trials)
+        want = statistics.paired_difference(base["per_prompt"][field], trials, pooled, 2 * trials)
         assert pair["metrics"][metric] == want
     table = paired.to_markdown(comparison)
     assert "| trained | 2 | 3 |" in table and "| trained - base | greedy_accuracy |" in table

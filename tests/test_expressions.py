@@ -1,4 +1,4 @@
-"""The shared exact-arithmetic parser (pgjax.rewards.expressions): random expression trees rendered
+"""The shared exact-arithmetic parser (pgjax.tasks.expressions): random expression trees rendered
 as text evaluate to the value the tree computes directly (an independent reference: no parsing), every
 optional part of the grammar and every limit, and Countdown's restricted grammar."""
 from fractions import Fraction
@@ -6,7 +6,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from pgjax.rewards import expressions as E
+from pgjax.tasks import expressions as E
 
 OPS = ("+", "-", "*", "/", "^")
 

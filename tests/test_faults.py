@@ -48,8 +48,9 @@ from pgjax import run as cli
 from pgjax.models import hf
 from pgjax.models.transformer import CausalLM
 from pgjax.parallel.mesh import single_device_mesh
-from pgjax.rewards import RewardError, with_timeout
+from pgjax.rollout.collect import RolloutConfig, dispatch_samples, pad_id, sample_and_score
 from pgjax.sample import Decoding
+from pgjax.tasks import RewardError, with_timeout
 from pgjax.train import experiment as experiment_lib
 from pgjax.train import inputs
 from pgjax.train import run_dir as run_dir_lib
@@ -58,7 +59,6 @@ from pgjax.train.experiment import AlgorithmSection, ConfigError, RunStopped, Ta
 from pgjax.train.interrupts import RunInterrupted
 from pgjax.train.learner import UpdateConfig
 from pgjax.train.optim import OptimConfig
-from pgjax.train.rollout import RolloutConfig, dispatch_samples, pad_id, sample_and_score
 from pgjax.train.run_dir import RunDirectory, RunLock, locate
 from pgjax.train.sinks import read_completions, read_records
 from pgjax.train.trainer import Trainer, train
@@ -459,7 +459,7 @@ def test_a_prompt_and_response_longer_than_the_models_context_is_refused(tmp_pat
 
 RESUME_EXPERIMENT = """
 from pgjax.train.experiment import Experiment, ModelSection, WarmStartSection
-from pgjax.train.rollout import RolloutConfig
+from pgjax.rollout.collect import RolloutConfig
 
 def experiment():
     return Experiment(name="resume", algorithm="grpo", steps=12, prompts_per_step=4, eval_every=1,

@@ -34,11 +34,16 @@ def test_core_imports_only_core_and_does_no_io():
                 assert name not in IO_CALLS, f"{path.name} calls {name}()"
 
 
-# command lines (python -m pgjax.NAME; study: a study file's)
-ENTRY_POINTS = {"run", "eval", "compare", "demo", "plan", "study", "pairs"}
-LAYERS = {"core": 0, "host_memory": 0, "errors": 0, "plugins": 0, "theory": 1, "models": 1, "parallel": 1, "sample": 2,
-          "rewards": 2, "agents": 2, "train": 3,
-          **dict.fromkeys(ENTRY_POINTS, 4)}
+# command lines (python -m pgjax.NAME, and pgjax NAME through __main__; study: a study file's)
+ENTRY_POINTS = {"__main__", "run", "eval", "compare", "demo", "plan", "study", "pairs"}
+# the layers of docs/design.md, bottom up: a unit imports only from its own layer and those below
+LAYERS = {"core": 0, "host_memory": 0, "errors": 0, "plugins": 0,      # arrays in, arrays out; process setup
+          "theory": 1, "models": 1, "parallel": 1,                     # exact analysis; networks; devices
+          "sample": 2, "tasks": 2, "agents": 2,                        # decoding; prompts and rewards; tools
+          "rollout": 3,                                                # responses sampled and scored
+          "evaluation": 4,                                             # held-out metrics and statistics
+          "train": 5,                                                  # the loop, checkpoints, run directory
+          **dict.fromkeys(ENTRY_POINTS, 6)}
 PACKAGE = CORE.parent
 
 
@@ -121,7 +126,7 @@ def test_no_import_cycles_between_modules_or_units():
 
 def test_the_library_never_imports_an_entry_point():
     """``run``, ``eval``, ``compare``, ``demo`` and ``plan`` are command lines: no library module imports
-    one (the evaluation library is ``pgjax.train.evaluation``, importable without its command line)."""
+    one (the evaluation library is ``pgjax.evaluation.held_out``, importable without its command line)."""
     for module, targets in import_graph().items():
         if _unit(module) not in ENTRY_POINTS:
             entry = sorted(t for t in targets if _unit(t) in ENTRY_POINTS)
@@ -133,10 +138,25 @@ def test_imports_only_point_down_the_layers():
     files = sorted(package.rglob("*.py"))
     for path in files:
         layer = path.relative_to(package).parts[0].removesuffix(".py")
-        if layer == "__init__":
+        if layer == "__init__" and path.parent == package:
             continue
         assert layer in LAYERS, f"{path}: add its layer to LAYERS (and docs/design.md)"
         for kind, name in _imports_and_calls(path):
             parts = name.split(".")
             if kind == "import" and parts[0] == "pgjax" and len(parts) > 1:
                 assert LAYERS[parts[1]] <= LAYERS[layer], f"{path.relative_to(package)} imports {name}"
+
+
+def test_the_layers_are_the_tree_and_the_design_doc():
+    """Every unit of the package has a layer, every layer names a unit that exists, and docs/design.md's
+    layer table lists each unit in its layer."""
+    units = {path.name.removesuffix(".py") for path in PACKAGE.iterdir()
+             if (path.suffix == ".py" or (path / "__init__.py").exists()) and path.name != "__init__.py"}
+    assert units == set(LAYERS), f"units without a layer: {units - set(LAYERS)}; layers without a unit: " \
+                                 f"{set(LAYERS) - units}"
+    design = (PACKAGE.parent / "docs" / "design.md").read_text()
+    table = design[design.index("<!-- layers -->"):design.index("<!-- /layers -->")]
+    for layer in sorted(set(LAYERS.values())):
+        row = next(line for line in table.splitlines() if line.startswith(f"| {layer} |"))
+        for unit in (u for u, n in LAYERS.items() if n == layer and u not in ENTRY_POINTS):
+            assert f"`pgjax/{unit}" in row, f"docs/design.md's layer {layer} row does not name {unit}"

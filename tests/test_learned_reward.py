@@ -13,10 +13,10 @@ import pytest
 from helpers import EMIT_X, save_tiny_checkpoint, tiny_experiment
 
 from pgjax.models import hf
+from pgjax.rollout.collect import RolloutConfig, decode_responses, length_penalties
 from pgjax.train.experiment import ConfigError, ModelSection, RewardModelSection, TaskSection
 from pgjax.train.learned_reward import LearnedReward, Mix, step_ends
 from pgjax.train.optim import OptimConfig
-from pgjax.train.rollout import RolloutConfig, decode_responses, length_penalties
 from pgjax.train.sinks import read_records
 from pgjax.train.trainer import train
 
@@ -191,7 +191,7 @@ class FakeProcessModel:
 
 
 def test_each_steps_reward_sits_on_the_policy_token_that_ends_it():
-    from pgjax.rewards import char_tokenizer
+    from pgjax.tasks import char_tokenizer
     tokenizer = char_tokenizer("abx")
     ids = tokenizer(["axbxa", "bb"])["input_ids"]
     eos = tokenizer.eos_token_id
@@ -208,8 +208,8 @@ def test_each_steps_reward_sits_on_the_policy_token_that_ends_it():
 
 def test_a_process_reward_models_step_logits_are_its_logits_at_the_steps_ends(tmp_path):
     from pgjax.models.heads import RewardModel
+    from pgjax.rollout.collect import PLAIN
     from pgjax.train.reward_trainer import encode_steps
-    from pgjax.train.rollout import PLAIN
     checkpoint = save_tiny_checkpoint(tmp_path / "trunk")
     model = RewardModel(hf.load(checkpoint))
     model.head.set_value(jnp.asarray(np.random.default_rng(0).normal(size=model.head.shape), jnp.float32))

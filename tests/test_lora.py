@@ -20,8 +20,9 @@ from pgjax.core import token_logprobs
 from pgjax.models import hf, lora
 from pgjax.models.lora import LoRAConfig, LoRAParam
 from pgjax.models.transformer import CausalLM, ModelConfig
+from pgjax.rollout.batch import Rollout
 from pgjax.train.experiment import ConfigError, LoRASection
-from pgjax.train.learner import Learner, Rollout, UpdateConfig
+from pgjax.train.learner import Learner, UpdateConfig
 from pgjax.train.optim import OptimConfig, make_optimizer
 
 CONFIG = ModelConfig(family="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

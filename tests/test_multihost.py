@@ -24,7 +24,7 @@ from pgjax.train.sinks import read_completions
 EXPERIMENT = """
 from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
 from pgjax.train.optim import OptimConfig
-from pgjax.train.rollout import RolloutConfig
+from pgjax.rollout.collect import RolloutConfig
 
 # Adam's eps at 1e-3: rounding-level gradient differences between meshes are not amplified to
 # lr-sized steps (with eps 1e-8, runs on two meshes drift apart and soon sample different tokens)
@@ -41,7 +41,7 @@ def experiment():
 TOOLS_EXPERIMENT = """
 from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
 from pgjax.train.optim import OptimConfig
-from pgjax.train.rollout import RolloutConfig
+from pgjax.rollout.collect import RolloutConfig
 
 def experiment():
     return Experiment(name="multihost_tools", algorithm="grpo", steps=2, prompts_per_step=8, eval_every=1,

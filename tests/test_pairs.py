@@ -8,7 +8,7 @@ import pytest
 from helpers import EMIT_X, tiny_experiment
 
 from pgjax import pairs as pairs_cli
-from pgjax.rewards.preferences import load_preferences
+from pgjax.tasks.preferences import load_preferences
 from pgjax.train.trainer import train
 
 
@@ -74,7 +74,7 @@ def test_a_mistake_exits_2_and_writes_nothing(policy_run, tmp_path, capsys, argu
 # ---------------------------------------------------------------- step labels (--steps)
 
 def test_each_step_is_labelled_by_its_arithmetic_and_the_first_error_ends_the_right_steps():
-    from pgjax.rewards.step_checks import checked_steps, equations_hold
+    from pgjax.tasks.step_checks import checked_steps, equations_hold
     assert checked_steps("We add 4 + 4 = 8 pens.\n\nThen 8 x 3 = 25.\nSo 25.", answer_correct=False) == (
         ["We add 4 + 4 = 8 pens.", "\nThen 8 x 3 = 25.", "So 25."], [True, False, False])
     assert checked_steps("12 × 3 = 36\nNext, 36 - 1 = 35.\nThe answer is \\boxed{35}", True)[1] == [True, True, True]
@@ -87,7 +87,7 @@ def test_each_step_is_labelled_by_its_arithmetic_and_the_first_error_ends_the_ri
 
 
 def test_the_command_writes_step_labels_the_process_reward_models_loader_reads(policy_run, tmp_path, capsys):
-    from pgjax.rewards.preferences import load_step_labels
+    from pgjax.tasks.preferences import load_step_labels
     out = tmp_path / "steps.jsonl"
     assert pairs_cli.main([str(policy_run), "--out", str(out), "--prompts", "4", "--samples", "4",
                            "--temperature", "1.0", "--steps"]) == 0
@@ -108,5 +108,5 @@ def test_the_command_writes_step_labels_the_process_reward_models_loader_reads(p
     ("10 / 3 = 3.4", False),
 ])
 def test_an_equation_is_checked_only_when_its_left_side_is_whole(line, holds):
-    from pgjax.rewards.step_checks import equations_hold
+    from pgjax.tasks.step_checks import equations_hold
     assert equations_hold(line) is holds

@@ -12,6 +12,7 @@ import sys
 import types
 
 import pytest
+from helpers import FAST_COMPILE
 
 from pgjax import plan as plan_lib
 from pgjax.models.transformer import ModelConfig
@@ -137,7 +138,8 @@ def check_eighths():
 
 
 def test_each_of_8_simulated_fsdp_devices_holds_an_eighth_of_the_sharded_weights():
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count=8 {FAST_COMPILE}",
+           "JAX_PLATFORMS": "cpu"}
     run = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
 

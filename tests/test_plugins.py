@@ -113,7 +113,7 @@ def test_a_sink_path_that_is_not_a_sink_is_refused_before_anything_is_written(pl
 TASK_MODULE = """
 import dataclasses
 
-from pgjax.rewards import char_tokenizer, per_example
+from pgjax.tasks import char_tokenizer, per_example
 
 SEEN = []       # the options each call of make received
 

@@ -21,6 +21,7 @@ import pytest
 from helpers import EMIT_X, TINY_MODEL, load_benchmark, read_events, simulated_devices, starts_with_x, tiny_experiment
 
 from pgjax.models import hf
+from pgjax.rollout.collect import RolloutConfig
 from pgjax.train import interrupts
 from pgjax.train.experiment import ConfigError, LoRASection, RunStopped, TaskSection, WarmStartSection, stream_seed
 from pgjax.train.interrupts import RunInterrupted
@@ -28,7 +29,6 @@ from pgjax.train.learner import UpdateConfig
 from pgjax.train.optim import OptimConfig, make_optimizer
 from pgjax.train.population import Member, Population, member_scale, over_members
 from pgjax.train.records import TIMING_KEYS
-from pgjax.train.rollout import RolloutConfig
 from pgjax.train.sinks import read_records
 from pgjax.train.trainer import Trainer
 
@@ -221,7 +221,7 @@ class EmitXPoisoned:
     reward_fn = staticmethod(nan_for_seed_one)
 
     def tokenizer(self):
-        from pgjax.rewards import char_tokenizer
+        from pgjax.tasks import char_tokenizer
         return char_tokenizer("abx")
 
     def examples(self, n, seed=0):

@@ -12,7 +12,7 @@ population = load_benchmark("population")
 
 TINY = """
 from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
-from pgjax.train.rollout import RolloutConfig
+from pgjax.rollout.collect import RolloutConfig
 
 def experiment():
     return Experiment(name="tiny_population", algorithm="dr_grpo", steps=30, eval_every=10, prompts_per_step=4,

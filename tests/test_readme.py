@@ -139,7 +139,7 @@ def test_quickstart_is_two_single_line_commands():
 
 def test_main_job_is_the_dr_grpo_experiment_file():
     from pgjax.train import experiment
-    match = re.search(r"python -m pgjax\.run (\S+)$", _readme_block("quickstart:run", "bash").strip())
+    match = re.search(r"pgjax run (\S+)$", _readme_block("quickstart:run", "bash").strip())
     assert match, _readme_block("quickstart:run", "bash")
     exp = experiment.load(ROOT / match.group(1))
     assert exp.algorithm.preset == "dr_grpo" and exp.warm_start.steps > 0
@@ -274,14 +274,16 @@ def test_the_paper_is_called_the_paper():
 
 
 def test_every_command_line_example_in_the_readme_and_docs_resolves(capsys):
-    """Each ``python -m pgjax.run experiments/...`` example names an experiment file and keys that exist
-    (checked with --print-config, which parses and applies every --set without running)."""
+    """Each ``python -m pgjax.run experiments/...`` or ``pgjax run experiments/...`` example names an
+    experiment file and keys that exist (checked with --print-config, which parses and applies every --set
+    without running)."""
     from pgjax import run
+    command = re.compile(r"(?:python -m pgjax\.run|pgjax run) (?=experiments/)")
     examples = [line for doc in DOCS for line in doc.read_text().splitlines()
-                if "python -m pgjax.run experiments/" in line and "<file>" not in line]
+                if command.search(line) and "<file>" not in line]
     assert len(examples) >= 8
     for line in examples:
-        words = line.split("python -m pgjax.run ", 1)[1].split("#")[0].split("`")[0].replace("\\", "").split()
+        words = command.split(line, 1)[1].split("#")[0].split("`")[0].replace("\\", "").split()
         argv = [w for w in words if w not in ("...", "--resume", "--print-config")]
         argv[0] = str(ROOT / argv[0])
         assert run.main([*argv, "--print-config"]) == 0, line

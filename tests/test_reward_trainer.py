@@ -1,5 +1,5 @@
 """Reward-model training (stage="reward_model", pgjax.train.reward_trainer) and its data
-(pgjax.rewards.preferences): pairs in the plain and the conversational format are read and checked
+(pgjax.tasks.preferences): pairs in the plain and the conversational format are read and checked
 with file:line errors; a tiny reward model learns a preference it can see and reaches held-out
 accuracy 1 from the tie of its zero head; a resumed run repeats the uninterrupted one's records; with
 LoRA only the head and adapters move; final/ is a sequence classifier transformers scores alike; and
@@ -14,11 +14,11 @@ import pytest
 from helpers import comparable, save_tiny_checkpoint, tiny_experiment
 
 from pgjax.models import hf
-from pgjax.rewards.preferences import PreferenceFields, load_preferences
+from pgjax.rollout.collect import PLAIN
+from pgjax.tasks.preferences import PreferenceFields, load_preferences
 from pgjax.train.experiment import ConfigError, LoRASection, ModelSection, RewardModelSection, override
 from pgjax.train.optim import OptimConfig
 from pgjax.train.reward_trainer import RewardModelTrainer, encode_pairs
-from pgjax.train.rollout import PLAIN
 from pgjax.train.trainer import train
 
 
@@ -255,7 +255,7 @@ def test_step_labels_sit_on_each_steps_last_token(checkpoint):
     ({"prompt": "q", "completions": ["a"]}, "lacks field(s) ['labels']"),
 ])
 def test_a_bad_step_record_names_its_line_and_field(tmp_path, row, message):
-    from pgjax.rewards.preferences import load_step_labels
+    from pgjax.tasks.preferences import load_step_labels
     path = write_jsonl(tmp_path / "steps.jsonl", [{"prompt": "q", "completions": ["a"], "labels": [1]}, row])
     with pytest.raises(ValueError, match=r"steps\.jsonl:2: .*" + re.escape(message)):
         load_step_labels(path)

@@ -1,4 +1,4 @@
-"""pgjax.rewards: verifiers on hand-written answers, generators that agree with them, tokenizers, datasets."""
+"""pgjax.tasks: verifiers on hand-written answers, generators that agree with them, tokenizers, datasets."""
 import json
 import re
 
@@ -6,10 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pgjax import rewards as R
+from pgjax import tasks as R
 from pgjax.models import hf
-from pgjax.rewards.arithmetic import ALPHABET, SCRATCHPAD_ALPHABET
-from pgjax.rewards.math_answers import answers_equal, extract_answer
+from pgjax.tasks.arithmetic import ALPHABET, SCRATCHPAD_ALPHABET
+from pgjax.tasks.math_answers import answers_equal, extract_answer
 
 # --- the reward interface ------------------------------------------------------------------------
 

@@ -25,8 +25,9 @@ def check_meshes():
     from pgjax import core
     from pgjax.models.transformer import CausalLM, ModelConfig
     from pgjax.parallel import mesh as mesh_lib
+    from pgjax.rollout.batch import Rollout
     from pgjax.sample import SamplingConfig, generate
-    from pgjax.train.learner import Learner, Rollout, UpdateConfig
+    from pgjax.train.learner import Learner, UpdateConfig
 
     assert len(jax.devices()) == 8
     config = ModelConfig(family="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

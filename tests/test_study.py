@@ -1,6 +1,6 @@
 """``pgjax.study``: jobs run once each and resume across sessions, a run's evaluations wait for its
 training, a study whose RUNS is gone keeps what it kept, reports pair every model on the same prompts;
-the study files (experiments/smollm2_seeds.py, experiments/gemma3_seeds.py) build the commands they
+the study files (experiments/studies/smollm2_seeds.py, experiments/studies/gemma3_seeds.py) build the commands they
 document. ``subprocess.run`` is replaced: nothing trains or evaluates here."""
 import dataclasses
 import json
@@ -9,7 +9,7 @@ import shutil
 
 import numpy as np
 import pytest
-from helpers import fake_commands, load_experiment_script
+from helpers import assert_plotted, fake_commands, load_experiment_script
 
 from pgjax import study as studies
 
@@ -18,7 +18,7 @@ EXPERIMENTS = pathlib.Path(__file__).parent.parent / "experiments"
 
 def _fake_report(greedy, sampled_correct, samples: int, budget: int) -> dict:
     """A ``pgjax.eval --json`` report of one budget on four fixed prompts (what ``paired`` reads)."""
-    from pgjax.train.evaluation import outcome_metrics
+    from pgjax.evaluation.held_out import outcome_metrics
     correct = np.array([[i < c for i in range(samples)] for c in sampled_correct])
     sampled = {"correct": correct, "format": correct, "finished": np.ones_like(correct),
                "length": np.full(correct.shape, 10)}
@@ -76,7 +76,7 @@ def test_smollm2_seeds_runs_each_missing_job_once_and_reports_the_paired_tables(
     assert base[1:4] == ["models/smollm2-135m-instruct", "--task", "word_math"]
     assert trained[1] == str(runs / "dr_grpo_s0")
     assert "| dr_grpo - base | greedy_accuracy | +0.500 |" in text and "training phrasings" in text
-    assert (out / "smollm2_seeds.png").stat().st_size > 5000
+    assert_plotted(out / "smollm2_seeds.png")
     calls.clear()
     main(["--jobs", "train:dr_grpo:0", "eval:base:none", "eval:dr_grpo_s0:none", *arguments])
     assert calls == []                                  # every output exists: nothing runs again
@@ -189,7 +189,7 @@ def test_the_training_table_averages_each_window_then_the_seeds(tmp_path):
 
 
 def test_a_method_that_continues_another_starts_from_its_run_of_the_same_seed(tmp_path, monkeypatch):
-    """experiments/smollm2_tools_seeds.py: ``warm_rl`` of seed s starts from ``warm`` of seed s, waits for
+    """experiments/studies/smollm2_tools_seeds.py: ``warm_rl`` of seed s starts from ``warm`` of seed s, waits for
     it, and keeps it needed while ``warm_rl`` is to train; the tool-prompt reference sets the tools."""
     study = load_experiment_script("smollm2_tools_seeds").STUDY
     runs, out, base = tmp_path / "runs", tmp_path / "out", "models/smollm2-135m-instruct"
@@ -230,7 +230,7 @@ def test_a_method_may_continue_only_an_earlier_method(continues):
 
 
 def test_the_reward_model_study_trains_each_arm_on_its_reward_and_plots_its_training_curves(tmp_path, monkeypatch):
-    """experiments/smollm2_reward_model_seeds.py: both arms run GRPO with the reward model loaded, the
+    """experiments/studies/smollm2_reward_model_seeds.py: both arms run GRPO with the reward model loaded, the
     verifier arm giving it weight 0 and the reward-model arm giving the verifier weight 0 (each a valid
     experiment); the plot's per-step curves are window means: seed 0's learned_reward 1, 3 | 5 and seed
     1's 2, 4 | 7 in windows of 2 steps give (2, 2.0), (3, 5.0) and (2, 3.0), (3, 7.0)."""
@@ -265,4 +265,4 @@ def test_the_reward_model_study_trains_each_arm_on_its_reward_and_plots_its_trai
     assert windowed.curves(out, "learned_reward")["verifier"] == {0: [(2, 2.0), (3, 5.0)], 1: [(2, 3.0), (3, 7.0)]}
     assert windowed.curves(out)["verifier"][0] == [(1, 0.4), (2, 0.4), (3, 0.4)]
     windowed.report(runs, out)
-    assert (out / "smollm2_reward_model_seeds.png").stat().st_size > 10_000
+    assert_plotted(out / "smollm2_reward_model_seeds.png")

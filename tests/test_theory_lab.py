@@ -54,7 +54,7 @@ def test_every_algorithm_learns(setup):
 def test_toy_ablation_experiment_writes_csv_and_plot(tmp_path):
     import importlib.util
     import pathlib
-    path = pathlib.Path(__file__).parent.parent / "experiments" / "toy_ablation.py"
+    path = pathlib.Path(__file__).parent.parent / "experiments" / "scripts" / "toy_ablation.py"
     spec = importlib.util.spec_from_file_location("toy_ablation", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -18,7 +18,7 @@ from pgjax.train.trainer import Callback, Trainer, train
 
 EXPERIMENT = """
 from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
-from pgjax.train.rollout import RolloutConfig
+from pgjax.rollout.collect import RolloutConfig
 
 def experiment():
     return Experiment(name="by_hand", algorithm="grpo", steps=3, prompts_per_step=4, eval_every=2, eval_prompts=16,

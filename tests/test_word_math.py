@@ -1,4 +1,4 @@
-"""pgjax.rewards.word_math: English arithmetic prompts, their demonstrations, the boxed verifier and format rule."""
+"""pgjax.tasks.word_math: English arithmetic prompts, their demonstrations, the boxed verifier and format rule."""
 import collections
 import hashlib
 import json
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from helpers import tiny_experiment
 
-from pgjax import rewards as R
-from pgjax.rewards import word_math as W
+from pgjax import tasks as R
+from pgjax.tasks import word_math as W
 from pgjax.train.experiment import ConfigError, Experiment, TaskSection, override
 from pgjax.train.trainer import Trainer
 

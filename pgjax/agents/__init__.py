@@ -1,14 +1,14 @@
 """Agents: tools a policy calls and the environments it acts in (host-side Python).
 
 - ``tools``: the tool interface (``Tool``, ``ToolResult``) and ``Calculator`` (exact arithmetic through
-  ``pgjax.rewards.expressions``, never ``eval``); ``TOOLS``, the built-in tools by name (``task.tools``,
+  ``pgjax.tasks.expressions``, never ``eval``); ``TOOLS``, the built-in tools by name (``task.tools``,
   which also takes a tool of your own by import path);
 - ``sandbox``: ``PythonSandbox``, the Python tool: the model's program in a confined child process
   (``confine`` is the child's side). What it guarantees: docs/agents.md;
 - ``environment``: the environment interface (``reset`` / ``step`` -> ``Step``), the two tool-call
   conventions (``TaggedCalls``, ``JsonCalls``) and ``ToolEnvironment``.
 
-Multi-turn rollouts of a policy in these environments: ``pgjax.train.episodes``.
+Multi-turn rollouts of a policy in these environments: ``pgjax.rollout.episodes``.
 """
 from pgjax.agents.environment import (
     CallFormat,

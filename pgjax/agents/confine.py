@@ -141,8 +141,8 @@ def mount_filesystems(libc, config: dict) -> dict:
                          f"size={config['disk_bytes']},mode=0700".encode()) == 0
     if mounted:
         os.chdir(directory)
-        with open(os.path.join(directory, "main.py"), "wb") as file:
-            file.write(program)
+        with open(os.path.join(directory, "main.py"), "wb") as copy:
+            copy.write(program)
     return {"readonly": readonly, "disk": mounted}
 
 
@@ -389,7 +389,8 @@ def boot(config: dict) -> None:
         source = file.read()
     if config["audit"]:
         sys.addaudithook(audit_hook(config))
-    builtins.exit = builtins.quit = sys.exit                 # -S leaves them out; programs use them
+    # -S leaves them out; programs use them
+    builtins.exit = builtins.quit = sys.exit  # type: ignore[assignment]  # typeshed: site's Quitter objects
     sys.argv = ["main.py"]
     try:
         code = compile(source, "main.py", "exec")

@@ -9,7 +9,7 @@ and, for a supervised warm start on worked episodes (``pgjax.train.sft``), optio
 
     demonstration(example: dict) -> list[str]     # the replies of a worked episode, in order
 
-One environment plays one episode (one row of a rollout; ``pgjax.train.episodes`` makes one per row
+One environment plays one episode (one row of a rollout; ``pgjax.rollout.episodes`` makes one per row
 from a factory). ``Step.observation`` is the messages the environment answers with (rendered by the
 chat template and appended to the model's input: the policy never trains on them) or None when it
 has nothing to add; ``Step.reward`` the turn's reward (None: none), placed on the turn's last policy
@@ -30,7 +30,7 @@ tool as the final answer. How a call is written is a ``CallFormat``:
 ``call_format_for(chat_template)`` picks one. A malformed call (an unclosed tag, bad JSON, an unknown
 tool, a name or argument of the wrong type, a missing argument) is an error observation the policy
 sees, never an exception. A tool that raises, or returns something other than a ``ToolResult``, is
-the tool's error, not the policy's: ``step`` raises, and ``pgjax.train.episodes`` records the episode
+the tool's error, not the policy's: ``step`` raises, and ``pgjax.rollout.episodes`` records the episode
 as ended by an environment error.
 """
 from __future__ import annotations
@@ -69,7 +69,8 @@ class ToolCall:
 
 
 class CallFormat(Protocol):
-    observation_role: str
+    @property
+    def observation_role(self) -> str: ...
 
     def tool_prompt(self, tools: Sequence[Tool]) -> str: ...
 
@@ -205,7 +206,8 @@ class ToolEnvironment:
         by_name = {tool.name: tool for tool in self.tools}
         written = []
         for call in example.get("tool_calls", []):
-            tool = by_name.get(call.get("name")) if isinstance(call, dict) else None
+            name = call.get("name") if isinstance(call, dict) else None
+            tool = by_name.get(name) if isinstance(name, str) else None
             if tool is None or not isinstance(call.get("arguments"), str):
                 raise ValueError(f"the example's tool call {call!r} is not {{'name': one of {sorted(by_name)}, "
                                  "'arguments': text}")

@@ -56,6 +56,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from typing import Any
 
 from pgjax.agents import confine, syscalls
 from pgjax.agents.tools import ToolResult
@@ -232,6 +233,8 @@ class PythonSandbox:
 
     def group(self) -> int:
         """The group id programs run with under ``user``: the user's own group, else the same number."""
+        if self.user is None:
+            raise ValueError("PythonSandbox(user=None) runs programs as the caller: there is no user's group")
         try:
             return pwd.getpwuid(self.user).pw_gid
         except KeyError:
@@ -260,6 +263,7 @@ class PythonSandbox:
         source = confine_source()
         program_filter = syscalls.filter_program()
         start = time.monotonic()
+        config: dict[str, Any]      # the monitor's settings, as JSON
         config = {"dir": directory, "cpu_seconds": self.cpu_seconds, "memory_bytes": self.memory_bytes,
                   "file_bytes": self.file_bytes, "disk_bytes": self.disk_bytes, "open_files": self.open_files,
                   "report_fd": report_write, "deadline": start + self.wall_seconds,
@@ -270,7 +274,7 @@ class PythonSandbox:
                   "syscalls": program_filter.hex() if isinstance(program_filter, bytes) else None,
                   "require": [] if self.allow_weaker else [layer for layer in LAYERS if layer != "signals"]}
         environment = {"PATH": "/usr/bin:/bin", "HOME": directory, "TMPDIR": directory, "LANG": "C.UTF-8"}
-        identity = {}
+        identity: dict[str, Any] = {}      # Popen's user, group and extra_groups
         if self.user is not None:
             identity = {"user": self.user, "group": self.group(), "extra_groups": []}
             for path in (directory, os.path.join(directory, "main.py")):
@@ -310,6 +314,8 @@ def _supervise(child: subprocess.Popen, report, deadline: float, keep: int) -> t
     ``MAX_OUTPUT_BYTES`` of output, kill the monitor's process group (the program dies with its
     monitor) and stop reading ``MONITOR_GRACE`` later at most. Returns what was kept and why the
     parent stopped it (None, "time" or "output"); the child has been reaped."""
+    if child.stdout is None or child.stderr is None:
+        raise ValueError("_supervise reads a child started with stdout=PIPE and stderr=PIPE")
     kept = {child.stdout: b"", child.stderr: b"", report: b""}
     received, stopped, give_up = 0, None, math.inf
     with selectors.DefaultSelector() as selector:
@@ -320,7 +326,7 @@ def _supervise(child: subprocess.Popen, report, deadline: float, keep: int) -> t
                 stopped, give_up = "time", time.monotonic() + MONITOR_GRACE
                 _kill_group(child)
             for key, _ in selector.select(timeout=max(min(deadline, give_up) - time.monotonic(), 0.01)):
-                data = os.read(key.fileobj.fileno(), 65536)
+                data = os.read(key.fd, 65536)
                 if not data:
                     selector.unregister(key.fileobj)
                     continue
@@ -349,7 +355,8 @@ def _read_report(text: bytes) -> tuple[dict, dict | None, bool]:
     """The layers, the program's status (None: none came) and whether the monitor stopped it at the
     deadline, from the report pipe's JSON lines (``pgjax.agents.confine``: written by the monitor, by
     init and by the program's process before it became the program, which cannot write there)."""
-    layers, status, timed_out = {}, None, False
+    layers: dict[str, Any] = {}     # layer name -> whether it took hold
+    status, timed_out = None, False
     for line in text.splitlines():
         try:
             entry = json.loads(line)

@@ -14,7 +14,7 @@ import re
 from fractions import Fraction
 from typing import Protocol
 
-from pgjax.rewards import expressions
+from pgjax.tasks import expressions
 
 SIGNIFICANT_DIGITS = 12
 THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
@@ -72,7 +72,7 @@ def _decimal_exponent(magnitude: Fraction) -> int:
 @dataclasses.dataclass(frozen=True)
 class Calculator:
     """Exact arithmetic for the policy: ``+ - * /``, powers (``^`` or ``**``, integer exponents),
-    signs, decimals and parentheses, through ``pgjax.rewards.expressions`` (a parser, never ``eval``;
+    signs, decimals and parentheses, through ``pgjax.tasks.expressions`` (a parser, never ``eval``;
     its limits bound the work any text can ask for). ``×`` and ``÷`` are read as ``*`` and ``/``, and a
     ``,`` followed by a group of exactly three digits as a thousands separator (``1,234,567``; ``1,2``
     is an error). The result is ``format_number``'s; a malformed

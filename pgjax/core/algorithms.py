@@ -35,6 +35,7 @@ from pgjax.core.estimator import Estimator
 from pgjax.core.returns import as_token_rewards, gae
 
 Array = jax.Array
+Scalar = float | Array   # an HParams field: a Python float, or an array (traced, or a stacked grid)
 
 BASELINES = ("none", "value", "greedy", "group")
 RATIOS = ("on_policy", "clip", "sequence", "truncated_is")
@@ -115,21 +116,21 @@ class HParams:
     is_cap, is_floor: the limits of the off-policy weight (``Spec.correction``): the cap C of
       truncation and masking (inf: untruncated), the floor of masking.
     """
-    clip_eps_low: Array = 0.2
-    clip_eps_high: Array = 0.2
-    dual_clip: Array = 0.0
-    kl_coef: Array = 0.0
-    entropy_coef: Array = 0.0
-    gamma: Array = 1.0
-    lam: Array = 1.0
-    leave_one_out: Array = 0.0
-    divide_by_std: Array = 0.0
-    std_eps: Array = 1e-6
-    std_ddof: Array = 1.0
-    divide_by_length: Array = 0.0
-    whiten: Array = 0.0
-    is_cap: Array = 2.0
-    is_floor: Array = 0.5
+    clip_eps_low: Scalar = 0.2
+    clip_eps_high: Scalar = 0.2
+    dual_clip: Scalar = 0.0
+    kl_coef: Scalar = 0.0
+    entropy_coef: Scalar = 0.0
+    gamma: Scalar = 1.0
+    lam: Scalar = 1.0
+    leave_one_out: Scalar = 0.0
+    divide_by_std: Scalar = 0.0
+    std_eps: Scalar = 1e-6
+    std_ddof: Scalar = 1.0
+    divide_by_length: Scalar = 0.0
+    whiten: Scalar = 0.0
+    is_cap: Scalar = 2.0
+    is_floor: Scalar = 0.5
 
     def replace(self, **changes) -> HParams:
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
@@ -206,7 +207,7 @@ class Batch:
     """
     mask: Array
     rewards: Array
-    logp: Array
+    logp: Array | None      # None before the learner scores the rollout (``advantages`` does not read it)
     old_logp: Array | None = None
     behaviour_logp: Array | None = None
     ref_logp: Array | None = None
@@ -271,9 +272,19 @@ def _kl_needed(spec: Spec, hp: HParams, batch: Batch, placement: str) -> bool:
     return False
 
 
+def _present(x: Array | None, spec: Spec | None, name: str) -> Array:
+    """``x``, the field ``batch.<name>`` that ``spec`` (None: the batch's metrics) reads here; a ValueError
+    where it is None (``check_batch_for_spec`` and ``_kl_needed`` have checked it on the usual paths)."""
+    if x is None:
+        raise ValueError(f"{'batch_metrics' if spec is None else spec.name}: needs batch.{name}")
+    return x
+
+
 def _old_logp(batch: Batch) -> Array:
     """log pi_old: ``batch.old_logp``, or on-policy the current log-probs without their gradient."""
-    return jax.lax.stop_gradient(batch.logp) if batch.old_logp is None else batch.old_logp
+    if batch.old_logp is not None:
+        return batch.old_logp
+    return jax.lax.stop_gradient(_present(batch.logp, None, "logp (or old_logp)"))
 
 
 def advantages(spec: Spec, batch: Batch, hp: HParams) -> Array:
@@ -286,12 +297,14 @@ def advantages(spec: Spec, batch: Batch, hp: HParams) -> Array:
         if spec.baseline == "none":
             adv = gae(token_rewards, jnp.zeros_like(token_rewards), mask, hp.gamma, 1.0)[0]
         else:
-            adv = gae(token_rewards, batch.values, mask, hp.gamma, hp.lam, batch.bootstrap)[0]
+            adv = gae(token_rewards, _present(batch.values, spec, "values"), mask, hp.gamma, hp.lam,
+                      batch.bootstrap)[0]
     else:
         # scored from the rewards themselves, so an empty response still counts in its group
         scores = adv_lib.sequence_scores(batch.rewards, mask) - jnp.sum(kl_penalty, axis=1)
         if spec.baseline == "greedy":
-            seq_adv = adv_lib.greedy_baseline_advantages(scores, batch.greedy_rewards)
+            seq_adv = adv_lib.greedy_baseline_advantages(scores, _present(batch.greedy_rewards, spec,
+                                                                          "greedy_rewards"))
         else:
             seq_adv = adv_lib.group_advantages(scores, batch.group_size, hp.leave_one_out, hp.divide_by_std,
                                                hp.std_eps, hp.std_ddof)
@@ -304,7 +317,7 @@ def _kl_reward_penalty(spec: Spec, batch: Batch, hp: HParams) -> Array:
     """kl_coef * KL_t subtracted from the per-token rewards when the KL sits in the reward, else 0."""
     if not _kl_needed(spec, hp, batch, "reward"):
         return jnp.zeros_like(batch.mask)
-    kl = obj_lib.kl_estimate(_old_logp(batch), batch.ref_logp, spec.kl_estimator)
+    kl = obj_lib.kl_estimate(_old_logp(batch), _present(batch.ref_logp, spec, "ref_logp"), spec.kl_estimator)
     return jnp.where(batch.mask > 0, hp.kl_coef * kl, 0.0)
 
 
@@ -353,25 +366,27 @@ def loss(spec: Spec, batch: Batch, hp: HParams, norm: Normalizer | None = None):
     computes_group_std = batch.advantages is None and spec.baseline == "group"
     check_hparams(hp, batch.group_size if computes_group_std else None)
     batch = _zero_padding(batch)
-    mask = batch.mask
+    mask, logp = batch.mask, _present(batch.logp, spec, "logp")
     norm = loss_normalizer(mask, batch.group_size) if norm is None else norm
     adv = advantages(spec, batch, hp) if batch.advantages is None else jax.lax.stop_gradient(batch.advantages)
     old_logp = _old_logp(batch)
     agg = lambda x: aggregate(x, mask, spec.aggregation, norm, hp.divide_by_length)  # noqa: E731
 
-    ratio_old = batch.behaviour_logp if spec.correction == "behaviour_ratio" else old_logp
-    objective, ratio, clipped = _policy_terms(spec, hp, batch.logp, ratio_old, adv, mask)
+    ratio_old = (_present(batch.behaviour_logp, spec, "behaviour_logp") if spec.correction == "behaviour_ratio"
+                 else old_logp)
+    objective, ratio, clipped = _policy_terms(spec, hp, logp, ratio_old, adv, mask)
     correction = {}
     if spec.correction in op_lib.IS_LEVELS:
-        weights, limited = op_lib.correction_weights(old_logp, batch.behaviour_logp, mask, spec.correction,
-                                                     spec.correction_mode, hp.is_cap, hp.is_floor)
+        weights, limited = op_lib.correction_weights(old_logp, _present(batch.behaviour_logp, spec, "behaviour_logp"),
+                                                     mask, spec.correction, spec.correction_mode, hp.is_cap,
+                                                     hp.is_floor)
         objective = weights * objective
         correction = {"is_weight_sum": jnp.sum(weights * mask), "is_limited_sum": jnp.sum(limited * mask)}
     policy_loss = -agg(objective)
     total = policy_loss
     metrics = {"policy_loss": policy_loss}
     if _kl_needed(spec, hp, batch, "loss"):
-        kl_loss = agg(obj_lib.kl_estimate(batch.logp, batch.ref_logp, spec.kl_estimator))
+        kl_loss = agg(obj_lib.kl_estimate(logp, _present(batch.ref_logp, spec, "ref_logp"), spec.kl_estimator))
         total = total + hp.kl_coef * kl_loss
         metrics["kl_loss"] = kl_loss
     if batch.entropy is None and _is_nonzero(hp.entropy_coef):
@@ -417,10 +432,11 @@ def batch_metrics(batch: Batch) -> dict:
     batch = _zero_padding(batch)
     m = batch.mask
     sg = jax.lax.stop_gradient
+    logp = sg(_present(batch.logp, None, "logp"))
     out = {"tokens": jnp.sum(m), "sequences": jnp.asarray(m.shape[0], m.dtype),
-           "approx_kl_sum": jnp.sum(obj_lib.kl_estimate(_old_logp(batch), sg(batch.logp), "k3") * m)}
+           "approx_kl_sum": jnp.sum(obj_lib.kl_estimate(_old_logp(batch), logp, "k3") * m)}
     if batch.ref_logp is not None:
-        out["ref_kl_sum"] = jnp.sum(obj_lib.kl_estimate(sg(batch.logp), batch.ref_logp, "k3") * m)
+        out["ref_kl_sum"] = jnp.sum(obj_lib.kl_estimate(logp, batch.ref_logp, "k3") * m)
     if batch.entropy is not None:
         out["entropy_sum"] = jnp.sum(sg(batch.entropy) * m)
     if batch.behaviour_logp is not None:
@@ -469,11 +485,11 @@ class Algorithm(Estimator):
     summary: str = ""
 
     @property
-    def name(self) -> str:
+    def name(self) -> str:  # type: ignore[override]  # Estimator's class attribute, derived from spec here
         return self.spec.name
 
     @property
-    def requires(self) -> frozenset:
+    def requires(self) -> frozenset:  # type: ignore[override]  # as name
         """A critic's ``values`` (baseline ``value``), ReMax's ``greedy_rewards``, the reference
         policy's ``ref_logp`` when the KL term is on (a placement and ``kl_coef`` > 0) and the old
         policy's ``old_logp`` when the KL sits in the reward (the advantages read it)."""
@@ -486,7 +502,7 @@ class Algorithm(Estimator):
         return frozenset(needs)
 
     @property
-    def min_group_size(self) -> int:
+    def min_group_size(self) -> int:  # type: ignore[override]  # as name
         return 2 if self.spec.baseline == "group" else 1
 
     def advantages(self, batch: Batch, hp: HParams | None = None) -> Array:

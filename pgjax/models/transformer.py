@@ -213,6 +213,8 @@ def rope_frequencies(config: ModelConfig, sliding: bool = False) -> jax.Array:
     never scaled)."""
     d = config.head_dim
     theta = config.rope_local_theta if sliding else config.rope_theta
+    if theta is None:
+        raise ValueError("sliding-window layers need rope_local_theta")
     inv = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
     if sliding or not config.rope_scaling:
         return inv
@@ -541,7 +543,7 @@ class CausalLM(nnx.Module):
     def blocks(self) -> list[Block]:
         """The layers as L separate ``Block``s (views of layer i of the stacked parameters when
         ``scan_layers``: the KV-cache decode runs them one by one)."""
-        if not self.config.scan_layers:
+        if isinstance(self.layers, nnx.List):      # not scan_layers
             return list(self.layers)
         graphdef, stacked = nnx.split(self.layers)
         return [nnx.merge(graphdef, jax.tree.map(lambda v, i=i: v[i], stacked))

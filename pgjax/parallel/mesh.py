@@ -51,7 +51,7 @@ class MeshConfig:
         if math.prod(sizes) != devices:
             raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes, strict=True))} needs {math.prod(sizes)} devices, "
                              f"{devices} are present")
-        return tuple(sizes)
+        return sizes[0], sizes[1], sizes[2]
 
 
 def make_mesh(config: MeshConfig = MeshConfig(), devices=None) -> Mesh:
@@ -101,7 +101,8 @@ def _axis_size(mesh: Mesh, axis) -> int:
 
 def partition_spec(logical_axes, shape, mesh: Mesh) -> PartitionSpec:
     """The ``RULES`` mapping of one array's logical axes, replicated where a split does not fit."""
-    used, spec = set(), []
+    used: set[str] = set()
+    spec = []
     for name, size in zip(logical_axes, shape, strict=True):
         if name is not None and name not in RULES:
             raise KeyError(f"no sharding rule for logical axis {name!r}; rules: {sorted(RULES)}")

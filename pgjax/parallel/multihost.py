@@ -98,7 +98,8 @@ def largest(value: int, mesh: Mesh | None) -> int:
 def process_rows(rows: int, mesh: Mesh) -> slice:
     """The rows of a ``rows``-row global batch that this process's devices hold (and feed)."""
     check_divisible_rows(rows, mesh, "global batch")
-    indices = batch_sharding(mesh).addressable_devices_indices_map((rows,)).values()
+    # (jax's Index | None: a device that holds none of the array's data, which holds no rows)
+    indices = [i for i in batch_sharding(mesh).addressable_devices_indices_map((rows,)).values() if i is not None]
     starts = sorted({(i[0].start or 0, rows if i[0].stop is None else i[0].stop) for i in indices})
     lo, hi = starts[0][0], starts[-1][1]
     if sum(b - a for a, b in starts) != hi - lo:

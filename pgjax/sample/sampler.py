@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import flax.struct
 import jax
@@ -47,7 +48,7 @@ class Decoding:
     """How each token is drawn: at most ``max_new_tokens`` tokens, from logits / ``temperature``,
     truncated to the ``top_k`` most likely tokens and the ``top_p`` nucleus (``top_k`` = 0 and
     ``top_p`` = 1 switch truncation off). Shared by ``SamplingConfig`` and a training rollout's
-    settings (``train.rollout.RolloutConfig``), which check them here."""
+    settings (``rollout.collect.RolloutConfig``), which check them here."""
     max_new_tokens: int = 16
     temperature: float = 1.0
     top_k: int = 0
@@ -237,6 +238,9 @@ class Timeline:
     key_mask: jax.Array
     last: jax.Array
     cursor: jax.Array
+
+    if TYPE_CHECKING:       # added by flax.struct.dataclass (dataclasses.replace)
+        def replace(self, **changes: Any) -> Timeline: ...
 
     @property
     def capacity(self) -> int:

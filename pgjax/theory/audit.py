@@ -109,16 +109,19 @@ def spec_correction_weights(spec: core.Spec, hp: core.HParams, batch: core.Batch
                                      min(rho_t, 1 + eps_high) for 'truncated_is')
     """
     mask = batch.mask
-    logp = jax.lax.stop_gradient(batch.logp)
     if spec.correction == "ignore":
         return mask
+    behaviour_logp = batch.behaviour_logp
+    if batch.logp is None or behaviour_logp is None:
+        raise ValueError(f"{spec.name}: correction {spec.correction!r} needs batch.logp and batch.behaviour_logp")
+    logp = jax.lax.stop_gradient(batch.logp)
     if spec.correction != "behaviour_ratio":
-        return core.correction_weights(logp, batch.behaviour_logp, mask, spec.correction, spec.correction_mode,
+        return core.correction_weights(logp, behaviour_logp, mask, spec.correction, spec.correction_mode,
                                        hp.is_cap, hp.is_floor)[0]
     if spec.ratio == "sequence":
-        rho = core.sequence_ratio(logp, batch.behaviour_logp, mask)
+        rho = core.sequence_ratio(logp, behaviour_logp, mask)
     else:
-        rho = core.importance_ratio(logp, batch.behaviour_logp)
+        rho = core.importance_ratio(logp, behaviour_logp)
     if spec.ratio == "truncated_is":
         return core.truncated_is_weight(rho, hp.clip_eps_high) * mask
     adv = core.advantages(spec, batch, hp)
@@ -245,9 +248,10 @@ def per_step_rloo_audit(mdp: mdp_lib.TokenMDP, policy, theta, k: int) -> AuditRe
     per_token = jax.jacrev(lambda th: mdp_lib.trajectory_logprobs(mdp, logits_fn(th)))(theta)
     u_sq = jnp.sum(per_token.reshape(per_token.shape[:3] + (-1,)) ** 2, axis=-1)         # [P, N, T]
     traj_p = jnp.exp(jnp.sum(mdp_lib.step_logprobs(mdp, logits), axis=2))               # [P, N]
-    extra = jnp.sum(variance[:, mdp.states] / (k - 1) * u_sq * jnp.asarray(mdp.mask)[None], axis=2)
-    extra = np.asarray(jnp.sum(traj_p * extra, axis=1))                                  # [P]
-    mean, second = 0.0, 0.0
+    extra_per_traj = jnp.sum(variance[:, mdp.states] / (k - 1) * u_sq * jnp.asarray(mdp.mask)[None], axis=2)
+    extra = np.asarray(jnp.sum(traj_p * extra_per_traj, axis=1))                         # [P]
+    mean: np.ndarray | float = 0.0
+    second = 0.0
     for p in range(mdp.num_prompts):
         one = dataclasses.replace(mdp, prompt_probs=np.eye(mdp.num_prompts)[p])
         single = audit(one, policy, theta, core.preset("reinforce_baseline"), k=1)
@@ -256,12 +260,12 @@ def per_step_rloo_audit(mdp: mdp_lib.TokenMDP, policy, theta, k: int) -> AuditRe
         mean = mean + mdp.prompt_probs[p] * single.mean
         second += mdp.prompt_probs[p] * (mean_sq + (single_second - mean_sq) / k)
     true_grad = np.asarray(jax.grad(lambda th: mdp_lib.objective(mdp, logits_fn(th)))(theta)).reshape(-1)
-    return AuditResult(mean=mean, second_moment_trace=second, true_grad=true_grad)
+    return AuditResult(mean=np.asarray(mean), second_moment_trace=second, true_grad=true_grad)
 
 
 # (label, preset, hyperparameter changes): the paper's estimators and its GRPO ablations
 # (labels are markdown: | is escaped).
-ESTIMATORS = (
+ESTIMATORS: tuple[tuple[str, str, dict[str, float]], ...] = (
     ("REINFORCE (eq. 10)", "reinforce", {}),
     ("REINFORCE + V(s_t) baseline (eq. 12)", "reinforce_baseline", {}),
     ("ReMax, greedy baseline (eq. 13)", "remax", {}),

@@ -85,7 +85,7 @@ def enumerate_trajectories(vocab: int, horizon: int, eos: int = 0):
     if vocab < 2 or horizon < 1 or not 0 <= eos < vocab:
         raise ValueError(f"need vocab >= 2, horizon >= 1 and 0 <= eos < vocab; got {vocab=}, {horizon=}, {eos=}")
     others = [a for a in range(vocab) if a != eos]
-    prefixes = [()]
+    prefixes: list[tuple[int, ...]] = [()]
     for depth in range(1, horizon):
         prefixes += [p for p in itertools.product(others, repeat=depth)]
     index = {p: i for i, p in enumerate(prefixes)}
@@ -98,9 +98,9 @@ def enumerate_trajectories(vocab: int, horizon: int, eos: int = 0):
         tokens[i, :len(traj)] = traj
         mask[i, :len(traj)] = 1.0
         states[i, :len(traj)] = [index[traj[:t]] for t in range(len(traj))]
-    depth = np.array([len(p) for p in prefixes])
+    state_depth = np.array([len(p) for p in prefixes])
     last = np.array([p[-1] if p else -1 for p in prefixes])
-    return tokens, mask, states, depth, last
+    return tokens, mask, states, state_depth, last
 
 
 def make_mdp(vocab: int = 3, horizon: int = 3, prompts: int = 3, reward: str = "outcome", seed: int = 0,

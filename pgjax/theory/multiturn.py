@@ -84,7 +84,7 @@ def make_multiturn_mdp(vocab: int = 3, horizon: int = 2, turns: int = 2, observa
         last_observation, answer = parts[-2][0], parts[-1][0]
         for p in range(prompts):
             rewards[p, e, at - 1] += float(answer == 1 + (last_observation - 1 + p) % (vocab - 1))
-    order = sorted(histories, key=histories.get)
+    order = sorted(histories, key=histories.__getitem__)
     return mdp_lib.TokenMDP(vocab=vocab, horizon=length, eos=EOT, tokens=tokens, mask=mask, states=states,
                             state_depth=np.array([len(h) for h in order]),
                             state_last=np.array([h[-1] if h else -1 for h in order]),
@@ -93,7 +93,7 @@ def make_multiturn_mdp(vocab: int = 3, horizon: int = 2, turns: int = 2, observa
 
 
 # (label, preset, hyperparameter changes): the estimators of the paper the masking table audits
-ESTIMATORS = (
+ESTIMATORS: tuple[tuple[str, str, dict[str, float]], ...] = (
     ("REINFORCE (eq. 10)", "reinforce", {}),
     ("REINFORCE + V(s_t) baseline (eq. 12)", "reinforce_baseline", {}),
     ("ReMax, greedy baseline (eq. 13)", "remax", {}),
@@ -132,7 +132,7 @@ def report(k: int = 2, vocab: int = 3, horizon: int = 2, turns: int = 2, observa
            seed: int = 0, policy_kind: str = "shared") -> str:
     """The masking tables for outcome and per-turn rewards (``policy_kind``: ``shared`` or ``tabular``,
     ``pgjax.theory.mdp``)."""
-    lines = []
+    lines: list[str] = []
     for reward in ("outcome", "per_turn"):
         mdp = make_multiturn_mdp(vocab, horizon, turns, observations, prompts, reward, seed)
         policy = (mdp_lib.shared_policy if policy_kind == "shared" else mdp_lib.tabular_policy)(mdp)

@@ -30,10 +30,10 @@ from __future__ import annotations
 import numpy as np
 
 from pgjax.parallel import multihost
-from pgjax.rewards import format_reward
+from pgjax.rollout.batch import Rollout
+from pgjax.rollout.collect import overlong_penalty
+from pgjax.tasks import format_reward
 from pgjax.train.experiment import Experiment, LoggingSection, stream_seed
-from pgjax.train.learner import Rollout
-from pgjax.train.rollout import overlong_penalty
 
 
 def logged_at(logging: LoggingSection, step: int) -> bool:

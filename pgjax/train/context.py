@@ -9,7 +9,7 @@ every checkpoint's ``generation_config.json`` EOS ids) and the held-out evaluati
 first fitted to the prompt budget (``fit_prompts``), so every caller draws the same prompts from
 the same records. A user's task (``task.name=package.module:factory``) is the user's code: any
 exception in it, or a factory that returns no task, is a ConfigError naming ``task.name`` and where
-it was raised; ``task.reward_timeout`` limits each call of the task's verifier (``rewards.with_timeout``)
+it was raised; ``task.reward_timeout`` limits each call of the task's verifier (``tasks.with_timeout``)
 and each step of its environment (``TimedEnvironment``). The tools of ``task.tools`` are built here
 (``make_tool``: a built-in of ``pgjax.agents.TOOLS`` or a user's by import path) and checked
 (``check_tool``) before anything is written.
@@ -36,7 +36,10 @@ from pgjax.agents import (
 from pgjax.models import hf
 from pgjax.parallel import multihost
 from pgjax.plugins import is_import_path, resolve
-from pgjax.rewards import (
+from pgjax.rollout.collect import PromptFormat, prompt_format_for, stop_tokens
+from pgjax.rollout.episodes import EpisodeError, checked_step, opening_ids
+from pgjax.tasks import (
+    Task,
     batch_fields,
     call_reward,
     call_within,
@@ -48,9 +51,7 @@ from pgjax.rewards import (
     reward_name,
     with_timeout,
 )
-from pgjax.train.episodes import EpisodeError, checked_step, opening_ids
 from pgjax.train.experiment import ConfigError, Experiment, stream_seed
-from pgjax.train.rollout import PromptFormat, prompt_format_for, stop_tokens
 
 TOOL_FIELDS = ("name", "description", "parameter")     # a pgjax.agents.Tool's str attributes (and __call__)
 
@@ -106,7 +107,7 @@ class TimedEnvironment:
 
 
 class TimedTask:
-    """``task`` whose verifier ``reward_fn`` must return within ``seconds`` (``rewards.with_timeout``);
+    """``task`` whose verifier ``reward_fn`` must return within ``seconds`` (``tasks.with_timeout``);
     every other attribute is the task's own."""
 
     def __init__(self, task, seconds: float):
@@ -122,7 +123,7 @@ class TaskContext:
     ``eos_ids``, the tokens that end a response, and ``end_id``, the one that ends a demonstration;
     ``eval_examples``, the held-out prompts (every process's); ``environment``: for multi-turn
     episodes, what makes one episode's environment (``environment_factory``), else None."""
-    task: object
+    task: Task      # the task, a TimedTask under task.reward_timeout
     tokenizer: object
     prompt_format: PromptFormat
     eos_ids: tuple[int, ...]
@@ -238,6 +239,7 @@ def environment_factory(exp: Experiment, task, tokenizer, prompt_format: PromptF
     (single-turn rollouts), which ``rollout.max_turns`` > 1 refuses. With ``task.reward_timeout`` each
     environment is a ``TimedEnvironment``."""
     t = exp.task
+    factory: Callable[[], Environment] | None
     if t.tools:
         calls = call_format_for(getattr(tokenizer, "chat_template", None) if prompt_format.chat else None)
         tools = [make_tool(name) for name in t.tool_names]

@@ -45,7 +45,8 @@ from pgjax.models.transformer import RUNTIME_OPTIONS, ModelConfig
 from pgjax.parallel.mesh import MeshConfig, check_divisible_rows
 from pgjax.parallel.multihost import DistributedConfig
 from pgjax.plugins import is_import_path, named_estimator, resolve
-from pgjax.rewards import (
+from pgjax.rollout.collect import RolloutConfig
+from pgjax.tasks import (
     FILE_FORMATS,
     accepted_options,
     error_text,
@@ -60,7 +61,6 @@ from pgjax.train.learned_reward import NORMALIZE
 from pgjax.train.learner import UpdateConfig
 from pgjax.train.memory import check_run_memory
 from pgjax.train.optim import OptimConfig
-from pgjax.train.rollout import RolloutConfig
 
 RENAMED = {"model.layers": "model.num_hidden_layers", "model.heads": "model.num_attention_heads",
            "model.kv_heads": "model.num_key_value_heads", "task.dataset": "task.path", "task.numbers": "task.count",
@@ -119,7 +119,7 @@ def check_types(config, prefix: str = "") -> None:
     hints = typing.get_type_hints(type(config))
     for field in dataclasses.fields(config):
         kind, value, key = hints[field.name], getattr(config, field.name), prefix + field.name
-        if dataclasses.is_dataclass(kind):
+        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
             _require(isinstance(value, kind), key, value, f"{kind.__name__}(...) is expected")
             check_types(value, f"{key}.")
         else:
@@ -230,7 +230,7 @@ REWARD_KEYS = ("reward_model", "reward_model_weight", "reward_model_normalize", 
 
 @dataclasses.dataclass(frozen=True)
 class TaskSection:
-    """``name``: a task of ``pgjax.rewards.TASKS`` or the import path ``package.module:factory`` of
+    """``name``: a task of ``pgjax.tasks.TASKS`` or the import path ``package.module:factory`` of
     your own; the factory receives the fields below that its signature names, and ``options``, a dict
     of the task's own options by name (``--set task.options.NAME=VALUE``, the value read as JSON where
     it parses, else kept as text), every one of which it must take: a factory that raises TypeError or
@@ -492,7 +492,7 @@ STAGES = ("rl", "reward_model", "process_reward_model")
 @dataclasses.dataclass(frozen=True)
 class RewardModelSection:
     """The learned reward a ``stage="reward_model"`` or ``"process_reward_model"`` run trains
-    (``pgjax.train.reward_trainer``) on the file ``path`` (``pgjax.rewards.preferences``: the fields by
+    (``pgjax.train.reward_trainer``) on the file ``path`` (``pgjax.tasks.preferences``: the fields by
     name, the formats and checks of every dataset, ``skip_invalid``). A reward model: the
     Bradley-Terry loss on preference pairs (``prompt_field``, ``chosen_field``, ``rejected_field``),
     ``margin`` added to each pair's own (``margin_field``). A process reward model: each step's label
@@ -620,7 +620,7 @@ def validate(exp: Experiment, mesh, members: int = 1, groups: int = 1) -> None:
     ignored = [] if accepted is None else [k for k in _changed_options(exp.task) if k not in accepted]
     if ignored:
         raise ConfigError(f"task.{ignored[0]}={getattr(exp.task, ignored[0])!r} does nothing for task "
-                          f"{exp.task.name!r}, which takes {', '.join(accepted) or 'no options'}")
+                          f"{exp.task.name!r}, which takes {', '.join(accepted or []) or 'no options'}")
     _check_task_options(exp)
     _check_tools(exp)
     if exp.model.path and not (pathlib.Path(exp.model.path) / "config.json").is_file():
@@ -691,7 +691,7 @@ def _check_episodes(exp: Experiment, algo) -> None:
 
 def _check_task_options(exp: Experiment) -> None:
     """The task's own options (``task.options``) against its factory, before anything is written: the
-    task is built with them (``rewards.make_task``; its factory is called again by the task context),
+    task is built with them (``tasks.make_task``; its factory is called again by the task context),
     and an option it does not take, or a TypeError or ValueError it raises, is a ConfigError naming
     ``task.options`` (any other exception, one naming ``task.name``), with where in the user's code."""
     t = exp.task
@@ -717,7 +717,7 @@ def _check_tools(exp: Experiment) -> None:
 
 
 def _check_dataset_file(task: TaskSection) -> None:
-    """``task.path`` is a file, and the package its format needs (``rewards.reader_format``) is installed."""
+    """``task.path`` is a file, and the package its format needs (``tasks.reader_format``) is installed."""
     if not pathlib.Path(task.path).is_file():
         raise ConfigError(f"task.path={task.path!r}: no such dataset file (jsonl_math reads a dataset file)")
     try:
@@ -777,6 +777,8 @@ def load(path) -> Experiment:
         raise ConfigError(f"{path} is not a Python file: an experiment is a .py file defining experiment() "
                           "returning a pgjax Experiment (experiments/ holds examples)")
     spec = importlib.util.spec_from_file_location(f"pgjax_experiment_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"{path} cannot be imported as a Python module")
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
@@ -823,10 +825,10 @@ def _failed_section(error: BaseException):
 def _section_keys(config=Experiment, prefix: str = "") -> dict[type, list[str]]:
     """Each config section type ``Experiment`` holds, and the keys it is at (``OptimConfig``:
     ``optim``, ``critic_optim``, ``warm_start.optim``)."""
-    found = {}
+    found: dict[type, list[str]] = {}
     for field in dataclasses.fields(config):
         kind = _field_type(config, field.name)
-        if dataclasses.is_dataclass(kind):
+        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
             found.setdefault(kind, []).append(prefix + field.name)
             for section, keys in _section_keys(kind, f"{prefix}{field.name}.").items():
                 found.setdefault(section, []).extend(keys)
@@ -873,11 +875,11 @@ def valid_keys(config=Experiment, prefix: str = "") -> list[str]:
 
 def resolved(exp: Experiment) -> dict:
     """Every key with the value this experiment runs with (``algorithm.hparams`` as the preset resolves them)."""
-    out = {}
+    out: dict[str, typing.Any] = {}
     for key in valid_keys():
         if key.startswith(HPARAMS):
             continue
-        value = exp
+        value: typing.Any = exp
         for part in key.split("."):
             value = getattr(value, part)
         out[key] = value
@@ -931,7 +933,8 @@ def override(experiment: Experiment, assignments: list[str]) -> Experiment:
 
 def _unknown_key(key: str, keys: list[str]) -> ConfigError:
     """The error of an unknown ``key``, with the closest of ``keys`` (or the new name of a renamed one)."""
-    close = ([renamed(key)] if renamed(key) else [k for k in keys if k.endswith("." + key)][:2]
+    new_name = renamed(key)
+    close = ([new_name] if new_name else [k for k in keys if k.endswith("." + key)][:2]
              or difflib.get_close_matches(key, keys, n=1, cutoff=0.6))
     close = [f"{OPTIONS}{key.rsplit('.', 1)[-1]}" if k == OPTIONS[:-1] and key.count(".") == 2 else k for k in close]
     hint = f"; did you mean {' or '.join(close)}?" if close else ""

@@ -88,13 +88,13 @@ def plugin_modules(exp) -> dict[str, pathlib.Path]:
              "algorithm.preset": [exp.algorithm.preset]}
     files = {}
     for key, paths in named.items():
-        sources = {module_of(path): _module_source(path) for path in paths if is_import_path(path)}
-        sources = {module: source for module, source in sources.items() if source is not None}
+        found = {module_of(path): _module_source(path) for path in paths if is_import_path(path)}
+        sources = {module: source for module, source in found.items() if source is not None}
         for module, source in sources.items():
             files[f"{key}:module" if len(sources) == 1 else f"{key}:module:{module}"] = source
-    source = _estimator_source(exp.algorithm.estimator)
-    if source is not None:
-        files["algorithm.estimator:module"] = source
+    estimator_source = _estimator_source(exp.algorithm.estimator)
+    if estimator_source is not None:
+        files["algorithm.estimator:module"] = estimator_source
     return files
 
 
@@ -120,7 +120,7 @@ def fingerprints(files: dict[str, pathlib.Path], known: dict | None = None) -> d
         path = path.absolute()
         stat, saved = _stat(path), (known or {}).get(label)
         unchanged = isinstance(saved, dict) and saved.get("path") == str(path) and saved.get("stat") == stat
-        digest = saved["sha256"] if unchanged else file_sha256(path)
+        digest = saved["sha256"] if isinstance(saved, dict) and unchanged else file_sha256(path)
         out[label] = {"path": str(path), "size": stat[0], "sha256": digest, "stat": stat}
     return out
 
@@ -141,8 +141,8 @@ def differences(saved: dict, current: dict) -> dict[str, str]:
     out = {}
     for label in sorted(set(saved) | set(current)):
         old, new = saved.get(label), current.get(label)
-        if old is None:
-            out[label] = f"{new['path']} is new{_counted(label)}"
+        if old is None:         # then the label is current's
+            out[label] = f"{current[label]['path']} is new{_counted(label)}"
         elif new is None:
             out[label] = f"{old.get('path')} is no longer an input{_counted(label)}"
         elif old.get("sha256") != new["sha256"]:

@@ -34,8 +34,8 @@ from pgjax import core
 from pgjax.models import hf
 from pgjax.parallel import multihost
 from pgjax.parallel.mesh import batch_shards, shard, single_device_mesh
-from pgjax.rewards import RewardError
-from pgjax.train.rollout import prompt_format_for, right_pad
+from pgjax.rollout.collect import prompt_format_for, right_pad
+from pgjax.tasks import RewardError
 
 NORMALIZE = ("none", "batch")
 WIDTH_UNIT = 32         # scored widths are rounded up to this: few compiled shapes
@@ -130,7 +130,9 @@ class LearnedReward:
                 one, tokens = step_places(self.tokenizer, self.prompt_format, prompt, completion, ends)
             except ValueError as error:
                 raise RewardError(f"{self.__name__}: {error}, so its steps cannot be placed") from None
-            rows.append(ends), ids.append(one), places.append(tokens)
+            rows.append(ends)
+            ids.append(one)
+            places.append(tokens)
         logits = self._run(ids, per_token=True)
         out = [[(end, float(logits[r, token])) for end, token in zip(rows[r], places[r], strict=True)]
                for r in range(len(rows))]
@@ -191,6 +193,8 @@ class Mix:
         deviation whiten (default: ``learned`` itself; a ReMax greedy batch uses its sampled batch's)."""
         if self.reward_model is None:
             return task_rewards
+        if learned is None:
+            raise ValueError("a run with a reward model combines its scores: learned is None")
         return task_rewards + self.reward_model_weight * self.transform(learned, reference)
 
     def transform(self, learned: np.ndarray, reference: np.ndarray | None = None) -> np.ndarray:

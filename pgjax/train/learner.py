@@ -39,11 +39,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING, Any
 
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -54,6 +54,7 @@ from pgjax.models.scoring import packed_response_logprobs, response_logprobs
 from pgjax.models.transformer import CausalLM
 from pgjax.parallel import mesh as mesh_lib
 from pgjax.parallel import multihost
+from pgjax.rollout.batch import Rollout
 from pgjax.train import packing as packing_lib
 from pgjax.train.critic import ValueModel
 from pgjax.train.optim import OptimConfig, make_optimizer
@@ -121,47 +122,8 @@ class TrainState:
     critic_params: nnx.State | None = None
     critic_opt_state: optax.OptState | None = None
 
-
-@flax.struct.dataclass
-class Rollout:
-    """One step's responses and everything the update needs; rows ``p * K + k``.
-
-    tokens, attention_mask [B, W + N]: prompt and response. ``batch``: the ``core.Batch`` of the
-    response tokens, filled in stages: the rollout gives ``mask`` [B, N] (the tokens that count),
-    ``rewards`` [B], ``greedy_rewards`` (ReMax) and ``group_size`` (``logp`` is None);
-    ``Learner.prepare`` adds ``old_logp``, ``ref_logp``, ``values``, ``bootstrap`` and
-    ``advantages`` [B, N], and the critic's value ``targets`` [B, N]. Fields an algorithm does not use
-    are None. ``budget`` (static): the response token budget L when N is narrower (padding trimmed,
-    ``rollout.trim_padding``); the constant length of ``seq_mean_const_len`` (None: N).
-    """
-    tokens: jax.Array
-    attention_mask: jax.Array
-    batch: core.Batch
-    targets: jax.Array | None = None
-    budget: int | None = flax.struct.field(pytree_node=False, default=None)
-
-    @property
-    def mask(self) -> jax.Array:
-        return self.batch.mask
-
-    def with_mask(self, mask) -> Rollout:
-        """The same rollout counting only the tokens of ``mask`` (advantages and old log-probs kept)."""
-        return self.replace(batch=self.batch.replace(mask=mask))
-
-
-def placeholder_rollout(rows: int, prompt_width: int, budget: int, group_size: int, greedy_rewards: bool,
-                        array=np.zeros, token_rewards: bool = False) -> Rollout:
-    """A rollout with the layout the sampler hands ``Learner.prepare`` at full width: ``rows`` rows of
-    ``prompt_width`` prompt and ``budget`` response tokens, response mask, outcome rewards (per token
-    with ``token_rewards``: multi-turn episodes), the sampler's log-probs and (``greedy_rewards``,
-    ReMax) the greedy rewards. ``array(shape, dtype)`` makes each leaf: ``np.zeros`` (a checkpoint's
-    restore target) or a ``jax.ShapeDtypeStruct`` maker (the memory planner's abstract batch)."""
-    width = prompt_width + budget
-    rewards = array((rows, budget) if token_rewards else (rows,), np.float32)
-    batch = core.Batch(mask=array((rows, budget), np.float32), rewards=rewards, logp=None,
-                       behaviour_logp=array((rows, budget), np.float32),
-                       greedy_rewards=array((rows,), np.float32) if greedy_rewards else None, group_size=group_size)
-    return Rollout(tokens=array((rows, width), np.int32), attention_mask=array((rows, width), np.int32), batch=batch)
+    if TYPE_CHECKING:       # added by flax.struct.dataclass (dataclasses.replace)
+        def replace(self, **changes: Any) -> TrainState: ...
 
 
 def build_learner(policy: CausalLM, algorithm: core.Estimator, group_size: int, update: UpdateConfig,
@@ -227,7 +189,13 @@ class Learner:
                           step=jnp.zeros((), jnp.int32), key=key,
                           ref_params=jax.tree.map(jnp.copy, params) if keeps_reference else None,
                           critic_params=critic,
-                          critic_opt_state=self.critic_optimizer.init(critic) if self.uses_critic else None)
+                          critic_opt_state=self._critic_optimizer().init(critic) if self.uses_critic else None)
+
+    def _critic_optimizer(self) -> optax.GradientTransformation:
+        """The critic's optimizer, which ``__init__`` requires when ``uses_critic``."""
+        if self.critic_optimizer is None:
+            raise ValueError(f"{self.estimator.name} needs a critic optimizer")
+        return self.critic_optimizer
 
     def policy(self, params) -> CausalLM:
         return nnx.merge(self.graphdef, params)
@@ -253,7 +221,11 @@ class Learner:
     def reference(self, state: TrainState) -> nnx.State:
         """The reference policy's parameters: the frozen copy, or with LoRA the base model (the
         policy with its adapters zeroed, no second copy of the weights)."""
-        return lora.without_adapters(state.params) if self.lora else state.ref_params
+        if self.lora:
+            return lora.without_adapters(state.params)
+        if state.ref_params is None:
+            raise ValueError("this state holds no reference policy (the learner was built without one)")
+        return state.ref_params
 
     def _logprobs(self, params, part: Rollout, dropout_key=None, packing: packing_lib.Packing | None = None):
         """log pi and entropy of the response tokens [B, N] under ``params`` (teacher-forced); from the
@@ -267,6 +239,8 @@ class Learner:
                                  self.mesh)
 
     def _values(self, critic_params, part: Rollout):
+        if self.critic_graphdef is None:
+            raise ValueError(f"{self.estimator.name} has no critic (it does not require 'values')")
         critic = nnx.merge(self.critic_graphdef, critic_params)
         return critic.response_values(part.tokens, part.attention_mask, _prompt_length(part), self.mesh)
 
@@ -306,10 +280,12 @@ class Learner:
                 rows = (groups[:, None] * self.group_size + jnp.arange(self.group_size)).reshape(-1)
                 step_key = jax.random.fold_in(dropout_key, epoch * cfg.minibatches + i) if self._drops() else None
                 packing = None if host is None else packing_lib.pack(
-                    *host, _prompt_length(rollout), multihost.gather(rows), cfg.micro_batches, cfg.pack_width,
-                    mesh_lib.batch_shards(self.mesh))
+                    host[0], host[1], _prompt_length(rollout), multihost.gather(rows), cfg.micro_batches,
+                    cfg.pack_width, mesh_lib.batch_shards(self.mesh))
                 state, step_metrics = self._optimizer_step(state, rollout, rows, packing, hp, step_key)
                 metrics = step_metrics if metrics is None else core.combine_metrics(metrics, step_metrics)
+        if metrics is None:     # UpdateConfig requires epochs, minibatches >= 1
+            raise ValueError("an update of no optimizer steps (update.epochs or update.minibatches < 1)")
         return state.replace(step=state.step + 1, key=key), metrics
 
     def _drops(self) -> bool:
@@ -343,8 +319,8 @@ class Learner:
             new = state.replace(params=self.join(optax.apply_updates(trainable, updates), frozen),
                                 opt_state=opt_state)
             if self.uses_critic:
-                updates, opt_state = self.critic_optimizer.update(critic_grads, state.critic_opt_state,
-                                                                  state.critic_params)
+                updates, opt_state = self._critic_optimizer().update(critic_grads, state.critic_opt_state,
+                                                                     state.critic_params)
                 new = new.replace(critic_params=optax.apply_updates(state.critic_params, updates),
                                   critic_opt_state=opt_state)
             return new

@@ -1,9 +1,12 @@
 """What the training loops share: ``RunLoop``, the base of ``Trainer`` and ``RewardModelTrainer``."""
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 
 from pgjax.train import interrupts
+from pgjax.train.checkpoints import Checkpoints
 from pgjax.train.experiment import RunStopped
 from pgjax.train.interrupts import RunInterrupted
 from pgjax.train.learner import all_finite
@@ -16,6 +19,13 @@ class RunLoop:
     """What a training loop over checkpointed steps shares (``Trainer``, ``RewardModelTrainer``): a
     ``state``, a ``step_count`` and ``save(checkpoints)``; records written before their checkpoint, a
     stop signal honoured after a step, no checkpoint of a non-finite state."""
+
+    state: Any          # the subclass's training state, a pytree of arrays (each subclass declares its own)
+    step_count: int
+
+    def save(self, checkpoints: Checkpoints) -> None:
+        """A checkpoint of ``state`` at ``step_count`` (the subclass's)."""
+        raise NotImplementedError
 
     def _check_finite(self, what: str) -> None:
         """RunStopped, before ``what`` is written, when the state holds a NaN or infinity."""
@@ -32,7 +42,7 @@ class RunLoop:
         if run is None:
             raise RunInterrupted(signum, f"after step {self.step_count} (no run directory: nothing saved)")
         if not checkpointed:
-            self.save(run.checkpoints)
+            self.save(run.created_checkpoints())
         raise RunInterrupted(signum, f"after step {self.step_count}, its checkpoint written; --resume continues "
                                      "from it")
 
@@ -43,4 +53,4 @@ class RunLoop:
         if run is not None:
             run.log(record, completions or ())
             if checkpoint:
-                self.save(run.checkpoints)
+                self.save(run.created_checkpoints())

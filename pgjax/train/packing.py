@@ -31,15 +31,16 @@ class Packing:
     k > 0 on the k-th sequence of a row. predictors [M, b, N]: for response slot n of the
     micro-batch's row b, the flat index (packed row * L + slot) of the token before it, whose hidden
     state predicts it; 0 past the response's end (those slots are masked out of every loss)."""
-    tokens: jax.Array
-    segment_ids: jax.Array
-    predictors: jax.Array
+    tokens: jax.Array | np.ndarray     # host arrays from ``pack``; traced in the jitted update
+    segment_ids: jax.Array | np.ndarray
+    predictors: jax.Array | np.ndarray
 
 
 def first_fit_decreasing(lengths, capacity: int) -> list[list[int]]:
     """Bins (lists of indices into ``lengths``) of total length <= ``capacity`` each: longest first,
     each into the first bin it fits, else a new one (at most 11/9 OPT + 6/9 bins)."""
-    bins, room = [], []
+    bins: list[list[int]] = []
+    room: list[int] = []
     for i in sorted(range(len(lengths)), key=lambda i: -int(lengths[i])):
         length = int(lengths[i])
         if length > capacity:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -27,11 +28,9 @@ from flax import nnx
 from pgjax.models.transformer import CausalLM
 from pgjax.parallel import mesh as mesh_lib
 from pgjax.parallel import multihost
-from pgjax.rewards import RewardError
-from pgjax.sample import Samples
-from pgjax.train.completions import logged_at, sample_rows
-from pgjax.train.context import TaskContext
-from pgjax.train.episodes import (
+from pgjax.rollout.batch import Rollout, placeholder_rollout
+from pgjax.rollout.collect import collect, dispatch_samples, keep_columns, pad_columns, pad_id
+from pgjax.rollout.episodes import (
     ENVIRONMENT_ERROR_REPEATS,
     EPISODE_STATS,
     Episodes,
@@ -39,10 +38,13 @@ from pgjax.train.episodes import (
     episode_rollout,
     error_id,
 )
+from pgjax.sample import Samples
+from pgjax.tasks import RewardError
+from pgjax.train.completions import logged_at, sample_rows
+from pgjax.train.context import TaskContext
 from pgjax.train.experiment import Experiment, RunStopped, stream_seed
-from pgjax.train.learner import Learner, Rollout, TrainState, placeholder_rollout
+from pgjax.train.learner import Learner, TrainState
 from pgjax.train.records import LEARNED_STATS, STAT_KEYS
-from pgjax.train.rollout import collect, dispatch_samples, keep_columns, pad_columns, pad_id
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +78,7 @@ class EnvironmentErrors:
     """Environment errors step after step: the run stops when one error (by its message's id, the same
     on every process) ended episodes in ``ENVIRONMENT_ERROR_REPEATS`` steps in a row."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.streaks: dict[int, int] = {}          # error id -> steps in a row it occurred in
         self.texts: dict[int, str] = {}            # error id -> its message, where this process saw it
 
@@ -125,7 +127,8 @@ class RolloutPipeline:
         self.graphdef = sampler_graphdef(exp, learner.graphdef, policy)
         self.weight_copy = self._weight_copy(params_like)
         self.in_flight: list[Sampled] = []      # rollout.staleness batches sampled ahead (oldest first)
-        self._ahead = None                      # the batch dispatched during this step: (dispatched, weights, key)
+        # the batch dispatched during this step: score's (index, dispatched, weights, key, sampled_at)
+        self._ahead: tuple[int, tuple[list[dict], Samples | Episodes], Any, Any, int] | None = None
         # the response columns of a full-width rollout: a reply's, or an episode's after its prompt
         self.response_budget = exp.rollout.episode_budget() if context.environment else exp.rollout.max_new_tokens
         self.environment_errors = EnvironmentErrors()
@@ -150,7 +153,7 @@ class RolloutPipeline:
         return key if self.sampler_mesh is self.mesh else jax.device_put(key, mesh_lib.replicated(self.sampler_mesh))
 
     @functools.partial(jax.profiler.annotate_function, name="pgjax/sample_dispatch")
-    def dispatch(self, index: int, params, key) -> tuple[list[dict], Samples]:
+    def dispatch(self, index: int, params, key) -> tuple[list[dict], Samples | Episodes]:
         """Start sampling the batch of step ``index`` (its prompts are a function of the seed and
         ``index``) with the sampler's model on ``params`` and ``key``: (this process's prompts, the
         dispatched samples); ``score`` finishes it."""
@@ -171,7 +174,8 @@ class RolloutPipeline:
         return share, samples
 
     @functools.partial(jax.profiler.annotate_function, name="pgjax/score")
-    def score(self, index: int, dispatched: tuple[list[dict], Samples], params, key, sampled_at: int) -> Sampled:
+    def score(self, index: int, dispatched: tuple[list[dict], Samples | Episodes], params, key,
+              sampled_at: int) -> Sampled:
         """The dispatched batch of step ``index`` read back, decoded and scored (``rollout.collect``;
         ReMax's greedy responses sampled here with ``params`` and ``key``), placed on the learner's
         devices; ``sampled_at``: the step count of ``params``. On a step that logs completions, the

@@ -71,20 +71,21 @@ from pgjax.models import hf
 from pgjax.models.transformer import CausalLM
 from pgjax.parallel import multihost
 from pgjax.parallel.mesh import MEMBER_AXIS, MESH_AXES, population_mesh, single_device_mesh
-from pgjax.rewards import RewardError
+from pgjax.rollout.batch import Rollout
+from pgjax.rollout.collect import collect, encode_prompts, keep_columns, pad_id, sample_and_score, trim_padding
 from pgjax.sample import Samples
 from pgjax.sample.sampler import generate_state
+from pgjax.tasks import RewardError
 from pgjax.train import interrupts
 from pgjax.train.checkpoints import Checkpoints, one_line, write_atomically
 from pgjax.train.context import task_context, user_error
 from pgjax.train.experiment import ConfigError, Experiment, RunStopped, stream_seed, validate
 from pgjax.train.interrupts import RunInterrupted
-from pgjax.train.learner import Rollout, TrainState, build_learner
+from pgjax.train.learner import TrainState, build_learner
 from pgjax.train.loop import RunLoop, jitted_all_finite
 from pgjax.train.optim import make_optimizer
 from pgjax.train.pipeline import sampler_graphdef
 from pgjax.train.records import STAT_KEYS, step_record
-from pgjax.train.rollout import collect, encode_prompts, keep_columns, pad_id, sample_and_score, trim_padding
 from pgjax.train.run_dir import RunLock, experiment_changes, experiment_record, is_operational
 from pgjax.train.sft import sft_step
 from pgjax.train.sinks import MetricsFile, open_sink, plot, read_records
@@ -212,6 +213,8 @@ class Population(RunLoop):
     """N members of one experiment (``Member``: seed, hyperparameters, learning rate), trained as one
     program over a stacked member axis: ``warm_start``, ``step`` (one record per member), ``evaluate``,
     ``fit``, ``export``. Member i equals the single run of ``member_experiment(i)`` up to float rounding."""
+
+    state: TrainState       # every member's, stacked
 
     def __init__(self, exp: Experiment, members: list[Member], algorithm: core.Estimator | None = None,
                  vmap_width: int | None = None, member_groups: int | None = None):
@@ -385,10 +388,12 @@ class Population(RunLoop):
                 state = jax.jit(lambda tree: jax.tree.map(lambda x: jnp.zeros((self.size, *x.shape), x.dtype), tree),
                                 out_shardings=sharding)(one)
             state = write(state, one, i)
+        if state is None:
+            raise ConfigError("a population needs at least one member")
         lr = self.exp.optim.lr
         scales = np.asarray([1.0 if m.lr is None else m.lr / lr for m in self.members], np.float32)
         inner, _ = state.opt_state
-        return state.replace(opt_state=(inner, self._place(MemberScaleState(scales))))
+        return state.replace(opt_state=(inner, MemberScaleState(self._place(scales))))
 
     def _place(self, tree):
         """``tree``'s arrays (each with a leading member axis) split along it over the ``members`` mesh
@@ -435,7 +440,7 @@ class Population(RunLoop):
         optimizer = make_optimizer(ws.optim)
         params = _stack([_member(self.state.params, int(np.argmax(self._seed_index == s)))
                          for s in range(len(self.seeds))])
-        self.state = None
+        self.state = None  # type: ignore[assignment]  # rebuilt below; only the supervised parameters are held
         opt_state = jax.vmap(optimizer.init)(params)
         graphdef = self.learner.graphdef
         step = jax.jit(over_members(lambda p, o, t, a, m: sft_step(graphdef, optimizer, p, o, None, t, a, m),
@@ -479,10 +484,10 @@ class Population(RunLoop):
                     self._stop(i, f"step {self.step_count + 1}: {error}")
             if rollout is None:             # a stopped member: its rows count for nothing (its update is off)
                 zeros = np.zeros(rows.response.shape, np.float32)
-                rollout = Rollout(tokens=rows.tokens, attention_mask=rows.attention_mask,
-                                  batch=core.Batch(mask=zeros, rewards=np.zeros(zeros.shape[0], np.float32),
-                                                   logp=None, behaviour_logp=rows.logprobs,
-                                                   group_size=exp.rollout.samples_per_prompt))
+                # host arrays (as collect's rollouts hold) until every rollout is made of jnp arrays below
+                batch = core.Batch(mask=zeros, rewards=np.zeros(zeros.shape[0], np.float32),  # type: ignore[arg-type]
+                                   logp=None, behaviour_logp=rows.logprobs, group_size=exp.rollout.samples_per_prompt)
+                rollout = Rollout(tokens=rows.tokens, attention_mask=rows.attention_mask, batch=batch)
             rollouts.append(rollout)
             stats.append(stat)
         if exp.rollout.trim_padding:        # every member cut to the widest member's trimmed width
@@ -736,7 +741,7 @@ class Population(RunLoop):
                 checkpointed = self.step_count % exp.checkpoint_every == 0 or self.step_count == exp.steps
                 if checkpointed:
                     self._save(checkpoints)
-                self._stop_if_asked(checkpoints, checkpointed)
+                self._stop_population_if_asked(checkpoints, checkpointed)
                 now = time.perf_counter()
                 if progress and (now - last >= exp.logging.progress_every or self.step_count == exp.steps):
                     last = now
@@ -756,7 +761,7 @@ class Population(RunLoop):
                     plot(records, folders[i] / "curves.png", f"{exp.name} member {i}: {self._label(i)}")
             self._write_population(directory)
 
-    def _stop_if_asked(self, checkpoints: Checkpoints, checkpointed: bool) -> None:
+    def _stop_population_if_asked(self, checkpoints: Checkpoints, checkpointed: bool) -> None:
         """RunInterrupted when a stop signal came, after this step's checkpoint (``interrupts``)."""
         signum = interrupts.requested()
         if signum is None:

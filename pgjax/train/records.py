@@ -20,7 +20,7 @@ STAT_KEYS = ("reward", "correct", "length", "truncated", "kept", "nonfinite")
 LEARNED_STATS = ("learned", "agreement_pairs", "agreement_wins")
 TIMING_KEYS = ("time_sample", "time_prepare", "time_update", "time_step", "tokens_per_second")
 MISMATCH_KEYS = ("mismatch_abs", "mismatch_abs_max", "mismatch_kl", "mismatch_outside")
-# multi-turn episodes only (``pgjax.train.episodes``): per episode, the mean replies, tool calls, the share
+# multi-turn episodes only (``pgjax.rollout.episodes``): per episode, the mean replies, tool calls, the share
 # of episodes that call a tool, the share of calls that ran, tokens after the prompt, and the observations cut;
 # the episodes an environment error ended, and the first such error's message ("": none)
 EPISODE_KEYS = ("turns", "calls", "call_rate", "valid_call_rate", "episode_tokens", "observation_cuts",
@@ -48,7 +48,7 @@ def step_record(stats: dict, metrics: dict, times: dict) -> dict:
     lengths = stats["length"].astype(float)
     fm = {k: float(v) for k, v in core.finalize_metrics(metrics).items()}
     steps = fm.pop("optimizer_steps")       # the applied ones: skipped updates add nothing to the sums
-    out = {
+    out: dict[str, float | int | str | None] = {
         "reward": float(stats["reward"].mean()), "accuracy": float(correct.mean()),
         "length": float(lengths.mean()),
         "length_correct": float(lengths[correct].mean()) if correct.any() else None,

@@ -3,7 +3,7 @@
 
 A ``RewardModel`` (``pgjax.models.heads``: the checkpoint at ``model.path`` as its trunk, with LoRA
 adapters where ``model.lora`` asks, and a scalar head that starts at 0) learns one of two kinds of data
-(``pgjax.rewards.preferences``), read from ``reward_model.path``:
+(``pgjax.tasks.preferences``), read from ``reward_model.path``:
 
 - **preference pairs** (``reward_model``): the Bradley-Terry loss (``core.bradley_terry_loss``)
 
@@ -33,7 +33,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from collections.abc import Callable
 from functools import partial
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import flax
 import jax
@@ -43,27 +45,30 @@ import optax
 from flax import nnx
 
 from pgjax import core
+from pgjax.evaluation.statistics import wilson_interval
 from pgjax.models import hf, lora
 from pgjax.models.heads import RewardModel
 from pgjax.parallel import mesh as mesh_lib
 from pgjax.parallel import multihost
 from pgjax.parallel.mesh import learner_and_sampler_meshes, shard
-from pgjax.rewards.data import Conversation
-from pgjax.rewards.preferences import PreferenceFields, StepFields, load_preferences, load_step_labels
+from pgjax.rollout.collect import pad_id, prompt_format_for, right_pad
+from pgjax.tasks.data import Conversation
+from pgjax.tasks.preferences import PreferenceFields, StepFields, load_preferences, load_step_labels
 from pgjax.train.checkpoints import Checkpoints
 from pgjax.train.context import user_error
-from pgjax.train.evaluation import wilson_interval
 from pgjax.train.experiment import ConfigError, Experiment, stream_seed
 from pgjax.train.learned_reward import step_places
 from pgjax.train.loop import RunLoop
 from pgjax.train.optim import make_optimizer
 from pgjax.train.progress import Progress
-from pgjax.train.rollout import pad_id, prompt_format_for, right_pad
 from pgjax.train.run_dir import RunDirectory
 
 
 class Records:
     """Arrays of one row per record (the fields of a ``flax.struct.dataclass``), taken together."""
+
+    if TYPE_CHECKING:       # each subclass is a dataclass
+        __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
     def __len__(self) -> int:
         return len(self.arrays()[0])
@@ -240,6 +245,8 @@ class RewardModelTrainer(RunLoop):
     ``"process_reward_model"`` experiment; ``step``, ``evaluate``, ``save`` / ``restore``, ``fit``,
     ``export`` as ``Trainer``'s."""
 
+    state: RewardModelState
+
     def __init__(self, exp: Experiment):
         user_error("distributed", lambda: multihost.initialize(exp.distributed))
         self.exp = exp
@@ -281,6 +288,7 @@ class RewardModelTrainer(RunLoop):
         ``reward_model.max_tokens``, before anything is written; with ``skip_invalid`` those are left out
         and the first few listed)."""
         section = self.exp.reward_model
+        encode: Callable[[list[dict]], Pairs | Steps]
         if self.exp.stage == "reward_model":
             fields = PreferenceFields(section.prompt_field, section.chosen_field, section.rejected_field,
                                       section.margin_field)
@@ -288,8 +296,8 @@ class RewardModelTrainer(RunLoop):
             encode = lambda records: encode_pairs(self._tokenizer, self.prompt_format, records,    # noqa: E731
                                                   section.max_tokens, section.margin)
         else:
-            fields = StepFields(section.prompt_field, section.steps_field, section.labels_field)
-            load = lambda: load_step_labels(path, fields, section.skip_invalid, section.file_format)   # noqa: E731
+            step_fields = StepFields(section.prompt_field, section.steps_field, section.labels_field)
+            load = lambda: load_step_labels(path, step_fields, section.skip_invalid, section.file_format)  # noqa: E731
             encode = lambda records: encode_steps(self._tokenizer, self.prompt_format, records,    # noqa: E731
                                                   section.max_tokens, section.separator)
         data = user_error(f"reward_model.{key}", load)
@@ -374,7 +382,8 @@ class RewardModelTrainer(RunLoop):
         batch = self.train_data.take(self.batch_rows(self.step_count))
         batch = type(batch)(*self._global(*batch.arrays()))
         trainable, frozen = self.trainable(self.state.params)
-        opt_state, self.state = self.state.opt_state, None      # donated: the step's result replaces them
+        # donated: the step's result replaces them
+        opt_state, self.state = self.state.opt_state, None  # type: ignore[assignment]  # None until then
         trainable, opt_state, metrics = train_step(self.graphdef, self.optimizer, self.objective, trainable, opt_state,
                                                    frozen, batch, mesh=self.mesh)
         self.state = RewardModelState(self._join(trainable, frozen), opt_state)

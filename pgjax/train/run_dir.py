@@ -43,6 +43,8 @@ import shutil
 import socket
 import sys
 import tempfile
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import jax
 
@@ -54,6 +56,9 @@ from pgjax.train.checkpoints import Checkpoints, one_line, write_atomically
 from pgjax.train.experiment import ConfigError, Experiment, RunStopped, estimator_label, resolved
 from pgjax.train.inputs import INPUTS_FILE, differences, fingerprints, input_files
 from pgjax.train.sinks import MetricsFile, Sink, WandB, open_sink, plot, read_records, sink_factory
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 def _has_checkpoints(directory: pathlib.Path) -> bool:
@@ -161,6 +166,7 @@ class RunLock:
         text = (f"PID {os.getpid()} on host {socket.gethostname()} (since {since})\n"
                 "the lock is held on the directory itself; this file only names its last holder\n")
         if self.on_note:
+            assert self.fd is not None      # _try took the lock
             os.ftruncate(self.fd, 0)
             os.pwrite(self.fd, text.encode(), 0)
         else:
@@ -168,7 +174,7 @@ class RunLock:
 
     def release(self) -> None:
         """Let the lock go and the directory (nothing if not held)."""
-        for fd in {self.fd, self.directory_fd} - {None}:
+        for fd in {fd for fd in (self.fd, self.directory_fd) if fd is not None}:
             os.close(fd)
         self.fd = self.directory_fd = None
 
@@ -353,7 +359,7 @@ class RunDirectory:
         except OSError as error:
             raise ConfigError(f"an input file cannot be read: {one_line(error)}") from None
         self.input_changes = self._input_changes(accept_changes) if self.resume else {}
-        self.tokenizer = None
+        self.tokenizer: PreTrainedTokenizerBase | None = None     # the run's tokenizer (``start``)
         self.start_step = 0
         self.unrecorded = False     # the first files (a new run) or the changes (a resume) await the first record
 
@@ -406,6 +412,12 @@ class RunDirectory:
         self.checkpoints = Checkpoints(self.directory / "checkpoints", guard=self.check_in_place)
         if self.resume:
             self.checkpoints.remove_leftovers()
+
+    def created_checkpoints(self) -> Checkpoints:
+        """``checkpoints``, which ``create`` opens (RuntimeError before it)."""
+        if self.checkpoints is None:
+            raise RuntimeError(f"{self.directory}: the run directory's checkpoints are opened by create()")
+        return self.checkpoints
 
     def check_in_place(self, writing: str) -> None:
         """RunStopped, before ``writing`` is written, when the run directory's path no longer leads to
@@ -498,6 +510,8 @@ class RunDirectory:
     def _save_tokenizer(self, folder: pathlib.Path) -> None:
         """The run's tokenizer into ``folder`` (tokenizer/), with the checkpoint's generation_config.json
         (its stop ids travel to final/ with the tokenizer)."""
+        if self.tokenizer is None:
+            raise RuntimeError("the run's tokenizer is saved after start(tokenizer, ...)")
         self.tokenizer.save_pretrained(folder)
         generation = self._generation_config()
         if generation is not None:
@@ -541,7 +555,7 @@ class RunDirectory:
         """The run's metric records so far (``read_records``)."""
         return read_records(self.directory)
 
-    def log(self, record: dict, completions: list[dict] = ()) -> None:
+    def log(self, record: dict, completions: Sequence[dict] = ()) -> None:
         """One step's record and its logged completions (``pgjax.train.completions``) to every sink,
         the completions to completions.jsonl too, a line per row (where ``logging.completions_every``
         logs any; nothing but on process 0); the first call after ``start`` writes what awaited it
@@ -552,9 +566,11 @@ class RunDirectory:
         if self.primary and self.unrecorded:
             self._record_first()
             self.unrecorded = False
-        completions = completions if self.completions_file is not None else ()
-        for row in completions if self.primary else ():
-            self.completions_file.log(row)
+        if self.completions_file is None:
+            completions = ()
+        elif self.primary:
+            for row in completions:
+                self.completions_file.log(row)
         for sink in self.sinks:
             sink.log(record, completions)
 

@@ -21,8 +21,8 @@ import optax
 from flax import nnx
 
 from pgjax.models.scoring import response_logprobs
-from pgjax.train.episodes import EpisodeLimits, demonstrated_episodes, widened
-from pgjax.train.rollout import PLAIN, PromptFormat, encode_prompts, pad_id, right_pad
+from pgjax.rollout.collect import PLAIN, PromptFormat, encode_prompts, pad_id, right_pad
+from pgjax.rollout.episodes import EpisodeLimits, demonstrated_episodes, widened
 
 
 def demonstrations(tokenizer, examples: list[dict], prompt_width: int, response_width: int,

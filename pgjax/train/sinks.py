@@ -36,7 +36,8 @@ import os
 import pathlib
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from pgjax.errors import described_value, located_error, raised_text
 from pgjax.plugins import is_import_path, resolve
@@ -50,7 +51,7 @@ CURVES = (("reward", "reward"), ("accuracy", "sampled accuracy"), ("eval_accurac
 class Sink:
     """One destination of a run's metric records."""
 
-    def log(self, record: dict, completions: list[dict] = ()) -> None:
+    def log(self, record: dict, completions: Sequence[dict] = ()) -> None:
         """Write one record, ``{"step": int, key: number or None, ...}`` (numbers may be non-finite),
         and the completions logged at its step (``pgjax.train.completions``: dicts of that ``step``;
         a sink may leave them out)."""
@@ -138,7 +139,7 @@ class MetricsFile(Sink):
         if self.path.exists():
             os.truncate(self.path, keep)
 
-    def log(self, record: dict, completions: list[dict] = ()) -> None:
+    def log(self, record: dict, completions: Sequence[dict] = ()) -> None:
         record = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
         with self.path.open("a") as f:
             f.write(json.dumps(record, allow_nan=False) + "\n")
@@ -152,7 +153,7 @@ class TensorBoard(Sink):
         from tensorboardX import SummaryWriter
         self.writer = SummaryWriter(str(directory), purge_step=0 if start_step is None else start_step + 1)
 
-    def log(self, record: dict, completions: list[dict] = ()) -> None:
+    def log(self, record: dict, completions: Sequence[dict] = ()) -> None:
         for key, value in _numbers(record).items():
             self.writer.add_scalar(key, value, record["step"])
         if completions:
@@ -181,14 +182,16 @@ class WandB(Sink):
                               "WANDB_MODE=offline, or logging.wandb=false") from None
         id_file.write_text(run_id)
 
-    def log(self, record: dict, completions: list[dict] = ()) -> None:
+    def log(self, record: dict, completions: Sequence[dict] = ()) -> None:
         """The record's numbers and its step's completions as a ``completions`` table, in one
         ``run.log`` (one history row)."""
-        row = _numbers(record)
+        row: dict[str, Any] = _numbers(record)
         if completions:
             import wandb
             columns = table_columns(completions)
-            row["completions"] = wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in completions])
+            # (wandb annotates the columns list[str | int], which a list[str] is not: lists are invariant)
+            row["completions"] = wandb.Table(columns=columns,  # type: ignore[arg-type]
+                                             data=[[r.get(c) for c in columns] for r in completions])
         self.run.log(row, step=record["step"])
 
     def close(self, failed: bool = False) -> None:
@@ -244,7 +247,7 @@ class GuardedSink(Sink):
     def __init__(self, sink, name: str):
         self.sink, self.name = sink, name
 
-    def log(self, record: dict, completions: list[dict] = ()) -> None:
+    def log(self, record: dict, completions: Sequence[dict] = ()) -> None:
         if self.sink is None:
             return
         try:
@@ -270,7 +273,7 @@ class GuardedSink(Sink):
         self.close(failed=True)
 
 
-def table_columns(rows: list[dict]) -> list[str]:
+def table_columns(rows: Sequence[dict]) -> list[str]:
     """The columns of a table of completion rows: every key of the rows (in their order) but ``step``."""
     return [key for key in dict.fromkeys(k for row in rows for k in row) if key != "step"]
 
@@ -290,7 +293,7 @@ def _cell(value) -> str:
     return text.replace("\r\n", "\n").replace("\n", "<br>")
 
 
-def markdown_table(rows: list[dict]) -> str:
+def markdown_table(rows: Sequence[dict]) -> str:
     """The completion rows of one step as a markdown table (``table_columns``), as TensorBoard's Text
     tab renders it."""
     columns = table_columns(rows)

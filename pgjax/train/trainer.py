@@ -24,35 +24,37 @@ import dataclasses
 import pathlib
 import sys
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from pgjax import core
+from pgjax.evaluation.held_out import evaluate
 from pgjax.models import hf
 from pgjax.models.transformer import CausalLM
 from pgjax.parallel import mesh as mesh_lib
 from pgjax.parallel import multihost
 from pgjax.parallel.mesh import learner_and_sampler_meshes, shard
-from pgjax.rewards import RewardError, combine, format_reward, reward_function, with_timeout
+from pgjax.rollout.batch import Rollout
+from pgjax.rollout.collect import encode_prompts
+from pgjax.rollout.episodes import episode_limits
+from pgjax.tasks import RewardError, combine, format_reward, reward_function, with_timeout
 from pgjax.train import interrupts
 from pgjax.train.checkpoints import Checkpoints
 from pgjax.train.completions import logged_at, with_advantages
 from pgjax.train.context import task_context, user_error
-from pgjax.train.episodes import episode_limits
-from pgjax.train.evaluation import evaluate
 from pgjax.train.experiment import ConfigError, Experiment, RunStopped, stream_seed, validate
 from pgjax.train.interrupts import RunInterrupted
 from pgjax.train.learned_reward import LearnedReward, Mix
-from pgjax.train.learner import Rollout, build_learner
+from pgjax.train.learner import TrainState, build_learner
 from pgjax.train.loop import RunLoop
 from pgjax.train.optim import make_optimizer
 from pgjax.train.pipeline import RolloutPipeline
 from pgjax.train.progress import Progress
 from pgjax.train.records import RECORD_KEYS, step_record
 from pgjax.train.reward_trainer import RewardModelTrainer
-from pgjax.train.rollout import encode_prompts
 from pgjax.train.run_dir import RunDirectory
 from pgjax.train.sft import demonstrations, episode_demonstrations, sft_step
 
@@ -131,6 +133,8 @@ def training_reward(exp: Experiment, task):
 
 class Trainer(RunLoop):
     """The task context, policy, optimizer state, learner, rollout pipeline and step count of one experiment."""
+
+    state: TrainState
 
     def __init__(self, exp: Experiment, algorithm: core.Estimator | None = None):
         """``algorithm``: an estimator object to train instead of ``exp.algorithm``'s (a preset with other
@@ -215,7 +219,7 @@ class Trainer(RunLoop):
             return
         optimizer = make_optimizer(ws.optim)
         params, frozen = self.learner.trainable(shard(self.state.params, self.mesh))   # sft_step donates params:
-        self.state = None                               # the state is rebuilt below; only the supervised one is held
+        self.state = None  # type: ignore[assignment]  # rebuilt below; only the supervised state is held
         opt_state = optimizer.init(params)
         for step in range(ws.steps):
             examples = self.task.examples(ws.batch_size, seed=stream_seed(exp.seed, "warm_start", step))
@@ -224,8 +228,9 @@ class Trainer(RunLoop):
                                                *multihost.to_global(batch, self.mesh), mesh=self.mesh)
             if (step % 50 == 0 or step == ws.steps - 1) and multihost.is_primary():
                 print(f"warm start {step + 1}/{ws.steps}: loss {float(loss):.3f}", file=sys.stderr)
-            if interrupts.requested() is not None:
-                raise RunInterrupted(interrupts.requested(), f"during the warm start ({step + 1} of {ws.steps} "
+            signum = interrupts.requested()
+            if signum is not None:
+                raise RunInterrupted(signum, f"during the warm start ({step + 1} of {ws.steps} "
                                      "steps), before the first checkpoint: nothing to resume; run again to start over")
         policy = self.learner.policy(self.learner.join(params, frozen))
         self.state = self.learner.init_state(policy, jax.random.PRNGKey(exp.seed))
@@ -267,8 +272,8 @@ class Trainer(RunLoop):
         with jax.profiler.TraceAnnotation("pgjax/update_wait"):
             metrics = jax.device_get(metrics)
         t3 = time.perf_counter()
-        logged = batch.logged is not None and logged_at(exp.logging, self.step_count + 1)
-        self.completions = with_advantages(batch.logged, rollout, self.mesh) if logged else None
+        logged = batch.logged if batch.logged is not None and logged_at(exp.logging, self.step_count + 1) else None
+        self.completions = with_advantages(logged, rollout, self.mesh) if logged is not None else None
         lag = self.step_count - batch.sampled_at
         self.step_count += 1
         self.started = True
@@ -306,8 +311,9 @@ class Trainer(RunLoop):
         """A checkpoint of the state at the current step (every process writes its shards); never of a
         non-finite state (RunStopped)."""
         self._check_finite(f"the checkpoint of step {self.step_count}")
-        state = self.learner.checkpointed(self.state)
-        record = {"step": self.step_count, "data_position": self.step_count * self.exp.prompts_per_step}
+        state: TrainState | dict[str, Any] = self.learner.checkpointed(self.state)
+        record: dict[str, Any] = {"step": self.step_count,
+                                  "data_position": self.step_count * self.exp.prompts_per_step}
         if self.exp.rollout.staleness:      # the batches in flight too (sampled first at step 0)
             self.pipeline.fill(self.state, self.step_count)
             rollouts, record["in_flight"] = self.pipeline.saved()
@@ -318,7 +324,7 @@ class Trainer(RunLoop):
         """The state and step count of a checkpoint (default: the newest intact one, see
         ``Checkpoints.restore``), on this trainer's mesh, and the batches it had in flight;
         ConfigError when none fits or is intact."""
-        like = self.learner.checkpointed(self.state)
+        like: TrainState | dict[str, Any] = self.learner.checkpointed(self.state)
         if self.exp.rollout.staleness:
             like = {"train": like, "in_flight": self.pipeline.saved_like()}
         saved, record = checkpoints.restore(like, step, fallback)
@@ -392,14 +398,15 @@ def train(exp: Experiment, resume: bool = False, progress: bool = True, callback
         run.create()
         try:
             if run.resume:
-                trainer.restore(run.checkpoints, fallback=fallback)
+                trainer.restore(run.created_checkpoints(), fallback=fallback)
                 print(f"resumed {run.directory} at step {trainer.step_count}", file=sys.stderr)
             run.start(trainer.tokenizer, trainer.step_count)
             trainer.fit(run, callbacks, progress)
             with interrupts.finishing("writing final/", "final/"):
                 trainer.export(run)
-            if interrupts.requested() is not None:
-                raise RunInterrupted(interrupts.requested(), "after writing final/: the run is complete")
+            signum = interrupts.requested()
+            if signum is not None:
+                raise RunInterrupted(signum, "after writing final/: the run is complete")
         except BaseException:
             run.close(failed=True)
             raise

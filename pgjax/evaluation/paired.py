@@ -1,0 +1,151 @@
+"""Paired comparison of models evaluated on the same prompts, and the spread of runs across seeds:
+what ``python -m pgjax.eval compare`` computes from the JSON reports of ``python -m pgjax.eval --json``.
+
+Each model is one or more evaluations (runs: e.g. one per training seed) on the same prompts. Per
+prompt i a model's outcome is a rate x_i / n_i pooled over its runs: for ``greedy_accuracy`` the
+greedy responses that are correct of the runs, for ``pass@1`` the correct sampled responses of all
+its samples, for ``finish_rate`` the finished ones. For a pair of models (B against A):
+
+  difference      the mean over prompts of d_i = x_i^B / n_i^B - x_i^A / n_i^A (B - A)
+  ci95            the paired percentile bootstrap interval: the prompts are resampled with replacement
+                  (``statistics.bootstrap_means``: ``resamples``, >= 10,000 by default, from
+                  ``np.random.default_rng(seed)``), each resample's mean of d, its 2.5th-97.5th percentile
+  p_value         the exact two-sided sign-flip (permutation) test of mean d = 0 (``sign_flip_test``):
+                  under the null the two models are exchangeable on each prompt, so each d_i is +-|d_i|
+                  with probability 1/2; p = P(|sum of s_i d_i| >= |sum of d_i|) over all 2^P signs, computed
+                  exactly. With one run per model and greedy (0/1) outcomes this is McNemar's exact test.
+
+The runs of a model are taken as fixed: these statistics say how sure the difference is on these
+prompts for these trained models, not across training seeds. The across-seed spread is
+``across_runs``: the mean, standard deviation (ddof 1), minimum and maximum of each metric over a
+model's runs.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import pathlib
+
+import numpy as np
+
+from pgjax.evaluation.held_out import budgets_of, digits_of
+from pgjax.evaluation.statistics import RESAMPLES, paired_difference
+
+# metric: (the per-prompt count of successes in a report's per_prompt, the trials per run per prompt)
+PAIRED = {"greedy_accuracy": ("greedy_correct", lambda ev: 1), "pass@1": ("sampled_correct", lambda ev: ev["samples"]),
+          "finish_rate": ("sampled_finished", lambda ev: ev["samples"])}
+
+
+def across_runs(runs: list[dict]) -> dict:
+    """``{metric: {"mean", "std", "min", "max", "runs"}}`` over ``runs`` (evaluations) of every metric all
+    of them report with a value; ``std`` is the sample standard deviation (ddof 1), None for one run."""
+    names = [n for n in runs[0]["metrics"] if all(r["metrics"].get(n, {}).get("value") is not None for r in runs)]
+    out = {}
+    for name in names:
+        values = np.array([r["metrics"][name]["value"] for r in runs], np.float64)
+        out[name] = {"mean": float(values.mean()), "std": float(values.std(ddof=1)) if len(values) > 1 else None,
+                     "min": float(values.min()), "max": float(values.max()), "runs": len(values)}
+    return out
+
+
+def load_evaluation(path, budget: int | None = None) -> dict:
+    """The evaluation at ``budget`` (max new tokens; None: the report's only one) of the report
+    ``python -m pgjax.eval --json`` wrote at ``path``, with its ``source`` (``path@budget``); ValueError
+    naming the file when it cannot be read, has no per-prompt outcomes or no such budget."""
+    try:
+        report = json.loads(pathlib.Path(path).read_text())
+        evaluations = budgets_of(report)
+    except (OSError, ValueError, TypeError, AttributeError) as error:
+        raise ValueError(f"{path}: not a readable pgjax.eval report ({error})") from None
+    budgets = [ev["decoding"]["max_new_tokens"] for ev in evaluations]
+    if budget is None and len(budgets) > 1:
+        raise ValueError(f"{path} holds budgets {', '.join(map(str, budgets))}: choose one as {path}@BUDGET "
+                         "or with --budget")
+    if budget is not None and budget not in budgets:
+        raise ValueError(f"{path} has no evaluation at budget {budget} (it has {', '.join(map(str, budgets))})")
+    evaluation = evaluations[0 if budget is None else budgets.index(budget)]
+    if "prompt" not in evaluation.get("per_prompt", {}):
+        raise ValueError(f"{path} records no per-prompt prompts and outcomes: evaluate again with this pgjax.eval")
+    return {**evaluation, "source": f"{path}@{evaluation['decoding']['max_new_tokens']}"}
+
+
+def _pooled(runs: list[dict], metric: str) -> tuple[np.ndarray, int] | None:
+    """(each prompt's successes summed over ``runs``, the trials per prompt) of ``metric``; None when a
+    run lacks it (a greedy-only evaluation has no sampled outcomes)."""
+    field, trials = PAIRED[metric]
+    if any(field not in r["per_prompt"] for r in runs):
+        return None
+    return np.sum([r["per_prompt"][field] for r in runs], axis=0), sum(trials(r) for r in runs)
+
+
+def check_same_prompts(models: dict[str, list[dict]]) -> None:
+    """ValueError naming both reports unless every evaluation has the first's prompts, in its order."""
+    runs = [run for model in models.values() for run in model]
+    first = runs[0]["per_prompt"]["prompt"]
+    for run in runs[1:]:
+        prompts = run["per_prompt"]["prompt"]
+        if prompts != first:
+            where = next((i for i, (a, b) in enumerate(zip(first, prompts, strict=False)) if a != b),
+                         min(len(first), len(prompts)))
+            detail = (f"prompt {where} differs: {first[where]!r} against {prompts[where]!r}"
+                      if where < min(len(first), len(prompts)) else f"{len(first)} against {len(prompts)} prompts")
+            raise ValueError(f"{runs[0]['source']} and {run['source']} were evaluated on different prompts ({detail}); "
+                             "a paired comparison needs the same prompts: evaluate every model with the same --seed, "
+                             "--prompts and task options")
+
+
+def compare(models: dict[str, list[dict]], resamples: int = RESAMPLES, seed: int = 0) -> dict:
+    """The across-seed summary of each model (``{label: [evaluations]}``, one per run) and, for every
+    pair of models in order (A listed before B), the paired statistics of B - A on greedy accuracy,
+    pass@1 and the finish rate (those both models have). ValueError when the prompts differ or when
+    ``resamples`` < 10,000 would make a loose interval."""
+    if len(models) < 2 or any(not runs for runs in models.values()):
+        raise ValueError("a comparison needs two or more models, each with one or more evaluations")
+    if resamples < 10_000:
+        raise ValueError(f"resamples must be >= 10,000 for a stable 95% interval, got {resamples}")
+    check_same_prompts(models)
+    summary = {label: {"runs": [r["source"] for r in runs], "budgets": sorted({r["decoding"]["max_new_tokens"]
+                                                                              for r in runs}),
+                       "metrics": across_runs(runs)} for label, runs in models.items()}
+    pairs = []
+    for a, b in itertools.combinations(models, 2):
+        metrics = {}
+        for metric in PAIRED:
+            pooled_a, pooled_b = _pooled(models[a], metric), _pooled(models[b], metric)
+            if pooled_a is not None and pooled_b is not None:
+                metrics[metric] = paired_difference(*pooled_a, *pooled_b, resamples=resamples, seed=seed)
+        pairs.append({"a": a, "b": b, "metrics": metrics})
+    return {"prompts": len(next(iter(models.values()))[0]["per_prompt"]["prompt"]),
+            "bootstrap": {"resamples": resamples, "seed": seed}, "models": summary, "pairs": pairs}
+
+
+def _spread(stats: dict, digits: int) -> str:
+    """``mean`` for one run, else ``mean +- std (min-max)``."""
+    if stats["runs"] == 1:
+        return f"{stats['mean']:.{digits}f}"
+    mean, std, low, high = (f"{stats[key]:.{digits}f}" for key in ("mean", "std", "min", "max"))
+    return f"{mean} ± {std} ({low}-{high})"
+
+
+def to_markdown(comparison: dict) -> str:
+    """Two tables: each model's metrics across its runs, and each pair's paired statistics."""
+    models = comparison["models"]
+    names = list(dict.fromkeys(n for m in models.values() for n in m["metrics"]))
+    rows = ["| model | runs | budget | " + " | ".join(names) + " |", "|---|---:|---:|" + "---:|" * len(names)]
+    for label, m in models.items():
+        cells = " | ".join(_spread(m["metrics"][n], digits_of(n)) if n in m["metrics"] else "-"
+                           for n in names)
+        rows.append(f"| {label} | {len(m['runs'])} | {', '.join(map(str, m['budgets']))} | {cells} |")
+    rows += ["", "| B - A | metric | mean difference | 95% CI (paired bootstrap) | p (exact sign-flip) |",
+             "|---|---|---:|---:|---:|"]
+    for pair in comparison["pairs"]:
+        for metric, s in pair["metrics"].items():
+            rows.append(f"| {pair['b']} - {pair['a']} | {metric} | {s['difference']:+.3f} "
+                        f"| [{s['ci95'][0]:+.3f}, {s['ci95'][1]:+.3f}] | {s['p_value']:.3g} |")
+    boot = comparison["bootstrap"]
+    rows += ["", f"{comparison['prompts']} prompts, the same for every model. Runs: mean ± standard deviation "
+             "(min-max) over a model's runs. Pairs: per prompt each model's rate pooled over its runs; the "
+             f"interval resamples prompts ({boot['resamples']} resamples, seed {boot['seed']}); the test flips "
+             "the sign of each prompt's difference, exactly (McNemar's exact test for one greedy run each). "
+             "The runs are taken as fixed: the pair statistics do not include the seed-to-seed spread."]
+    return "\n".join(rows)

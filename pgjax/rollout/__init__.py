@@ -1,0 +1,2 @@
+"""Rollouts: prompts formatted and encoded, responses sampled and scored (``collect``), multi-turn episodes
+with an environment (``episodes``), and the batch they hand the learner (``batch.Rollout``)."""
