@@ -48,8 +48,6 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from provenance import SPEED_VARIABLES, record  # noqa: E402
 from readme_tables import save_table  # noqa: E402
 
-from pgjax.evaluation.statistics import describe_ratio, median_interval, median_ratio  # noqa: E402
-
 BEFORE = "ab20955"
 CALL = "print(1)"
 EXAMPLE = {"prompt": "What is the sum of the integers from 0 to 19?", "answer": "190"}
@@ -193,6 +191,8 @@ def main(argv=None):
         for key in ("layers", "defaults"):
             if any(run[key] != runs[name][0][key] for run in runs[name]):
                 raise AssertionError(f"{name}: the {key} differ between rounds: {[run[key] for run in runs[name]]}")
+    # imported here, not at the top: a side's child must import pgjax from its own tree only
+    from pgjax.evaluation.statistics import describe_ratio, median_interval, median_ratio
     pooled = {measure: {name: [x for run in runs[name] for x in run[measure]] for name in SIDES}
               for measure in ("call_seconds", "call_cpu_seconds", "episode_seconds")}
     ratios = {measure: median_ratio(values["after"], values["before"]) for measure, values in pooled.items()}

@@ -48,6 +48,31 @@ NO_VARIANT = {"": ()}
 
 
 @dataclass(frozen=True)
+class TrainJob:
+    """Train ``method`` with ``seed``; named ``train:METHOD:SEED``."""
+    method: str
+    seed: int
+
+    def __str__(self) -> str:
+        return f"train:{self.method}:{self.seed}"
+
+
+@dataclass(frozen=True)
+class EvalJob:
+    """Evaluation ``kind`` of ``model`` (a reference or a trained run) in ``variant`` (``""``: the one
+    variant of an evaluation without variants); named ``KIND:MODEL`` or ``KIND:MODEL:VARIANT``."""
+    kind: str
+    model: str
+    variant: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.model}" + (f":{self.variant}" if self.variant else "")
+
+
+Job = TrainJob | EvalJob
+
+
+@dataclass(frozen=True)
 class Evaluation:
     """One kind of evaluation job: ``pgjax.eval MODEL *arguments *variants[v] --json OUT/kind/MODEL_v.json``
     for each model of ``models`` (None: every reference and trained run) and each variant.
@@ -138,104 +163,99 @@ class Study:
     def evaluation(self, kind: str) -> Evaluation:
         return next(e for e in self.evaluations if e.kind == kind)
 
-    def jobs(self) -> list[str]:
+    def jobs(self) -> list[Job]:
         """Every job of the study, in the order it runs: training, then each evaluation in turn."""
-        jobs = [f"train:{m}:{s}" for m in self.methods for s in self.seeds_of(m)]
+        jobs: list[Job] = [TrainJob(m, s) for m in self.methods for s in self.seeds_of(m)]
         for e in self.evaluations:
-            jobs += [job_name(e.kind, model, v) for model in (e.models or self.models())
-                     for v in e.variants]
+            jobs += [EvalJob(e.kind, model, v) for model in (e.models or self.models()) for v in e.variants]
         return jobs
 
-    def trained_by(self, job: str) -> str:
-        """The run that training job ``job`` (``train:METHOD:SEED``) writes."""
-        _, method, seed = job.split(":")
-        return self.run_name(method, int(seed))
+    def trained_by(self, job: TrainJob) -> str:
+        """The run that training job ``job`` writes."""
+        return self.run_name(job.method, job.seed)
 
-    def output(self, job: str, runs: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
+    def output(self, job: Job, runs: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
         """The file whose existence means ``job`` is done (for a training job, its policy)."""
-        kind, *rest = job.split(":")
-        if kind == "train":
+        if isinstance(job, TrainJob):
             return runs / self.trained_by(job) / "final"
-        return out / kind / ("_".join(rest) + ".json")
+        return out / job.kind / ("_".join(filter(None, (job.model, job.variant))) + ".json")
 
-    def starting_run(self, job: str) -> str | None:
+    def starting_run(self, job: TrainJob) -> str | None:
         """The trained run whose final policy training job ``job`` starts from (None: the base model)."""
-        _, method, seed = job.split(":")
-        return self.run_name(self.continues[method], int(seed)) if method in self.continues else None
+        return self.run_name(self.continues[job.method], job.seed) if job.method in self.continues else None
 
-    def policy_users(self, model: str) -> list[str]:
+    def policy_users(self, model: str) -> list[Job]:
         """The jobs that read trained run ``model``'s final policy: its evaluations and the training jobs
         that continue it."""
-        return [job for job in self.jobs() if (self.starting_run(job) if job.startswith("train:")
-                                               else job.split(":")[1]) == model]
+        return [job for job in self.jobs()
+                if (self.starting_run(job) if isinstance(job, TrainJob) else job.model) == model]
 
-    def done(self, job: str, runs: pathlib.Path, out: pathlib.Path) -> bool:
+    def done(self, job: Job, runs: pathlib.Path, out: pathlib.Path) -> bool:
         """Whether ``job`` has nothing left to do: its output exists, or, for a training job whose policy
         is gone with an earlier session's RUNS, every job reading the policy is done (without a kept
         record the run is missing from the curves, which ``plan`` says, but training it again would
         give a different run than the one evaluated)."""
         if self.output(job, runs, out).exists():
             return True
-        if not job.startswith("train:"):
+        if not isinstance(job, TrainJob):
             return False
         return all(self.done(j, runs, out) for j in self.policy_users(self.trained_by(job)))
 
-    def command(self, job: str, runs: pathlib.Path, out: pathlib.Path, base_model: str) -> list[str]:
+    def command(self, job: Job, runs: pathlib.Path, out: pathlib.Path, base_model: str) -> list[str]:
         """The command line of ``job``."""
-        kind, *rest = job.split(":")
-        if kind == "train":
-            method, seed = rest[0], int(rest[1])
-            directory = runs / self.run_name(method, seed)
+        if isinstance(job, TrainJob):
+            directory = runs / self.trained_by(job)
             start = self.starting_run(job)
             start = str(runs / start / "final") if start else base_model
-            sets = [f"run_dir={directory}", f"seed={seed}", f"model.path={start}", *self.methods[method]]
+            sets = [f"run_dir={directory}", f"seed={job.seed}", f"model.path={start}", *self.methods[job.method]]
             resume = ["--resume"] if any((directory / "checkpoints").glob("*")) else []
             return [sys.executable, "-m", "pgjax.run", self.experiment, "--no-progress",
                     *[arg for s in sets for arg in ("--set", s)], *resume]
-        evaluation, model = self.evaluation(kind), rest[0]
-        variant = evaluation.variants[rest[1] if len(rest) > 1 else ""]
+        evaluation, model = self.evaluation(job.kind), job.model
+        variant = evaluation.variants[job.variant]
         target = [base_model, *self.references[model]] if model in self.references else [str(runs / model)]
         return [sys.executable, "-m", "pgjax.eval", *target, *map(str, evaluation.arguments), *map(str, variant),
                 "--json", str(self.output(job, runs, out))]
 
-    def run_job(self, job: str, runs: pathlib.Path, out: pathlib.Path, base_model: str) -> None:
+    def run_job(self, job: Job, runs: pathlib.Path, out: pathlib.Path, base_model: str) -> None:
         """Run ``job`` unless it is ``done``; a trained run's evaluation waits for its training, and a
         finished training keeps its record."""
         if self.done(job, runs, out):
             return
-        kind, model = job.split(":")[:2]
-        needed = self.starting_run(job) if kind == "train" else None if model in self.references else model
+        if isinstance(job, TrainJob):
+            needed = self.starting_run(job)
+        else:
+            needed = None if job.model in self.references else job.model
         if needed and not (runs / needed / "final").exists():
             method, seed = needed.rsplit("_s", 1)
-            raise SystemExit(f"{job}: {runs / needed} has no final policy: run train:{method}:{seed} first")
+            raise SystemExit(f"{job}: {runs / needed} has no final policy: run {TrainJob(method, int(seed))} first")
         self.output(job, runs, out).parent.mkdir(parents=True, exist_ok=True)
         command = self.command(job, runs, out, base_model)
         print(f"{job}: {' '.join(command)}", flush=True)
         subprocess.run(command, check=True)
-        if kind == "train":
+        if isinstance(job, TrainJob):
             keep_record(self.trained_by(job), runs, out)
 
-    def minutes(self, job: str) -> float:
-        kind = job.split(":")[0]
-        return self.train_minutes if kind == "train" else self.evaluation(kind).minutes
+    def minutes(self, job: Job) -> float:
+        return self.train_minutes if isinstance(job, TrainJob) else self.evaluation(job.kind).minutes
 
-    def plan(self, selected: list[str], runs: pathlib.Path, out: pathlib.Path) -> str:
+    def plan(self, selected: list[Job], runs: pathlib.Path, out: pathlib.Path) -> str:
         """One line per job (done, or missing with its estimated minutes) and the total left."""
         lines, left = [], 0.0
         for job in selected:
             finished = self.done(job, runs, out)
             left += 0 if finished else self.minutes(job)
             status = "done" if finished else f"missing (~{self.minutes(job):g} min)"
-            if finished and job.startswith("train:") and not kept_record(self.trained_by(job), out).exists():
+            if finished and isinstance(job, TrainJob) and not kept_record(self.trained_by(job), out).exists():
                 status += " (its record is not kept: the curves leave it out)"
-            lines.append(f"{job:36s} {status}")
+            lines.append(f"{str(job):36s} {status}")
         return "\n".join(lines + [f"left: ~{left / 60:.1f} h on {self.machine}"])
 
     def paired_report(self, evaluation: Evaluation, variant: str, runs: pathlib.Path, out: pathlib.Path) -> str | None:
         """``pgjax.eval compare``'s tables for one evaluation and variant: the references and each method
         with the seeds evaluated so far; None unless a reference and one other model are evaluated."""
-        found = {ref: [self.output(job_name(evaluation.kind, ref, variant), runs, out)] for ref in self.references}
-        found.update({m: [self.output(job_name(evaluation.kind, self.run_name(m, s), variant), runs, out)
+        found = {ref: [self.output(EvalJob(evaluation.kind, ref, variant), runs, out)] for ref in self.references}
+        found.update({m: [self.output(EvalJob(evaluation.kind, self.run_name(m, s), variant), runs, out)
                           for s in self.seeds_of(m)] for m in self.methods})
         groups = {label: [paired.load_evaluation(p) for p in paths if p.exists()] for label, paths in found.items()}
         groups = {label: reports for label, reports in groups.items() if reports}
@@ -301,7 +321,7 @@ class Study:
                         sections.append(f"### {evaluation.title(variant)}\n\n{table}")
                     continue
                 for model in evaluation.models or self.models():
-                    path = self.output(job_name(evaluation.kind, model, variant), runs, out)
+                    path = self.output(EvalJob(evaluation.kind, model, variant), runs, out)
                     if path.exists():
                         table = evaluation_table(budgets_of(json.loads(path.read_text())))
                         sections.append(f"### {evaluation.title(variant)}: {model}\n\n{table}")
@@ -319,11 +339,6 @@ class Study:
         text = "\n\n".join(sections)
         (out / f"{self.name}.md").write_text(text + "\n")
         return text
-
-
-def job_name(kind: str, model: str, variant: str = "") -> str:
-    """An evaluation job's name: ``KIND:MODEL``, with ``:VARIANT`` where it has one."""
-    return f"{kind}:{model}" + (f":{variant}" if variant else "")
 
 
 def _windows(last: int, width: int) -> list[tuple[int, int]]:
@@ -403,10 +418,11 @@ def main(study: Study, argv=None, description: str | None = None) -> None:
     parser.add_argument("--base-model", default=study.base_model, help="the checkpoint every method starts from")
     args = parser.parse_args(argv)
     runs, out = pathlib.Path(args.runs), pathlib.Path(args.out)
-    selected = args.jobs or study.jobs()
-    unknown = [job for job in selected if job not in study.jobs()]
+    names = {str(job): job for job in study.jobs()}
+    unknown = [name for name in args.jobs or () if name not in names]
     if unknown:
-        raise SystemExit(f"unknown jobs {unknown}; the study's jobs: {' '.join(study.jobs())}")
+        raise SystemExit(f"unknown jobs {unknown}; the study's jobs: {' '.join(names)}")
+    selected = [names[name] for name in args.jobs] if args.jobs else study.jobs()
     if args.plan:
         print(study.plan(selected, runs, out))
         return

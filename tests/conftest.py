@@ -14,6 +14,7 @@ read entries go first).
 """
 import gc
 import hashlib
+import json
 import os
 import pathlib
 import platform
@@ -190,3 +191,14 @@ def finished(tmp_path_factory):
     states = {step: checkpoints.restore(trainer.state, step)[0] for step in (2, 4)}
     checkpoints.close()
     return exp, directory, trainer, states
+
+
+@pytest.fixture(scope="module")
+def checkpoint_dir(tmp_path_factory):
+    """A tiny Hugging Face checkpoint (config with a 32-token context, a character tokenizer): test_faults,
+    test_inputs."""
+    from helpers import save_tiny_checkpoint
+    directory = save_tiny_checkpoint(tmp_path_factory.mktemp("checkpoint"))
+    config_json = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config_json, "max_position_embeddings": 32}))
+    return directory

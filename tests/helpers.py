@@ -11,9 +11,11 @@ import importlib.util
 import itertools
 import json
 import math
+import os
 import pathlib
 import shutil
 import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -22,6 +24,7 @@ from fractions import Fraction
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from pgjax import core
@@ -480,14 +483,73 @@ def enumerated_sign_flip_p(differences) -> Fraction:
 
 # Plots
 
-def assert_plotted(path, lines: int = 1) -> None:
-    """``path`` is a PNG on which the first ``lines`` colours of matplotlib's cycle (C0, C1, ...) were each
-    drawn (more than 50 pixels within 8/255 of the colour): a figure with empty axes, or with fewer data
-    series than ``lines``, fails, where a file-size check would pass."""
+def assert_plotted(path) -> None:
+    """``path`` is a PNG on which data were drawn: more than 50 pixels in the colours of matplotlib's cycle
+    (C0 to C9, within 8/255), which axes, ticks, labels and a white background never use. A figure with
+    empty axes fails, where a file-size check would pass. (Series drawn over one another, as curves that
+    all sit at 0 are, count as drawn: the colour on top is counted.)"""
     import matplotlib.image
     from matplotlib import colors
     pixels = matplotlib.image.imread(path)[..., :3]
-    for i in range(lines):
-        colour = np.asarray(colors.to_rgb(f"C{i}"))
-        drawn = int((np.abs(pixels - colour).max(-1) < 8 / 255).sum())
-        assert drawn > 50, f"{path}: colour C{i} ({colors.to_hex(colour)}) covers {drawn} pixels: series {i} not drawn"
+    cycle = np.asarray([colors.to_rgb(f"C{i}") for i in range(10)])
+    drawn = int((np.abs(pixels[..., None, :] - cycle).max(-1) < 8 / 255).any(-1).sum())
+    assert drawn > 50, f"{path}: {drawn} pixels in the colours of matplotlib's cycle: no data drawn"
+
+
+# Faults: what a run leaves on disk (test_faults, test_checkpoints, test_run_dir, test_lora)
+
+def assert_no_nan_on_disk(directory: pathlib.Path) -> None:
+    """No metrics line, record or experiment file holds a bare NaN / Infinity."""
+    for path in [directory / "metrics.jsonl", *directory.glob("checkpoints/*/record/metadata")]:
+        if path.is_file():
+            for line in path.read_text().splitlines():
+                json.loads(line, parse_constant=lambda c, path=path: pytest.fail(f"{path} holds {c}"))
+
+
+def finite_tree(tree) -> bool:
+    return all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact))
+
+
+def assert_same_tree(a, b) -> None:
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(a), jax.device_get(b))
+
+
+
+
+
+def plain_mode() -> int:
+    """The mode a plain file write gives here: 0666 less the umask."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def file_modes(folder: pathlib.Path) -> dict[str, int]:
+    """``{relative path: permission bits}`` of every file under ``folder``."""
+    return {str(p.relative_to(folder)): stat.S_IMODE(p.stat().st_mode) for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+def always_nan(prompts, completions, **_):
+    return np.full(len(completions), np.nan)
+
+
+def dataset_experiment(tmp_path, checkpoint_dir, lines, **task):
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(line + "\n" for line in lines))
+    return tiny_experiment(tmp_path, model=ModelSection(path=str(checkpoint_dir)),
+                           task=TaskSection(name="jsonl_math", path=str(data), **task))
+
+
+GOOD = [json.dumps({"question": f"{a}+1=", "answer": a + 1}) for a in range(6)]
+
+
+def damage(path: pathlib.Path, kind: str) -> None:
+    data = path.read_bytes()
+    if kind == "flip":
+        i = len(data) // 2
+        path.write_bytes(data[:i] + bytes([data[i] ^ 0x10]) + data[i + 1:])
+    elif kind == "truncate":
+        path.write_bytes(data[:len(data) // 2])
+    else:
+        path.unlink()

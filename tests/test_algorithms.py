@@ -295,7 +295,10 @@ def test_micro_batch_gradients_sum_to_full_batch_gradient(aggregation, n_micro):
     np.testing.assert_allclose(total, full, atol=1e-6)
     _, full_metrics = core.loss(spec, batch.replace(advantages=adv), hp, norm)
     for key, value in full_metrics.items():
-        np.testing.assert_allclose(float(metrics[key]), float(value), rtol=1e-5, atol=1e-6, err_msg=key)
+        # a sum over the batch's ~50 tokens in float32 is exact to about 50 eps of its terms' size (~1): the
+        # whitened advantages' sum is 0 up to that rounding, in whatever order XLA adds them
+        atol = 1e-5 if key.endswith("_sum") else 1e-6
+        np.testing.assert_allclose(float(metrics[key]), float(value), rtol=1e-5, atol=atol, err_msg=key)
 
 
 def test_vmap_over_16_setting_grid_equals_python_loop():

@@ -195,10 +195,9 @@ def test_a_lora_export_names_a_base_that_peft_loads_from_another_directory(tmp_p
     exported file is readable like a checkpoint's."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("peft")
-    from helpers import EMIT_X, tiny_experiment
+    from helpers import EMIT_X, file_modes, plain_mode, tiny_experiment
     from huggingface_hub import constants
     from peft import AutoPeftModelForCausalLM
-    from test_faults import file_modes, plain_mode
 
     from pgjax.train.run_dir import RunDirectory
     from pgjax.train.trainer import Trainer

@@ -6,10 +6,12 @@ included, and none leaves the repository; every command-line example parses."""
 import os
 import pathlib
 import re
+import subprocess
 import sys
 
 import numpy as np
 import pytest
+from helpers import FAST_COMPILE
 
 from pgjax import demo
 from pgjax.core import PRESETS, algorithm_table
@@ -112,9 +114,13 @@ def test_masking_table_is_the_commands_output(x64):
 
 
 @pytest.mark.slow
-def test_learned_reward_table_is_the_commands_output(x64):
-    from pgjax.theory import learned_reward
-    assert _generated("learned-reward-table") == learned_reward.report().strip(), \
+def test_learned_reward_table_is_the_commands_output():
+    """Run as the command, at XLA's default optimisation level (the tests' -O0 moves its fourth digit)."""
+    flags = os.environ.get("XLA_FLAGS", "").replace(FAST_COMPILE, "").strip()
+    done = subprocess.run([sys.executable, "-m", "pgjax.theory.learned_reward"], capture_output=True, text=True,
+                          timeout=600, cwd=ROOT, env={**os.environ, "XLA_FLAGS": flags})
+    assert done.returncode == 0, done.stderr
+    assert _generated("learned-reward-table") == done.stdout.strip(), \
         "the learned-reward table is stale: paste `python -m pgjax.theory.learned_reward`"
 
 

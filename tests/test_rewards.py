@@ -53,7 +53,7 @@ def test_length_mismatch_and_missing_field_raise():
 
 def test_numbers_of_every_kind_are_rewards():
     """A reward function may return bools, ints, floats, NumPy or JAX arrays (what it may not:
-    tests/test_faults_user_code.py)."""
+    tests/test_rollout.py)."""
     for values in ([True, False, True], np.arange(3), jnp.arange(3.0), [1, 2.5, np.float32(3)], (0, 1, 2)):
         rewards = R.as_rewards(values, 3, "f")
         assert rewards.dtype == np.float32 and rewards.shape == (3,)

@@ -29,6 +29,11 @@ def _fake_report(greedy, sampled_correct, samples: int, budget: int) -> dict:
                            "sampled_correct": list(sampled_correct), "sampled_finished": [samples] * 4}}
 
 
+def job_of(study, name: str):
+    """The study's job named ``name`` (a TrainJob or an EvalJob)."""
+    return {str(job): job for job in study.jobs()}[name]
+
+
 def lines_of(plan: str) -> dict:
     """``{job: status}`` of ``Study.plan``'s lines."""
     return {line.split()[0]: line.split(None, 1)[1] for line in plan.splitlines() if not line.startswith("left")}
@@ -91,10 +96,10 @@ def test_smollm2_seeds_runs_each_missing_job_once_and_reports_the_paired_tables(
     shutil.rmtree(runs)
     assert lines_of(study.plan(study.jobs(), runs, out))["train:dr_grpo:0"] == "missing (~30 min)"   # 2 evals left
     for job in ("eval:dr_grpo_s0:templates", "eval:dr_grpo_s0:numbers", "budgets:dr_grpo_s0"):
-        study.output(job, runs, out).parent.mkdir(exist_ok=True)
-        shutil.copy(out / "eval" / "dr_grpo_s0_none.json", study.output(job, runs, out))
+        study.output(job_of(study, job), runs, out).parent.mkdir(exist_ok=True)
+        shutil.copy(out / "eval" / "dr_grpo_s0_none.json", study.output(job_of(study, job), runs, out))
     assert lines_of(study.plan(study.jobs(), runs, out))["train:dr_grpo:0"] == "done"
-    study.run_job("train:dr_grpo:0", runs, out, "models/smollm2-135m-instruct")
+    study.run_job(job_of(study, "train:dr_grpo:0"), runs, out, "models/smollm2-135m-instruct")
     assert calls == [] and study.curves(out) == {"dr_grpo": {0: [(0, 0.3), (40, 0.5)]}}
     with pytest.raises(SystemExit, match="no final policy: run train:grpo:1 first"):
         main(["--jobs", "passk:grpo_s1", *arguments])
@@ -120,7 +125,7 @@ def test_gemma3_seeds_evaluates_the_base_model_through_the_experiments_prompt_te
     assert sets["task.stop_text"] == task.stop_text and sets["task.held_out"] == "numbers"
     assert (sets["task.digits"], sets["task.ops"], sets["task.chat_template"]) == (str(task.digits), task.ops,
                                                                                    task.chat_template)
-    assert study.jobs()[:6] == [f"train:{m}:{s}" for m in ("dr_grpo", "grpo") for s in (0, 1, 2)]
+    assert list(map(str, study.jobs()))[:6] == [f"train:{m}:{s}" for m in ("dr_grpo", "grpo") for s in (0, 1, 2)]
     assert len(study.jobs()) == 6 + 7 * 3
     # one model evaluated: nothing to pair yet, so no report; asked for one, the study says so
     assert "nothing to report yet" in capsys.readouterr().out and not (out / "gemma3_seeds.md").exists()
@@ -135,7 +140,7 @@ def test_an_unpaired_evaluation_tables_each_model_and_a_variantless_job_has_no_s
         evaluations=(studies.Evaluation("budgets", ("--prompts", 4), minutes=1, paired=False,
                                         titles={"": "response budgets"}),),
         train_minutes=2, machine="here")
-    assert study.jobs() == ["train:m:0", "budgets:base", "budgets:m_s0"]
+    assert list(map(str, study.jobs())) == ["train:m:0", "budgets:base", "budgets:m_s0"]
     calls = fake_subprocess(monkeypatch, "ckpt")
     studies.main(study, ["--jobs", "budgets:base", "--runs", str(tmp_path / "r"), "--out", str(tmp_path / "o")])
     assert calls[0] == ["pgjax.eval", "ckpt", "--task", "t", "--prompts", "4",
@@ -195,23 +200,23 @@ def test_a_method_that_continues_another_starts_from_its_run_of_the_same_seed(tm
     runs, out, base = tmp_path / "runs", tmp_path / "out", "models/smollm2-135m-instruct"
     calls = fake_subprocess(monkeypatch, base)
     with pytest.raises(SystemExit, match="train:warm_rl:1: .*warm_s1 has no final policy: run train:warm:1 first"):
-        study.run_job("train:warm_rl:1", runs, out, base)
+        study.run_job(job_of(study, "train:warm_rl:1"), runs, out, base)
     for job in ("train:warm:1", "train:warm_rl:1", "eval:base_tool_prompt"):
-        study.run_job(job, runs, out, base)
+        study.run_job(job_of(study, job), runs, out, base)
     warm, rl, reference = calls
     assert f"model.path={base}" in warm and "steps=0" in warm and "warm_start.steps=10" in warm
     assert f"model.path={runs / 'warm_s1' / 'final'}" in rl and "seed=1" in rl and "warm_start.steps=0" in rl
     assert rl.index(f"model.path={runs / 'warm_s1' / 'final'}") < rl.index("warm_start.steps=0")
     assert reference[1] == base and "task.tools=calculator" in reference and "rollout.max_turns=3" in reference
-    assert study.policy_users("warm_s1")[0] == "train:warm_rl:1"
+    assert str(study.policy_users("warm_s1")[0]) == "train:warm_rl:1"
     # warm_s1's policy is gone with RUNS: it is not done until warm_rl_s1 and every evaluation of both are
     shutil.rmtree(runs / "warm_s1")
-    assert not study.done("train:warm:1", runs, out)
+    assert not study.done(job_of(study, "train:warm:1"), runs, out)
     for model in ("warm_s1", "warm_rl_s1"):
-        path = study.output(studies.job_name("eval", model), runs, out)
+        path = study.output(studies.EvalJob("eval", model), runs, out)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("{}")
-    assert study.done("train:warm:1", runs, out)
+    assert study.done(job_of(study, "train:warm:1"), runs, out)
 
 
 def test_method_seeds_must_name_a_method_of_the_study():
@@ -238,13 +243,14 @@ def test_the_reward_model_study_trains_each_arm_on_its_reward_and_plots_its_trai
     from pgjax.train.experiment import override
     module = load_experiment_script("smollm2_reward_model_seeds")
     study, runs, out = module.STUDY, tmp_path / "runs", tmp_path / "out"
-    assert [job for job in study.jobs() if job.startswith("train:")] == [
+    assert [str(job) for job in study.jobs() if isinstance(job, studies.TrainJob)] == [
         *(f"train:{m}:{s}" for m in ("verifier", "reward_model") for s in (0, 1, 2)), "train:reward_model_long:0"]
-    assert "eval:reward_model_long_s0" in study.jobs() and "eval:reward_model_long_s1" not in study.jobs()
+    names = list(map(str, study.jobs()))
+    assert "eval:reward_model_long_s0" in names and "eval:reward_model_long_s1" not in names
     calls = fake_subprocess(monkeypatch, study.base_model)
     for seed in (0, 1):
-        study.run_job(f"train:verifier:{seed}", runs, out, study.base_model)
-    study.run_job("train:reward_model:0", runs, out, study.base_model)
+        study.run_job(job_of(study, f"train:verifier:{seed}"), runs, out, study.base_model)
+    study.run_job(job_of(study, "train:reward_model:0"), runs, out, study.base_model)
     sets = [[c[i + 1] for i, a in enumerate(c) if a == "--set"] for c in calls]
     base = load_experiment(EXPERIMENTS / "smollm2_math.py")
     verifier, learned = override(base, sets[0]), override(base, sets[2])
@@ -253,7 +259,7 @@ def test_the_reward_model_study_trains_each_arm_on_its_reward_and_plots_its_trai
     assert (learned.task.reward_model, learned.task.reward_model_weight, learned.task.verifier_weight) == (
         module.REWARD_MODEL, 1.0, 0.0)
     assert verifier.steps == learned.steps == module.RL_STEPS and verifier.algorithm == learned.algorithm
-    study.run_job("train:reward_model_long:0", runs, out, study.base_model)
+    study.run_job(job_of(study, "train:reward_model_long:0"), runs, out, study.base_model)
     long = override(base, [calls[3][i + 1] for i, a in enumerate(calls[3]) if a == "--set"])
     assert long.steps == module.LONG_STEPS and long.task == learned.task
     assert verifier.seed == 0 and override(base, sets[1]).seed == 1

@@ -30,6 +30,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import threading
 import traceback
 import types
@@ -810,7 +811,21 @@ def _section_error(error: ValueError | TypeError) -> str:
             return str(mistyped)
     moved = [f"{old.split('.')[-1]} is now {new}" for old, new in RENAMED.items()
              if f"'{old.split('.')[-1]}'" in str(error)]
-    return f"{error}" + (f" ({'; '.join(moved)})" if moved else "")
+    return f"{error}" + (f" ({'; '.join(moved)})" if moved else _field_hint(error))
+
+
+def _field_hint(error: ValueError | TypeError) -> str:
+    """``; did you mean FIELD?`` for a section constructor's unexpected keyword (``Experiment(stepz=3)``):
+    the section's closest field, as ``--set`` hints an unknown key; empty otherwise."""
+    found = re.search(r"(\w+)\.__init__\(\) got an unexpected keyword argument '(\w+)'", str(error))
+    if found is None:
+        return ""
+    section = next((kind for kind in (Experiment, *_section_keys()) if kind.__name__ == found[1]), None)
+    if section is None or not dataclasses.is_dataclass(section):
+        return ""
+    fields = [f.name for f in dataclasses.fields(section)]
+    close = [f for f in fields if f.startswith(found[2])][:2] or difflib.get_close_matches(found[2], fields, n=1)
+    return f"; did you mean {' or '.join(close)}?" if close else ""
 
 
 def _failed_section(error: BaseException):
@@ -934,7 +949,9 @@ def override(experiment: Experiment, assignments: list[str]) -> Experiment:
 def _unknown_key(key: str, keys: list[str]) -> ConfigError:
     """The error of an unknown ``key``, with the closest of ``keys`` (or the new name of a renamed one)."""
     new_name = renamed(key)
+    depth = key.count(".")
     close = ([new_name] if new_name else [k for k in keys if k.endswith("." + key)][:2]
+             or [k for k in keys if k.startswith(key) and k.count(".") == depth][:2]      # a name cut short
              or difflib.get_close_matches(key, keys, n=1, cutoff=0.6))
     close = [f"{OPTIONS}{key.rsplit('.', 1)[-1]}" if k == OPTIONS[:-1] and key.count(".") == 2 else k for k in close]
     hint = f"; did you mean {' or '.join(close)}?" if close else ""
