@@ -823,9 +823,16 @@ def _field_hint(error: ValueError | TypeError) -> str:
     section = next((kind for kind in (Experiment, *_section_keys()) if kind.__name__ == found[1]), None)
     if section is None or not dataclasses.is_dataclass(section):
         return ""
-    fields = [f.name for f in dataclasses.fields(section)]
-    close = [f for f in fields if f.startswith(found[2])][:2] or difflib.get_close_matches(found[2], fields, n=1)
+    close = _closest(found[2], [f.name for f in dataclasses.fields(section)])
     return f"; did you mean {' or '.join(close)}?" if close else ""
+
+
+def _closest(name: str, names: list[str]) -> list[str]:
+    """The names a mistyped ``name`` most likely meant: up to two that begin with it at its depth (a name
+    cut short), else the closest spelling (difflib, ratio >= 0.6), else none."""
+    depth = name.count(".")
+    return ([n for n in names if n.startswith(name) and n.count(".") == depth][:2]
+            or difflib.get_close_matches(name, names, n=1, cutoff=0.6))
 
 
 def _failed_section(error: BaseException):
@@ -949,10 +956,7 @@ def override(experiment: Experiment, assignments: list[str]) -> Experiment:
 def _unknown_key(key: str, keys: list[str]) -> ConfigError:
     """The error of an unknown ``key``, with the closest of ``keys`` (or the new name of a renamed one)."""
     new_name = renamed(key)
-    depth = key.count(".")
-    close = ([new_name] if new_name else [k for k in keys if k.endswith("." + key)][:2]
-             or [k for k in keys if k.startswith(key) and k.count(".") == depth][:2]      # a name cut short
-             or difflib.get_close_matches(key, keys, n=1, cutoff=0.6))
+    close = [new_name] if new_name else [k for k in keys if k.endswith("." + key)][:2] or _closest(key, keys)
     close = [f"{OPTIONS}{key.rsplit('.', 1)[-1]}" if k == OPTIONS[:-1] and key.count(".") == 2 else k for k in close]
     hint = f"; did you mean {' or '.join(close)}?" if close else ""
     return ConfigError(f"unknown config key {key!r}{hint}\n(--print-config lists every key and its value)")
