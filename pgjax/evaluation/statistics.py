@@ -21,7 +21,6 @@ import math
 import statistics
 
 import numpy as np
-from scipy import stats as scipy_stats
 
 Z95 = statistics.NormalDist().inv_cdf(0.975)     # 1.95996...: the two-sided 95% normal quantile
 RESAMPLES = 10_000                                # bootstrap resamples of every interval that is not Wilson's
@@ -222,6 +221,7 @@ def across_seeds(values_b, values_a) -> dict:
     if sd <= 1e-12 * np.abs(d).max():        # every d_s equal, up to float rounding
         half, p = 0.0, 1.0
     else:
+        from scipy import stats as scipy_stats  # imported here: it costs every command line's start
         half = float(scipy_stats.t.ppf(0.975, n - 1)) * sd / np.sqrt(n)
         p = float(2 * scipy_stats.t.sf(abs(mean) / (sd / np.sqrt(n)), n - 1))
     return {"mean": mean, "ci95": [mean - half, mean + half], "p_value": p, "positive": int((d > 0).sum()),

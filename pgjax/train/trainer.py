@@ -220,7 +220,7 @@ class Trainer(RunLoop):
         optimizer = make_optimizer(ws.optim)
         params, frozen = self.learner.trainable(shard(self.state.params, self.mesh))   # sft_step donates params:
         self.state = None  # type: ignore[assignment]  # rebuilt below; only the supervised state is held
-        opt_state = optimizer.init(params)
+        opt_state = shard(optimizer.init(params), self.mesh)     # its step count too, or step 2 compiles again
         for step in range(ws.steps):
             examples = self.task.examples(ws.batch_size, seed=stream_seed(exp.seed, "warm_start", step))
             batch = warm_start_batch(exp, self.context, multihost.process_share(examples, self.mesh))
