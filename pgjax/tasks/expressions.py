@@ -41,9 +41,9 @@ class ExpressionError(ValueError):
 class Syntax:
     """The grammar's optional parts (module docstring) and the longest number, in digits.
 
-    ``bare_point`` (with ``decimals``) reads ``5.`` and ``.5``: final answers are written so
-    (``math_answers.parse_number`` grades them as numbers), while the calculator and the step checks
-    refuse them, as the records of their episodes and labels were made with."""
+    ``bare_point`` (with ``decimals``) also reads ``5.`` and ``.5``, as final answers are written
+    (``math_answers.parse_number`` grades them as numbers). The calculator and the step checks refuse
+    them: what they answer and label is part of the training records, which stay as they are."""
 
     signs: bool = False
     decimals: bool = False

@@ -182,7 +182,7 @@ def normalize_answer(answer) -> str:
 
 
 _PLAIN = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)")
-_RATIO = re.compile(r"([-+]?\d+)/(\d+)")
+_RATIO = re.compile(r"[-+]?\d+/\d+")
 _FRAC = re.compile(r"([-+]?)\\frac\{([-+]?\d+(?:\.\d+)?)\}\{(\d+(?:\.\d+)?)\}")
 MAX_NUMBER_CHARS = 64  # a longer answer is no number
 _NUMBER_SYNTAX = expressions.Syntax(signs=True, decimals=True, bare_point=True, max_digits=MAX_NUMBER_CHARS)
