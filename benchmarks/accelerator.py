@@ -64,7 +64,7 @@ from flax import nnx
 # benchmarks/ is sys.path[0] when this file runs as a script
 from logprob_memory import compile_value_and_grad, make_losses, memory, time_call
 
-from pgjax import core
+from pgjax import core, markdown
 from pgjax.models.transformer import CausalLM, ModelConfig
 from pgjax.parallel import mesh as mesh_lib
 from pgjax.rollout.batch import Rollout
@@ -298,10 +298,9 @@ def main(argv=None):
 
     print(f"\nmedian of {args.repeats} after one warm-up; GRPO group size {args.group_size}, "
           f"{args.micro_batches} micro-batch(es), chunk {args.chunk_size}\n")
-    print("| measurement | shape | time (s) | achieved | peak / bound | fraction |")
-    print("|---|---|---:|---:|---:|---:|")
-    for name, shape, seconds, achieved, reference, fraction in rows:
-        print(f"| {name} | {shape} | {seconds:.4f} | {achieved} | {reference} | {fraction} |")
+    print(markdown.table(["measurement", "shape", "time (s)", "achieved", "peak / bound", "fraction"],
+                         [[name, shape, f"{seconds:.4f}", achieved, reference, fraction]
+                          for name, shape, seconds, achieved, reference, fraction in rows], align="llrrrr"))
 
 
 if __name__ == "__main__":

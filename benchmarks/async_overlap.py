@@ -38,6 +38,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import traces  # noqa: E402
 from traces import merged  # noqa: E402
 
+from pgjax import markdown  # noqa: E402
+
 # (label, --set overrides, simulated devices)
 ROWS = [
     ("on-policy (staleness 0)", [], 1),
@@ -105,14 +107,13 @@ def measure(experiment: str, overrides: list[str], runs: str, steps: int, warmup
 
 
 def table(rows: list[dict]) -> list[str]:
+    """Per rollout mode: the median seconds of each phase and of the step, the step over the first row's
+    (on-policy), and host scoring over device work."""
     first = rows[0]["time_step"]
-    lines = ["| rollouts | sample | prepare | update wait | step | / on-policy | host scoring over device work |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        lines.append(f"| {r['label']} | {r['time_sample']:.3f} s | {r['time_prepare']:.3f} s "
-                     f"| {r['time_update']:.3f} s | {r['time_step']:.3f} s | {r['time_step'] / first:.2f} "
-                     f"| {r['score_over_device']:.0%} |")
-    return lines
+    rows = [[r["label"], *(f"{r[key]:.3f} s" for key in PHASES), f"{r['time_step'] / first:.2f}",
+             f"{r['score_over_device']:.0%}"] for r in rows]
+    return markdown.table(["rollouts", "sample", "prepare", "update wait", "step", "/ on-policy",
+                           "host scoring over device work"], rows).splitlines()
 
 
 def plot_timelines(rows: list[dict], path) -> None:

@@ -124,7 +124,7 @@ import trl
 from datasets import Dataset
 from readme_tables import save_table
 
-from pgjax import core, host_memory
+from pgjax import core, host_memory, markdown
 from pgjax.evaluation import statistics as stats
 from pgjax.models import hf
 from pgjax.rollout.collect import PLAIN, PromptFormat, RolloutConfig, collect, encode_prompts
@@ -650,21 +650,17 @@ def main(argv=None):
              f"of the {timed} pooled timed steps; pgjax's first step {first_step:.1f} s (compilation)")
     peak_line = (f"float32 matmul peak (2048^3): jnp.dot {peak['jnp.dot'] / 1e9:.0f} GFLOP/s, torch.mm "
                  f"{peak['torch.mm'] / 1e9:.0f} GFLOP/s; MFU = model FLOP/s / the faster")
-    table = [("| implementation | s / step | sampling | scoring | update | tokens generated / step | s / 1k tokens "
-              "| MFU sampling | MFU scoring | MFU update | peak RSS |"),
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for name, r in summary.items():
-        cells = (seconds(r[p], r["step"]) for p in ("step", *PARTS))
-        table.append(f"| {name} | {' | '.join(cells)} | {r['generated']:.0f} | {r['s_per_1k_tokens']:.3f} "
-                     f"| {r['mfu']['sampling']:.0%} | {r['mfu']['scoring']:.0%} | {r['mfu']['update']:.0%} "
-                     f"| {r['peak_rss_gib']:.1f} GiB |")
-    table += ["", ("| TRL / pgjax, ratio of pooled medians [95% bootstrap interval] | s / step | sampling | scoring "
-                   "| update | s / 1k tokens |"), "| --- | ---: | ---: | ---: | ---: | ---: |"]
-    for name, r in summary.items():
-        if "ratios" in r:
-            q = r["ratios"]
-            table.append(f"| {r['vs']} / {name} | "
-                         + " | ".join(ratio_text(q[p]) for p in ("step", *PARTS, "per_1k_tokens")) + " |")
+    table = markdown.table(["implementation", "s / step", "sampling", "scoring", "update", "tokens generated / step",
+                            "s / 1k tokens", "MFU sampling", "MFU scoring", "MFU update", "peak RSS"],
+                           [[name, *(seconds(r[p], r["step"]) for p in ("step", *PARTS)), f"{r['generated']:.0f}",
+                             f"{r['s_per_1k_tokens']:.3f}", f"{r['mfu']['sampling']:.0%}", f"{r['mfu']['scoring']:.0%}",
+                             f"{r['mfu']['update']:.0%}", f"{r['peak_rss_gib']:.1f} GiB"]
+                            for name, r in summary.items()]).splitlines()
+    table += ["", *markdown.table(["TRL / pgjax, ratio of pooled medians [95% bootstrap interval]", "s / step",
+                                   "sampling", "scoring", "update", "s / 1k tokens"],
+                                  [[f"{r['vs']} / {name}",
+                                    *(ratio_text(r["ratios"][p]) for p in ("step", *PARTS, "per_1k_tokens"))]
+                                   for name, r in summary.items() if "ratios" in r]).splitlines()]
     table.append("")
     table.append(f"Each round's median s / step ({args.steps} timed steps per child): " + "; ".join(
         f"{name} " + ", ".join(seconds(x["step"], x["step"]) for x in r["rounds"]) for name, r in summary.items())

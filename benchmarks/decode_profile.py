@@ -38,6 +38,7 @@ import traces  # noqa: E402
 from readme_tables import save_table  # noqa: E402
 from sampler import word_math_prompts  # noqa: E402
 
+from pgjax import markdown  # noqa: E402
 from pgjax.models import hf  # noqa: E402
 from pgjax.sample import SamplingConfig, generate  # noqa: E402
 from pgjax.train.experiment import ModelSection  # noqa: E402
@@ -181,8 +182,7 @@ def main(argv=None):
              f"{covered / 1e3 / steps:.0f} ms of wall time with one running; jnp.dot peak (2048^3) "
              f"{peak / 1e9:.0f} GFLOP/s")
     print(header + "\n" + setup + "\n", flush=True)
-    table = ["| part of the decode step | ms / token step | share of op time | rate |", "| --- | ---: | ---: | ---: |"]
-    rows = []
+    rows, cells = [], []
     for part, micros in parts.most_common():
         ms = micros / 1e3 / steps
         rate = ""
@@ -191,8 +191,9 @@ def main(argv=None):
             rate = f"{per_second:.1f} GB/s of cache read" if part.startswith("attention over") else \
                 f"{per_second:.0f} GFLOP/s"
         rows.append({"part": part, "ms_per_step": ms, "share": micros / total, "work_per_step": work.get(part)})
-        table.append(f"| {part} | {ms:.1f} | {100 * micros / total:.1f}% | {rate} |")
-    save_table(args.json, sys.argv[1:], table, header=header, setup=setup, parts=rows, seconds=seconds,
+        cells.append([part, f"{ms:.1f}", f"{100 * micros / total:.1f}%", rate])
+    table = markdown.table(["part of the decode step", "ms / token step", "share of op time", "rate"], cells)
+    save_table(args.json, sys.argv[1:], table.splitlines(), header=header, setup=setup, parts=rows, seconds=seconds,
                first_call_s=first, op_ms_per_step=total / 1e3 / steps, covered_ms_per_step=covered / 1e3 / steps,
                matmul_peak_flops=peak)
 

@@ -36,6 +36,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from readme_tables import save_table  # noqa: E402
 
+from pgjax import markdown  # noqa: E402
 from pgjax.agents import Step  # noqa: E402
 from pgjax.evaluation.statistics import describe_ratio, median_interval, median_ratio  # noqa: E402
 from pgjax.models import hf  # noqa: E402
@@ -125,6 +126,15 @@ def _count_compile(event, duration, **_):
 jax.monitoring.register_event_duration_secs_listener(_count_compile)
 
 
+def _side_row(side: str, seconds: list[float], runs: list[dict], ratio: dict) -> list[str]:
+    """One side's row of the table: its median time [95% interval], the median tokens prefilled and
+    generated and episodes cut, and (for the carried side) re-prefilled / carried."""
+    m = median_interval(seconds)
+    medians = [str(int(np.median([r[key] for r in runs]))) for key in ("prefilled", "generated", "cut")]
+    return [side, f"{m['median']:.2f} [{m['low']:.2f}, {m['high']:.2f}]", *medians,
+            describe_ratio(ratio) if side == "carried" else "1"]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", required=True, help="a checkpoint directory with a chat template")
@@ -175,13 +185,9 @@ def main(argv=None):
              f"compiling left out of each call ({sum(r['compiled'] for r in runs['re-prefilled'])} programs compiled "
              f"in the re-prefilled side's timed rounds, {sum(r['compiled'] for r in runs['carried'])} in the "
              f"carried side's); {agree:.0%} of the episodes' replies the same on both sides:", "",
-             "| side | s per batch (median [95% interval]) | tokens prefilled | tokens generated | episodes cut "
-             "| re-prefilled / carried |", "|---|---:|---:|---:|---:|---:|"]
-    for side in SIDES:
-        m = median_interval(seconds[side])
-        medians = [int(np.median([r[key] for r in runs[side]])) for key in ("prefilled", "generated", "cut")]
-        table.append(f"| {side} | {m['median']:.2f} [{m['low']:.2f}, {m['high']:.2f}] | "
-                     + " | ".join(map(str, medians)) + f" | {describe_ratio(ratio) if side == 'carried' else '1'} |")
+             *markdown.table(["side", "s per batch (median [95% interval])", "tokens prefilled", "tokens generated",
+                              "episodes cut", "re-prefilled / carried"],
+                             [_side_row(side, seconds[side], runs[side], ratio) for side in SIDES]).splitlines()]
     save_table(args.json, argv if argv is not None else sys.argv[1:], table, seconds=seconds, ratio=ratio,
                agree=float(agree), prefilled={s: [r["prefilled"] for r in runs[s]] for s in SIDES},
                generated={s: [r["generated"] for r in runs[s]] for s in SIDES})

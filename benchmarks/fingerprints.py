@@ -18,6 +18,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from measure import call_times
 from readme_tables import save_table
 
+from pgjax import markdown
 from pgjax.models import gguf
 from pgjax.train import inputs
 
@@ -55,10 +56,10 @@ def main(argv=None) -> int:
                                       args.repeats)[1]
             new, resume = statistics.median(new_times), statistics.median(resume_times)
             raw[name] = {"bytes": size, "files": len(files), "new_run_s": new_times, "resume_s": resume_times}
-            rows.append(f"| {name} | {len(files)} | {size / 2 ** 20:,.0f} MiB | {new:.2f} s "
-                        f"({size / 2 ** 30 / new:.1f} GiB/s) | {resume * 1e6:.0f} µs |")
-    table = ["| inputs | files | size | a new run hashes them | an unchanged resume checks them |",
-             "| --- | ---: | ---: | ---: | ---: |", *rows, "",
+            rows.append([name, len(files), f"{size / 2 ** 20:,.0f} MiB",
+                         f"{new:.2f} s ({size / 2 ** 30 / new:.1f} GiB/s)", f"{resume * 1e6:.0f} µs"])
+    table = [*markdown.table(["inputs", "files", "size", "a new run hashes them", "an unchanged resume checks them"],
+                             rows).splitlines(), "",
              f"Medians of {args.repeats} runs, files in the page cache (`benchmarks/fingerprints.py`)."]
     save_table(args.json, sys.argv[1:], table, raw=raw)
     return 0

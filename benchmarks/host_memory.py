@@ -34,7 +34,7 @@ import time
 
 from readme_tables import save_table  # no JAX either
 
-from pgjax import host_memory  # no JAX yet
+from pgjax import host_memory, markdown  # no JAX yet
 from pgjax.host_memory import M_ARENA_MAX, M_MMAP_MAX, M_TRIM_THRESHOLD, SETTINGS, SWITCH, TUNABLES
 
 HUGE_PAGES = {TUNABLES: host_memory.HUGE_PAGES}
@@ -96,6 +96,18 @@ def span(values, fmt) -> str:
     return fmt(low) if fmt(low) == fmt(high) else f"{fmt(low)}-{fmt(high)}"
 
 
+def _cells(r: dict) -> list[str]:
+    """A lever's measured cells: the span over its timed steps of each per-step quantity, and its peak RSS
+    (for a failed run: the failure, the rest blank)."""
+    if "failed" in r:
+        return [f"failed: {r['failed']}", "", "", "", ""]
+    timed = r["steps"][1:]
+    return [span([s["seconds"] for s in timed], lambda x: f"{x:.1f}"),
+            span([s["minor_faults"] for s in timed], lambda x: f"{x / 1e6:.2f} M"),
+            span([s["system_s"] for s in timed], lambda x: f"{x:.1f}"),
+            span([s["resident_gib"] for s in timed], lambda x: f"{x:.1f}") + " GiB", f"{r['peak_rss_gib']:.1f} GiB"]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="a converted checkpoint directory")
@@ -118,21 +130,11 @@ def main(argv=None):
             results[shape][name] = r = measure_variant(key, shape)
             print(f"{shape} {name}: {r.get('failed') or [round(s['seconds'], 2) for s in r['steps']]}",
                   file=sys.stderr, flush=True)
-    table = ["| batch x length | lever | step (s) | minor faults per step | kernel s per step | resident after "
-             "each step | peak RSS |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
-    for shape, variants in results.items():
-        for name, r in variants.items():
-            if "failed" in r:
-                table.append(f"| {shape.replace('x', ' x ')} | {name} | failed: {r['failed']} | | | | |")
-                continue
-            timed = r["steps"][1:]
-            table.append(f"| {shape.replace('x', ' x ')} | {name} "
-                         f"| {span([s['seconds'] for s in timed], lambda x: f'{x:.1f}')} "
-                         f"| {span([s['minor_faults'] for s in timed], lambda x: f'{x / 1e6:.2f} M')} "
-                         f"| {span([s['system_s'] for s in timed], lambda x: f'{x:.1f}')} "
-                         f"| {span([s['resident_gib'] for s in timed], lambda x: f'{x:.1f}')} GiB "
-                         f"| {r['peak_rss_gib']:.1f} GiB |")
-    save_table(args.json, sys.argv[1:], table, results=results)
+    table = markdown.table(["batch x length", "lever", "step (s)", "minor faults per step", "kernel s per step",
+                            "resident after each step", "peak RSS"],
+                           [[shape.replace("x", " x "), name, *_cells(r)]
+                            for shape, variants in results.items() for name, r in variants.items()], align="llrrrrr")
+    save_table(args.json, sys.argv[1:], table.splitlines(), results=results)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import measure
 
+from pgjax import markdown
 from pgjax.core.logprobs import chunked_logprobs_and_entropy, entropy_from_logits, token_logprobs
 
 MIB = 2.0 ** 20
@@ -117,6 +118,14 @@ def fmt_ratio(x):
     return "n/a" if x is None else f"{x:.3f}"
 
 
+def _memory_cells(mem) -> list[str]:
+    """A compiled call's argument, output, alias and temp MiB and its ``footprint`` (``n/a`` when not compiled)."""
+    if mem is None:
+        return ["n/a"] * 5
+    return [*(fmt_mib(mem[key]) for key in ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
+                                            "temp_size_in_bytes")), fmt_mib(footprint(mem))]
+
+
 def main(argv=None):
     args = parse_args(argv)
     n, h, v = args.tokens, args.hidden, args.vocab
@@ -185,31 +194,22 @@ def main(argv=None):
     plain_mem, plain_time = rows[0][1], rows[0][2]
     plain_temp = plain_mem and plain_mem["temp_size_in_bytes"]
 
-    print()
-    print("| path | temp memory (MiB) | time (s) | memory ratio vs plain | time ratio vs plain |")
-    print("|---|---:|---:|---:|---:|")
-    verdicts = []
+    cells, verdicts = [], []
     for name, mem, med, _, _ in rows:
         temp = mem and mem["temp_size_in_bytes"]
         mem_ratio = temp / plain_temp if temp is not None and plain_temp else None
         time_ratio = med / plain_time if med is not None and plain_time else None
-        print(f"| {name} | {fmt_mib(temp)} | {'not run' if med is None else f'{med:.3f}'} | "
-              f"{fmt_ratio(mem_ratio)} | {fmt_ratio(time_ratio)} |")
+        cells.append([name, fmt_mib(temp), "not run" if med is None else f"{med:.3f}", fmt_ratio(mem_ratio),
+                      fmt_ratio(time_ratio)])
         if name != "plain":
             verdicts.append((name, mem_ratio, time_ratio))
-
     print()
-    print("| path | argument (MiB) | output (MiB) | alias (MiB) | temp (MiB) | "
-          "arg + out + temp - alias (MiB) | compile (s) |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for name, mem, _, _, t_compile in rows:
-        if mem is None:
-            print(f"| {name} | n/a | n/a | n/a | n/a | n/a | {t_compile:.1f} |")
-            continue
-        total = footprint(mem)
-        print(f"| {name} | {fmt_mib(mem['argument_size_in_bytes'])} | {fmt_mib(mem['output_size_in_bytes'])} | "
-              f"{fmt_mib(mem['alias_size_in_bytes'])} | {fmt_mib(mem['temp_size_in_bytes'])} | "
-              f"{fmt_mib(total)} | {t_compile:.1f} |")
+    print(markdown.table(["path", "temp memory (MiB)", "time (s)", "memory ratio vs plain", "time ratio vs plain"],
+                         cells))
+    print()
+    print(markdown.table(["path", "argument (MiB)", "output (MiB)", "alias (MiB)", "temp (MiB)",
+                          "arg + out + temp - alias (MiB)", "compile (s)"],
+                         [[name, *_memory_cells(mem), f"{t_compile:.1f}"] for name, mem, _, _, t_compile in rows]))
 
     print()
     print(f"target: chunked temp memory <= {TARGET_MEMORY_RATIO:g} x plain and time <= "

@@ -34,6 +34,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from readme_tables import save_table  # noqa: E402
 
+from pgjax import markdown  # noqa: E402
 from pgjax.evaluation.statistics import describe_ratio, median_interval, median_ratio  # noqa: E402
 from pgjax.train import experiment as experiment_lib  # noqa: E402
 from pgjax.train.learner import build_learner  # noqa: E402
@@ -125,10 +126,8 @@ def main(argv=None):
     table = [f"Update of `{pathlib.Path(args.experiment).name}` from `{args.model}`, {args.steps} steps "
              f"({exp.prompts_per_step} prompts x {exp.rollout.samples_per_prompt} samples, "
              f"{exp.rollout.max_new_tokens} new tokens, {exp.update.micro_batches} micro-batches); padding "
-             f"{min(padding):.0%}-{max(padding):.0%} of the update's positions:", "",
-             "| update | positions / unpacked | s (median [95% interval]) | unpacked / it | steps timed | compiles (s) "
-             "| gradient norm / unpacked - 1, largest |", "|---|---:|---:|---:|---:|---:|---:|"]
-    unpacked, ratios = timed(steps, "unpacked"), {}
+             f"{min(padding):.0%}-{max(padding):.0%} of the update's positions:", ""]
+    unpacked, ratios, rows = timed(steps, "unpacked"), {}, []
     for width in learners:
         key, times = name(width), timed(steps, name(width))
         m = median_interval(times)
@@ -137,9 +136,11 @@ def main(argv=None):
         ratios[key] = median_ratio(unpacked, times) if width else None
         gap = max(relative_gap(s[key]["grad_norm"], s["unpacked"]["grad_norm"]) for s in steps)
         compiles = sum(s[key]["compiled"] for s in steps), sum(s[key]["compile_seconds"] for s in steps)
-        table.append(f"| {key} | {positions:.2f} | {m['median']:.1f} [{m['low']:.1f}, {m['high']:.1f}] | "
-                     f"{describe_ratio(ratios[key]) if width else '1'} | {len(times)} | "
-                     f"{compiles[0]} ({compiles[1]:.0f}) | {gap:.1e} |")
+        rows.append([key, f"{positions:.2f}", f"{m['median']:.1f} [{m['low']:.1f}, {m['high']:.1f}]",
+                     describe_ratio(ratios[key]) if width else "1", len(times), f"{compiles[0]} ({compiles[1]:.0f})",
+                     f"{gap:.1e}"])
+    table += markdown.table(["update", "positions / unpacked", "s (median [95% interval])", "unpacked / it",
+                             "steps timed", "compiles (s)", "gradient norm / unpacked - 1, largest"], rows).splitlines()
     save_table(args.json, argv if argv is not None else sys.argv[1:], table, steps=steps, ratios=ratios)
 
 

@@ -30,6 +30,8 @@ import time
 
 from readme_tables import save_table
 
+from pgjax import markdown
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 GIB = 2 ** 30
 HEADROOM = 0.8      # plan to at most 80% of the memory (docs/scaling.md: the planner leaves out ~20%)
@@ -91,14 +93,14 @@ def measure(model: str, members: int, steps: int) -> dict:
 
 
 def table(rows: list[dict], measured: dict | None, limit_gib: float, model: str) -> list[str]:
+    fits = lambda row: "yes" if row["total"] <= HEADROOM * limit_gib * GIB else "no"     # noqa: E731
     lines = [f"{model} in experiments/smollm2_math.py's step, a population of M members on one device: the planner's "
              f"GiB per device (state: the M stacked training states; total: the step's peak), against "
              f"{limit_gib:g} GiB with 20% headroom",
-             "", "| members | vmap width | state (GiB) | total (GiB) | fits |", "| ---: | ---: | ---: | ---: | --- |"]
-    for row in rows:
-        fits = "yes" if row["total"] <= HEADROOM * limit_gib * GIB else "no"
-        lines.append(f"| {row['members']} | {row['vmap_width']} | {row['state'] / GIB:.2f} | {row['total'] / GIB:.2f} "
-                     f"| {fits} |")
+             "", *markdown.table(["members", "vmap width", "state (GiB)", "total (GiB)", "fits"],
+                                 [[row["members"], row["vmap_width"], f"{row['state'] / GIB:.2f}",
+                                   f"{row['total'] / GIB:.2f}", fits(row)]
+                                  for row in rows], align="rrrrl").splitlines()]
     if measured:
         planned = next(r for r in rows if r["members"] == measured["members"] and r["vmap_width"] == 1)
         steps = ", ".join(f"{s:.0f}" for s in measured["step_seconds"])

@@ -36,6 +36,8 @@ import time
 
 from readme_tables import save_table
 
+from pgjax import markdown
+
 GROUP = 8
 GIB = 2 ** 30
 # (rows, prompt tokens, response tokens, model options)
@@ -109,22 +111,21 @@ def child(kind: str, model: str, config: list) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def row(config, predicted: dict, measured: dict) -> str:
-    """One table row, GiB; measured figures above the baseline."""
+def row(config, predicted: dict, measured: dict) -> list[str]:
+    """One table row's cells, GiB; measured figures above the baseline."""
     rows, prompt_len, response_len, options = config
     options = ", ".join(f"{k}={v}" for k, v in options.items()) or "no scan, no remat"
     above = lambda key: (measured[key] - measured["baseline_kib"]) / 2 ** 20          # noqa: E731
     peak, live = above("second_peak_kib"), above("before_second_kib")
     total, state = predicted["total"] / GIB, predicted["state"] / GIB
-    return (f"| {rows} x ({prompt_len} + {response_len}), {options} | {state:.2f} | {live:.2f} | {total:.2f} | "
-            f"{peak:.2f} | {peak / total:.2f} | {total - state:.2f} | {peak - live:.2f} | "
-            f"{(peak - live) / (total - state):.2f} | {above('process_peak_kib'):.2f} |")
+    return [f"{rows} x ({prompt_len} + {response_len}), {options}", f"{state:.2f}", f"{live:.2f}", f"{total:.2f}",
+            f"{peak:.2f}", f"{peak / total:.2f}", f"{total - state:.2f}", f"{peak - live:.2f}",
+            f"{(peak - live) / (total - state):.2f}", f"{above('process_peak_kib'):.2f}"]
 
 
-HEADER = ["| rows x (prompt + response), options | predicted state | live before the step | predicted total "
-          "| step peak | measured / predicted | predicted transient | measured transient | measured / predicted "
-          "| whole-process peak |",
-          "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+HEADER = ["rows x (prompt + response), options", "predicted state", "live before the step", "predicted total",
+          "step peak", "measured / predicted", "predicted transient", "measured transient", "measured / predicted",
+          "whole-process peak"]
 
 
 def main(argv=None) -> int:
@@ -137,13 +138,14 @@ def main(argv=None) -> int:
     if args.child:
         print(json.dumps({"predict": predict, "measure": measure}[args.child](args.model, *json.loads(args.config))))
         return 0
-    results, lines = [], []
+    results, rows = [], []
     for config in CONFIGS:
         predicted, measured = child("predict", args.model, config), child("measure", args.model, config)
         results.append({"config": config, "predicted": predicted, "measured": measured})
-        lines.append(row(config, predicted, measured))
-        print(lines[-1], flush=True)
-    save_table(args.json, sys.argv[1:] if argv is None else argv, HEADER + lines, results=results)
+        rows.append(row(config, predicted, measured))
+        print(markdown.row(rows[-1]), flush=True)
+    save_table(args.json, sys.argv[1:] if argv is None else argv, markdown.table(HEADER, rows).splitlines(),
+               results=results)
     return 0
 
 

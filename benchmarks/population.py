@@ -48,6 +48,7 @@ import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from pgjax import markdown  # noqa: E402
 from pgjax.evaluation import statistics as stats  # noqa: E402
 
 GRID = {"divide_by_std": [0.0, 1.0], "divide_by_length": [0.0, 1.0]}
@@ -215,23 +216,44 @@ def scaling(sizes: list[int], steps: int, experiment: str, widths: dict) -> dict
     return out
 
 
-def table(result: dict) -> list[str]:
-    main, lines = result["compare"], []
-    runs, pops = main["runs"]["times"], main["populations"]
-    n, steps = len(main["members"]), main["steps"]
-    lines += [f"{main['experiment']}'s 2 x 2 switch grid x {n // 4} seeds: {n} runs one after another against one "
-              f"population of {n}, {steps} RL steps after the warm start (seconds; ratio: the runs' time over the "
-              "population's)", "",
-              f"| phase | {n} runs | " + " | ".join(f"population, {p['label']} | ratio" for p in pops) + " |",
-              "| --- | ---: |" + " ---: | ---: |" * len(pops)]
+def phase_table(main: dict) -> str:
+    """Per phase of the experiment: the runs' seconds, then each population's seconds and the runs' time over it."""
+    runs, pops, steps = main["runs"]["times"], main["populations"], main["steps"]
     labels = {"build": "build", "warm_start": f"warm start ({main['warm_start_steps']} steps; a population's once per "
                                               "seed)",
               "eval_first": "greedy evaluation after the warm start", "first_steps": "RL steps 1-2 (compiling)",
               "steady_steps": f"RL steps 3-{steps}", "eval_last": "final greedy evaluation", "total": "whole run"}
-    for key, label in labels.items():
-        cells = [f"{p['times'][key]:.1f} | {runs[key] / p['times'][key]:.2f}x" for p in pops]
-        lines.append(f"| {f'**{label}**' if key == 'total' else label} | {runs[key]:.1f} | " + " | ".join(cells) + " |")
-    lines.append("")
+    header = ["phase", f"{len(main['members'])} runs",
+              *(c for p in pops for c in (f"population, {p['label']}", "ratio"))]
+    rows = [[f"**{label}**" if key == "total" else label, f"{runs[key]:.1f}",
+             *(c for p in pops for c in (f"{p['times'][key]:.1f}", f"{runs[key] / p['times'][key]:.2f}x"))]
+            for key, label in labels.items()]
+    return markdown.table(header, rows)
+
+
+def _interval(m: dict) -> str:
+    """A median and its 95% interval: ``0.123 [0.120, 0.127]``."""
+    return f"{m['median']:.3f} [{m['low']:.3f}, {m['high']:.3f}]"
+
+
+def scaling_table(scale: dict) -> str:
+    """Per population size N: N runs' seconds (N x one run's median step), then each population's median step
+    [95% interval] and the runs' time over it."""
+    labels = [label for label in scale["rows"][0] if label != "members"]
+    single = scale["single"]["median"]
+    header = ["N", "N runs (s)", *(c for label in labels for c in (f"population, {label} (s)", "ratio"))]
+    rows = [[row["members"], f"{row['members'] * single:.3f}",
+             *(c for label in labels for c in (_interval(row[label]), stats.describe_ratio(row[label]["ratio"])))]
+            for row in scale["rows"]]
+    return markdown.table(header, rows, align="r" * len(header))
+
+
+def table(result: dict) -> list[str]:
+    main = result["compare"]
+    pops, n, steps = main["populations"], len(main["members"]), main["steps"]
+    lines = [f"{main['experiment']}'s 2 x 2 switch grid x {n // 4} seeds: {n} runs one after another against one "
+             f"population of {n}, {steps} RL steps after the warm start (seconds; ratio: the runs' time over the "
+             "population's)", "", *phase_table(main).splitlines(), ""]
     for p in pops:
         proj, agree = p["projected"], p["agreement"]
         lines.append(f"Population, {p['label']}: steady-state RL step (median of steps 3-{steps}, the {n} runs' step "
@@ -242,17 +264,10 @@ def table(result: dict) -> list[str]:
                      "members.")
     scale = result.get("scaling")
     if scale:
-        labels = [label for label in scale["rows"][0] if label != "members"]
-        single = scale["single"]["median"]
         lines += ["", f"A population's RL step against its size N (from the initial policy, no warm start; median of "
                       f"{scale['steps'] - COMPILING_STEPS} steps with its 95% interval; N runs: N x one run's median "
-                      f"step, {single:.3f} s; ratio: N runs over the population)", "",
-                  "| N | N runs (s) | " + " | ".join(f"population, {label} (s) | ratio" for label in labels) + " |",
-                  "| ---: | ---: |" + " ---: | ---: |" * len(labels)]
-        for row in scale["rows"]:
-            cells = [f"{row[label]['median']:.3f} [{row[label]['low']:.3f}, {row[label]['high']:.3f}] | "
-                     f"{stats.describe_ratio(row[label]['ratio'])}" for label in labels]
-            lines.append(f"| {row['members']} | {row['members'] * single:.3f} | " + " | ".join(cells) + " |")
+                      f"step, {scale['single']['median']:.3f} s; ratio: N runs over the population)", "",
+                  *scaling_table(scale).splitlines()]
     return lines
 
 

@@ -45,6 +45,7 @@ import torch
 import transformers
 from readme_tables import save_table
 
+from pgjax import markdown
 from pgjax.models import hf
 from pgjax.rollout.collect import encode_prompts, pad_id
 from pgjax.sample import SamplingConfig, generate
@@ -176,12 +177,12 @@ def main(argv=None):
     setup = (f"{description}; float32; temperature 1, no top-k/top-p; median of {args.repeats} calls after a "
              f"warm-up (compiling) call; max |logit gap| {gap:.1e}")
     print(header + "\n" + setup + "\n", flush=True)
-    stacked_columns = ("| pgjax, stacked layers | stacked / default ", "| ---: | ---: ") if stacked else ("", "")
-    table = ["| batch | new tokens | mode | pgjax tok/s | pgjax, no compaction " + stacked_columns[0]
-             + "| transformers tok/s | ratio | compaction gain | pgjax first call (s) |",
-             "| ---: | ---: | --- | ---: | ---: " + stacked_columns[1] + "| ---: | ---: | ---: | ---: |"]
-    print("\n".join(table), flush=True)
-    results = []
+    columns = ["batch", "new tokens", "mode", "pgjax tok/s", "pgjax, no compaction",
+               *(["pgjax, stacked layers", "stacked / default"] if stacked else []), "transformers tok/s", "ratio",
+               "compaction gain", "pgjax first call (s)"]
+    align = "rrl" + "r" * (len(columns) - 3)
+    print(markdown.table(columns, [], align), flush=True)
+    results, cells = [], []
     for batch, (tokens, mask) in prompts.items():
         for new_tokens in args.new_tokens:
             for mode, (eos_ids, pad) in modes.items():
@@ -192,15 +193,16 @@ def main(argv=None):
                 theirs, _ = transformers_rate(ref, tokens, mask, new_tokens, eos_ids, pad, args.repeats)
                 row = {"batch": batch, "new_tokens": new_tokens, "mode": mode, "pgjax": ours,
                        "pgjax_no_compaction": plain, "transformers": theirs, "pgjax_first_call_s": first}
-                stacked_cells = ""
+                stacked_cells = []
                 if stacked:
                     row["pgjax_stacked_layers"], row["pgjax_stacked_first_call_s"] = rate(stacked)
-                    stacked_cells = f"| {row['pgjax_stacked_layers']:,.0f} | {row['pgjax_stacked_layers'] / ours:.2f} "
+                    stacked_cells = [f"{row['pgjax_stacked_layers']:,.0f}", f"{row['pgjax_stacked_layers'] / ours:.2f}"]
                 results.append(row)
-                table.append(f"| {batch} | {new_tokens} | {mode} | {ours:,.0f} | {plain:,.0f} {stacked_cells}"
-                             f"| {theirs:,.0f} | {ours / theirs:.2f} | {ours / plain:.2f} | {first:.1f} |")
-                print(table[-1], flush=True)
-    save_table(args.json, sys.argv[1:], table, header=header, setup=setup, results=results)
+                cells.append([batch, new_tokens, mode, f"{ours:,.0f}", f"{plain:,.0f}", *stacked_cells,
+                              f"{theirs:,.0f}", f"{ours / theirs:.2f}", f"{ours / plain:.2f}", f"{first:.1f}"])
+                print(markdown.row(cells[-1]), flush=True)
+    save_table(args.json, sys.argv[1:], markdown.table(columns, cells, align).splitlines(), header=header, setup=setup,
+               results=results)
 
 
 if __name__ == "__main__":

@@ -192,6 +192,7 @@ def main(argv=None):
             if any(run[key] != runs[name][0][key] for run in runs[name]):
                 raise AssertionError(f"{name}: the {key} differ between rounds: {[run[key] for run in runs[name]]}")
     # imported here, not at the top: a side's child must import pgjax from its own tree only
+    from pgjax import markdown
     from pgjax.evaluation.statistics import describe_ratio, median_interval, median_ratio
     pooled = {measure: {name: [x for run in runs[name] for x in run[measure]] for name in SIDES}
               for measure in ("call_seconds", "call_cpu_seconds", "episode_seconds")}
@@ -213,10 +214,10 @@ def main(argv=None):
              f"and {args.episodes} episodes a side a round ({args.calls * args.rounds} and "
              f"{args.episodes * args.rounds} per side in all); load average {load:.2f} at the start, {load_end:.2f} "
              f"at the end:", "",
-             "| measure | before, ms (median [95% interval]) | after, ms | after / before |", "|---|---:|---:|---:|"]
-    for label, measure in rows:
-        table.append(f"| {label} | {milliseconds(median_interval(pooled[measure]['before']))} | "
-                     f"{milliseconds(median_interval(pooled[measure]['after']))} | {describe_ratio(ratios[measure])} |")
+             *markdown.table(["measure", "before, ms (median [95% interval])", "after, ms", "after / before"],
+                             [[label, milliseconds(median_interval(pooled[measure]["before"])),
+                               milliseconds(median_interval(pooled[measure]["after"])), describe_ratio(ratios[measure])]
+                              for label, measure in rows]).splitlines()]
     print(f"total {time.perf_counter() - started:.0f} s", file=sys.stderr)
     save_table(args.json, argv if argv is not None else sys.argv[1:], table,
                provenance=record(children=children), before={"revision": args.before, "commit": before_commit},

@@ -25,6 +25,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from provenance import record
 from readme_tables import save_table
 
+from pgjax import markdown
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CI = "`.ci/run` in a fresh clone, empty cache (a new machine)"
 RUNS = {CI: None,
@@ -86,10 +88,10 @@ def main(argv=None) -> int:
             runs[label] = timed_run(clone, arguments, cache, pathlib.Path(scratch) / "report.xml")
             if not (clone / ".venv" / "bin" / "python").exists():
                 break                                       # CI could not build the clone's environment
-    table = ["| run | wall time | passed | skipped | failed |", "| --- | ---: | ---: | ---: | ---: |"]
-    table += [f"| {label} | {minutes(r['wall_seconds'])} | {r['passed']} | {r['skipped']} | {r['failed']} |"
-              for label, r in runs.items()]
-    save_table(args.json, argv if argv is not None else sys.argv[1:], table, provenance, runs=runs)
+    table = markdown.table(["run", "wall time", "passed", "skipped", "failed"],
+                           [[label, minutes(r["wall_seconds"]), r["passed"], r["skipped"], r["failed"]]
+                            for label, r in runs.items()])
+    save_table(args.json, argv if argv is not None else sys.argv[1:], table.splitlines(), provenance, runs=runs)
     return max(r["exit_status"] for r in runs.values())
 
 

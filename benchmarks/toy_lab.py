@@ -10,6 +10,7 @@ import time
 
 import jax
 
+from pgjax import markdown
 from pgjax.theory import lab
 from pgjax.theory import mdp as mdp_lib
 
@@ -47,9 +48,10 @@ def main(argv=None):
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}; {runs} runs "
           f"({len(algorithms)} algorithms x {len(LEARNING_RATES)} learning rates x {args.seeds} seeds), "
           f"{args.steps} steps each; median of {args.repeats}\n")
-    print("| execution | seconds | runs per second | speed-up vs loop |\n| --- | ---: | ---: | ---: |")
-    print(f"| Python loop of jitted single runs | {t_loop:.2f} | {runs / t_loop:.1f} | 1.0 |")
-    print(f"| one jitted call of vmaps | {t_vmap:.2f} | {runs / t_vmap:.1f} | {t_loop / t_vmap:.1f} |")
+    print(markdown.table(["execution", "seconds", "runs per second", "speed-up vs loop"],
+                         [["Python loop of jitted single runs", f"{t_loop:.2f}", f"{runs / t_loop:.1f}", "1.0"],
+                          ["one jitted call of vmaps", f"{t_vmap:.2f}", f"{runs / t_vmap:.1f}",
+                           f"{t_loop / t_vmap:.1f}"]]))
 
 
 if __name__ == "__main__":

@@ -94,7 +94,7 @@ from flax import nnx
 from readme_tables import save_table
 from torch.utils.checkpoint import checkpoint
 
-from pgjax import host_memory
+from pgjax import host_memory, markdown
 from pgjax.core import token_logprobs
 from pgjax.models import hf, lora, scoring
 from pgjax.models.lora import LoRAConfig
@@ -341,6 +341,25 @@ def compile_seconds(result, row) -> str:
     return "-" if seconds is None else f"{seconds:.1f}"
 
 
+ALONE_COLUMNS = ("compile (s)", "peak RSS", "system s / step", "minor faults / step")   # rows in their own process
+
+
+def shape_rows(result, alone: bool) -> list[list[str]]:
+    """The table's rows of one shape: per implementation its ms / step, ratio to torch eager, MFU, loss gap and
+    first step (``alone``: also compile seconds, peak RSS, kernel seconds and minor faults per step), then a
+    row per failed implementation."""
+    shape, torch_eager, rows = f"{result['batch']} x {result['length']}", result["seconds"].get("torch eager"), []
+    for name, seconds in result["seconds"].items():
+        ratio, gap = (f"{seconds / torch_eager:.2f}", f"{result['gap'][name]:.0e}") if torch_eager else ("-", "-")
+        own = [compile_seconds(result, name), f"{result['peak_rss_gib'][name]:.1f} GiB",
+               f"{result['system_s'][name]:.2f}", f"{result['minor_faults'][name]:,.0f}"] if alone else []
+        rows.append([shape, name, f"{1e3 * seconds:.1f}", ratio, f"{result['mfu'][name]:.0%}", gap,
+                     f"{result['first_step_s'][name]:.1f}", *own])
+    blanks = [""] * (4 + len(ALONE_COLUMNS) if alone else 4)
+    rows += [[shape, name, f"failed: {why}", *blanks] for name, why in result.get("failed", {}).items()]
+    return rows
+
+
 def plot(results, path):
     """Seconds per step against length (smallest batch) and against batch (shortest length)."""
     import matplotlib
@@ -431,25 +450,14 @@ def main(argv=None):
              f"float32 matmul peak (2048^3): jnp.dot {peak['jnp.dot'] / 1e9:.0f} GFLOP/s, torch.mm "
              f"{peak['torch.mm'] / 1e9:.0f} GFLOP/s; MFU = model FLOP/s / the faster", ""]
     alone = args.model is not None      # each row in its own process: its memory and kernel costs
-    table = ["| batch x length | implementation | ms / step | ratio vs torch eager | MFU | loss gap | first step (s) |"
-             + (" compile (s) | peak RSS | system s / step | minor faults / step |" if alone else ""),
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: |" + (" ---: | ---: | ---: | ---: |" if alone else "")]
-    for r in results:
-        torch_eager = r["seconds"].get("torch eager")
-        for name, seconds in r["seconds"].items():
-            ratio, gap = (f"{seconds / torch_eager:.2f}", f"{r['gap'][name]:.0e}") if torch_eager else ("-", "-")
-            table.append(f"| {r['batch']} x {r['length']} | {name} | {1e3 * seconds:.1f} | "
-                         f"{ratio} | {r['mfu'][name]:.0%} | {gap} "
-                         f"| {r['first_step_s'][name]:.1f} |" + (f" {compile_seconds(r, name)} | "
-                                                                  f"{r['peak_rss_gib'][name]:.1f} GiB | "
-                                                                  f"{r['system_s'][name]:.2f} | "
-                                                                  f"{r['minor_faults'][name]:,.0f} |" if alone else ""))
-        for name, why in r.get("failed", {}).items():
-            table.append(f"| {r['batch']} x {r['length']} | {name} | failed: {why} |" + " |" * (8 if alone else 4))
+    columns = ["batch x length", "implementation", "ms / step", "ratio vs torch eager", "MFU", "loss gap",
+               "first step (s)", *(ALONE_COLUMNS if alone else ())]
+    table = markdown.table(columns, [row for r in results for row in shape_rows(r, alone)],
+                           align="ll" + "r" * (len(columns) - 2))
     print("\n".join(lines), flush=True)
     if args.plot and len(shapes) > 1:
         plot(results, args.plot)
-    save_table(args.json, sys.argv[1:], table, lines=lines, matmul_peak_flops=peak, results=results)
+    save_table(args.json, sys.argv[1:], table.splitlines(), lines=lines, matmul_peak_flops=peak, results=results)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,65 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pgjax.core import PRESETS, Batch, algorithm_table, finalize_metrics, hparam_grid, preset, token_logprobs
+from pgjax import markdown
+from pgjax.core import PRESETS, Algorithm, Batch, finalize_metrics, hparam_grid, preset, token_logprobs
+
+
+def _num(x) -> str:
+    """``x`` as the table writes a hyperparameter: ``%g``."""
+    return f"{float(x):g}"
+
+
+def _advantage_column(algo: Algorithm) -> str:
+    """The advantage a preset computes, as the table's advantage cell."""
+    spec, hp = algo.spec, algo.hparams
+    if spec.baseline == "none":
+        text = f"G_t (gamma={_num(hp.gamma)})"
+    elif spec.baseline == "value":
+        text = f"GAE: G^lambda_t - V(s_t) (lambda={_num(hp.lam)})"
+    elif spec.baseline == "greedy":
+        text = "G - G_greedy"
+    else:
+        text = "r - leave-one-out mean (1/(K-1))" if hp.leave_one_out else "r - group mean (1/K)"
+        if hp.divide_by_std:
+            text += ", / std"
+    if hp.whiten:
+        text += ", batch-whitened"
+    return text
+
+
+def _ratio_column(algo: Algorithm) -> str:
+    """The ratio (and clipping) a preset uses, as the table's ratio cell."""
+    spec, hp = algo.spec, algo.hparams
+    eps = f"eps={_num(hp.clip_eps_low)}" if hp.clip_eps_low == hp.clip_eps_high else \
+        f"eps=({_num(hp.clip_eps_low)}, {_num(hp.clip_eps_high)})"
+    return {"on_policy": "on-policy (rho = 1)", "clip": f"rho-hat, {eps}",
+            "sequence": f"sequence rho-hat, {eps}",
+            "truncated_is": f"sg(min(rho, {_num(1 + hp.clip_eps_high)})) A log pi"}[spec.ratio]
+
+
+def _kl_column(algo: Algorithm) -> str:
+    """A preset's KL term (coefficient, estimator, placement), as the table's KL cell."""
+    spec, hp = algo.spec, algo.hparams
+    if spec.kl_placement == "none":
+        return "none"
+    if float(hp.kl_coef) == 0:
+        return f"off (kl_coef=0; {spec.kl_estimator} in {spec.kl_placement} when on)"
+    return f"{_num(hp.kl_coef)} * {spec.kl_estimator} in {spec.kl_placement}"
+
+
+def _aggregation_column(algo: Algorithm) -> str:
+    """A preset's loss aggregation, with ``(1/|o|)`` where it divides by the response length."""
+    per_seq = " (1/|o|)" if algo.hparams.divide_by_length else ""
+    return f"{algo.spec.aggregation}{per_seq}"
+
+
+def algorithm_table() -> str:
+    """Markdown table of every preset: equation, advantage, ratio, KL, aggregation."""
+    return markdown.table(["preset", "eq.", "advantage", "ratio", "KL", "aggregation"],
+                          [[f"`{name}`", algo.spec.equation, _advantage_column(algo), _ratio_column(algo),
+                            _kl_column(algo), _aggregation_column(algo)] for name, algo in PRESETS.items()],
+                          align="llllll")
 
 
 def synthetic_batch(seed: int, prompts: int, group_size: int, length: int, vocab: int):
@@ -41,15 +99,15 @@ def loss_and_grad_norm(algo, batch, theta, tokens, hp):
 
 
 def presets_table(batch, theta, tokens) -> str:
-    rows = ["| preset | eq. | loss | grad norm | clip fraction | approx KL(old, new) |",
-            "| --- | --- | ---: | ---: | ---: | ---: |"]
+    rows = []
     for name, algo in PRESETS.items():
         value, metrics, norm = jax.jit(loss_and_grad_norm, static_argnums=0)(algo, batch, theta, tokens,
                                                                             algo.hparams)
         m = finalize_metrics(metrics)
-        rows.append(f"| {name} | {algo.spec.equation} | {float(value):+.4f} | {float(norm):.4f} "
-                    f"| {float(m['clip_fraction']):.3f} | {float(m['approx_kl_mean']):.4f} |")
-    return "\n".join(rows)
+        rows.append([name, algo.spec.equation, f"{float(value):+.4f}", f"{float(norm):.4f}",
+                     f"{float(m['clip_fraction']):.3f}", f"{float(m['approx_kl_mean']):.4f}"])
+    return markdown.table(["preset", "eq.", "loss", "grad norm", "clip fraction", "approx KL(old, new)"], rows,
+                          align="llrrrr")
 
 
 def ablation_table(batch, theta, tokens) -> str:
@@ -58,12 +116,10 @@ def ablation_table(batch, theta, tokens) -> str:
                                  leave_one_out=[0.0, 1.0], kl_coef=[0.04, 0.0])
     sweep = jax.jit(jax.vmap(loss_and_grad_norm, in_axes=(None, None, None, None, 0)), static_argnums=0)
     values, _, norms = sweep(algo, batch, theta, tokens, grid)
-    rows = ["| / std | / \\|o\\| | leave-one-out | KL coef | loss | grad norm |",
-            "| --- | --- | --- | --- | ---: | ---: |"]
-    for s, v, n in zip(settings, values, norms, strict=True):
-        rows.append(f"| {s['divide_by_std']:g} | {s['divide_by_length']:g} | {s['leave_one_out']:g} "
-                    f"| {s['kl_coef']:g} | {float(v):+.4f} | {float(n):.4f} |")
-    return "\n".join(rows)
+    return markdown.table(["/ std", "/ |o|", "leave-one-out", "KL coef", "loss", "grad norm"],
+                          [[f"{s['divide_by_std']:g}", f"{s['divide_by_length']:g}", f"{s['leave_one_out']:g}",
+                            f"{s['kl_coef']:g}", f"{float(v):+.4f}", f"{float(n):.4f}"]
+                           for s, v, n in zip(settings, values, norms, strict=True)], align="llllrr")
 
 
 def main(argv=None):

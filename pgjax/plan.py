@@ -56,7 +56,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
-from pgjax import core
+from pgjax import core, markdown
 from pgjax.models import hf
 from pgjax.models.lora import LoRAConfig
 from pgjax.models.transformer import REMAT_POLICIES, ModelConfig
@@ -405,21 +405,22 @@ def result(plan: Plan, limit: int, fit: Fit | None = None) -> dict:
 def markdown_rows(results: list[dict]) -> list[str]:
     """A markdown table of ``result`` dicts, one row each: GiB per device, the total at the compiled batch,
     and the largest batch found (rows; ``?``: unverified)."""
-    lines = ["| model | devices (data,fsdp,tensor) | remat | LoRA rank | parameters | Adam moments | reference "
-             "| peak temp | total (GiB) at batch (rows) | largest batch (rows) |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
-    for saved in results:
-        plan, fit, limit = saved["plan"], saved["fit"], saved["limit"]
-        sizes = plan["mesh"].values()
-        gib = lambda key, plan=plan: f"{plan[key] / GIB:.2f}"     # noqa: E731
-        verdict = "fits" if plan["total"] <= limit else "does not fit"
-        largest = "-" if fit is None else f"{fit['rows']:,}" if fit["rows"] else "none"
-        unverified = "" if fit is None or fit["verified"] else "?"
-        lines.append(f"| {plan['model']} | {math.prod(sizes)} ({','.join(map(str, sizes))}) | "
-                     f"{plan['options']['remat']} | {plan['options'].get('lora_rank', 0) or '-'} | {gib('params')} | "
-                     f"{gib('optimizer')} | {gib('reference')} | "
-                     f"{gib('peak_temp')} | {gib('total')} at {plan['rows']}: {verdict} | {largest}{unverified} |")
-    return lines
+    header = ["model", "devices (data,fsdp,tensor)", "remat", "LoRA rank", "parameters", "Adam moments", "reference",
+              "peak temp", "total (GiB) at batch (rows)", "largest batch (rows)"]
+    return markdown.table(header, [_markdown_row(saved) for saved in results], align="lllrrrrrlr").splitlines()
+
+
+def _markdown_row(saved: dict) -> list[object]:
+    """``markdown_rows``' cells of one ``result`` dict."""
+    plan, fit, limit = saved["plan"], saved["fit"], saved["limit"]
+    sizes = plan["mesh"].values()
+    gib = lambda key: f"{plan[key] / GIB:.2f}"     # noqa: E731
+    verdict = "fits" if plan["total"] <= limit else "does not fit"
+    largest = "-" if fit is None else f"{fit['rows']:,}" if fit["rows"] else "none"
+    unverified = "" if fit is None or fit["verified"] else "?"
+    return [plan["model"], f"{math.prod(sizes)} ({','.join(map(str, sizes))})", plan["options"]["remat"],
+            plan["options"].get("lora_rank", 0) or "-", gib("params"), gib("optimizer"), gib("reference"),
+            gib("peak_temp"), f"{gib('total')} at {plan['rows']}: {verdict}", f"{largest}{unverified}"]
 
 
 def parser() -> argparse.ArgumentParser:

@@ -111,6 +111,18 @@ def test_powers_are_refused_before_they_are_computed():
         E.evaluate("1/(2-2)", E.CALCULATOR)
 
 
+@pytest.mark.parametrize("text, value", [(".5", Fraction(1, 2)), ("5.", 5), ("-.25*4.", -1), ("3./.5", 6)])
+def test_a_bare_point_is_read_only_where_the_syntax_allows_it(text, value):
+    assert E.evaluate(text, E.Syntax(signs=True, decimals=True, bare_point=True))[0] == value
+    with pytest.raises(E.ExpressionError, match="expected"):
+        E.evaluate(text, E.CALCULATOR)
+
+
+def test_a_point_alone_is_no_number_even_with_bare_points():
+    with pytest.raises(E.ExpressionError, match="expected digits after the '.' at position 2"):
+        E.evaluate("1+.", E.Syntax(decimals=True, bare_point=True))
+
+
 @pytest.mark.parametrize("text", ["-3+4", "1.5*2", "2^3", "2**3"])
 def test_countdown_grammar_has_no_signs_decimals_or_powers(text):
     with pytest.raises(E.ExpressionError):

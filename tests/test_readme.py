@@ -14,7 +14,8 @@ import pytest
 from helpers import FAST_COMPILE
 
 from pgjax import demo
-from pgjax.core import PRESETS, algorithm_table
+from pgjax.core import PRESETS
+from pgjax.demo import algorithm_table
 
 ROOT = pathlib.Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text()

@@ -54,7 +54,7 @@ from pgjax.core.off_policy import (
     mismatch_metrics,
     raw_weights,
 )
-from pgjax.core.presets import PRESETS, algorithm_table, preset
+from pgjax.core.presets import PRESETS, preset
 from pgjax.core.returns import as_token_rewards, discounted_returns, gae, lambda_returns, outcome_to_token_rewards
 from pgjax.core.reward_models import (
     STEP_REWARDS,

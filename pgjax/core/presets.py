@@ -1,5 +1,5 @@
 """Algorithm presets: the paper's algorithms (and DAPO, REINFORCE++, GSPO, CISPO) as
-``Algorithm(spec, hparams)`` values. ``algorithm_table()`` renders them, so the
+``Algorithm(spec, hparams)`` values. ``pgjax.demo.algorithm_table()`` renders them, so the
 README's table is generated from the presets themselves.
 
 Each preset reproduces its equation up to a positive constant factor that the
@@ -67,58 +67,3 @@ def preset(name: str) -> Algorithm:
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; expected one of {sorted(PRESETS)}")
     return PRESETS[name]
-
-
-
-def _num(x) -> str:
-    return f"{float(x):g}"
-
-
-def _advantage_column(algo: Algorithm) -> str:
-    spec, hp = algo.spec, algo.hparams
-    if spec.baseline == "none":
-        text = f"G_t (gamma={_num(hp.gamma)})"
-    elif spec.baseline == "value":
-        text = f"GAE: G^lambda_t - V(s_t) (lambda={_num(hp.lam)})"
-    elif spec.baseline == "greedy":
-        text = "G - G_greedy"
-    else:
-        text = "r - leave-one-out mean (1/(K-1))" if hp.leave_one_out else "r - group mean (1/K)"
-        if hp.divide_by_std:
-            text += ", / std"
-    if hp.whiten:
-        text += ", batch-whitened"
-    return text
-
-
-def _ratio_column(algo: Algorithm) -> str:
-    spec, hp = algo.spec, algo.hparams
-    eps = f"eps={_num(hp.clip_eps_low)}" if hp.clip_eps_low == hp.clip_eps_high else \
-        f"eps=({_num(hp.clip_eps_low)}, {_num(hp.clip_eps_high)})"
-    return {"on_policy": "on-policy (rho = 1)", "clip": f"rho-hat, {eps}",
-            "sequence": f"sequence rho-hat, {eps}",
-            "truncated_is": f"sg(min(rho, {_num(1 + hp.clip_eps_high)})) A log pi"}[spec.ratio]
-
-
-def _kl_column(algo: Algorithm) -> str:
-    spec, hp = algo.spec, algo.hparams
-    if spec.kl_placement == "none":
-        return "none"
-    if float(hp.kl_coef) == 0:
-        return f"off (kl_coef=0; {spec.kl_estimator} in {spec.kl_placement} when on)"
-    return f"{_num(hp.kl_coef)} * {spec.kl_estimator} in {spec.kl_placement}"
-
-
-def _aggregation_column(algo: Algorithm) -> str:
-    per_seq = " (1/\\|o\\|)" if algo.hparams.divide_by_length else ""
-    return f"{algo.spec.aggregation}{per_seq}"
-
-
-def algorithm_table() -> str:
-    """Markdown table of every preset: equation, advantage, ratio, KL, aggregation."""
-    rows = ["| preset | eq. | advantage | ratio | KL | aggregation |",
-            "| --- | --- | --- | --- | --- | --- |"]
-    for name, algo in PRESETS.items():
-        rows.append(f"| `{name}` | {algo.spec.equation} | {_advantage_column(algo)} | {_ratio_column(algo)} "
-                    f"| {_kl_column(algo)} | {_aggregation_column(algo)} |")
-    return "\n".join(rows)

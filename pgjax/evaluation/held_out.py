@@ -40,6 +40,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from pgjax import markdown
 from pgjax.evaluation.statistics import (
     RESAMPLES,
     bootstrap_means,
@@ -338,19 +339,18 @@ def to_markdown(evaluations) -> str:
     ``value [95% CI]``; then a line on the counts and the intervals."""
     evaluations = [evaluations] if isinstance(evaluations, dict) else list(evaluations)
     names = list(dict.fromkeys(name for results in evaluations for name in results["metrics"]))
-    rows = ["| budget | prompts | stratum | " + " | ".join(LABELS.get(n, n) for n in names) + " |",
-            "|---:|---:|---|" + "---:|" * len(names)]
+    rows = []
     for results in evaluations:
         groups = [("all", results["prompts"], results["metrics"])]
         groups += [(f"{tag}={value}", part["prompts"], part["metrics"])
                    for tag, values in results["strata"].items() for value, part in values.items()]
-        for label, count, metrics in groups:
-            cells = " | ".join(_cell(n, metrics[n]) if n in metrics else "-" for n in names)
-            rows.append(f"| {results['decoding']['max_new_tokens']} | {count} | {label} | {cells} |")
+        rows += [[results["decoding"]["max_new_tokens"], count, label,
+                  *(_cell(n, metrics[n]) if n in metrics else None for n in names)] for label, count, metrics in groups]
+    table = markdown.table(["budget", "prompts", "stratum", *(LABELS.get(n, n) for n in names)], rows,
+                           align="rrl" + "r" * len(names))
     first = evaluations[0]
     used = dict.fromkeys(m["interval"] for results in evaluations for m in results["metrics"].values())
     sampling = (f"{first['samples']} samples per prompt at temperature {first['decoding']['temperature']:g}"
                 if first["samples"] else "greedy only")
-    rows += ["", f"budget: max new tokens; {sampling}; 95% CI: "
-             + "; ".join(f"{name}: {INTERVALS[name].format(**first['bootstrap'])}" for name in used)]
-    return "\n".join(rows)
+    return (f"{table}\n\nbudget: max new tokens; {sampling}; 95% CI: "
+            + "; ".join(f"{name}: {INTERVALS[name].format(**first['bootstrap'])}" for name in used))

@@ -28,6 +28,7 @@ import pathlib
 
 import numpy as np
 
+from pgjax import markdown
 from pgjax.evaluation.held_out import budgets_of, digits_of
 from pgjax.evaluation.statistics import RESAMPLES, paired_difference
 
@@ -131,21 +132,18 @@ def to_markdown(comparison: dict) -> str:
     """Two tables: each model's metrics across its runs, and each pair's paired statistics."""
     models = comparison["models"]
     names = list(dict.fromkeys(n for m in models.values() for n in m["metrics"]))
-    rows = ["| model | runs | budget | " + " | ".join(names) + " |", "|---|---:|---:|" + "---:|" * len(names)]
-    for label, m in models.items():
-        cells = " | ".join(_spread(m["metrics"][n], digits_of(n)) if n in m["metrics"] else "-"
-                           for n in names)
-        rows.append(f"| {label} | {len(m['runs'])} | {', '.join(map(str, m['budgets']))} | {cells} |")
-    rows += ["", "| B - A | metric | mean difference | 95% CI (paired bootstrap) | p (exact sign-flip) |",
-             "|---|---|---:|---:|---:|"]
-    for pair in comparison["pairs"]:
-        for metric, s in pair["metrics"].items():
-            rows.append(f"| {pair['b']} - {pair['a']} | {metric} | {s['difference']:+.3f} "
-                        f"| [{s['ci95'][0]:+.3f}, {s['ci95'][1]:+.3f}] | {s['p_value']:.3g} |")
+    runs = markdown.table(["model", "runs", "budget", *names],
+                          [[label, len(m["runs"]), ", ".join(map(str, m["budgets"])),
+                            *(_spread(m["metrics"][n], digits_of(n)) if n in m["metrics"] else None for n in names)]
+                           for label, m in models.items()])
+    pairs = markdown.table(["B - A", "metric", "mean difference", "95% CI (paired bootstrap)", "p (exact sign-flip)"],
+                           [[f"{pair['b']} - {pair['a']}", metric, f"{s['difference']:+.3f}",
+                             f"[{s['ci95'][0]:+.3f}, {s['ci95'][1]:+.3f}]", f"{s['p_value']:.3g}"]
+                            for pair in comparison["pairs"] for metric, s in pair["metrics"].items()], align="llrrr")
     boot = comparison["bootstrap"]
-    rows += ["", f"{comparison['prompts']} prompts, the same for every model. Runs: mean ± standard deviation "
-             "(min-max) over a model's runs. Pairs: per prompt each model's rate pooled over its runs; the "
-             f"interval resamples prompts ({boot['resamples']} resamples, seed {boot['seed']}); the test flips "
-             "the sign of each prompt's difference, exactly (McNemar's exact test for one greedy run each). "
-             "The runs are taken as fixed: the pair statistics do not include the seed-to-seed spread."]
-    return "\n".join(rows)
+    note = (f"{comparison['prompts']} prompts, the same for every model. Runs: mean ± standard deviation "
+            "(min-max) over a model's runs. Pairs: per prompt each model's rate pooled over its runs; the "
+            f"interval resamples prompts ({boot['resamples']} resamples, seed {boot['seed']}); the test flips "
+            "the sign of each prompt's difference, exactly (McNemar's exact test for one greedy run each). "
+            "The runs are taken as fixed: the pair statistics do not include the seed-to-seed spread.")
+    return "\n\n".join([runs, pairs, note])

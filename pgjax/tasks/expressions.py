@@ -1,6 +1,7 @@
 """Exact arithmetic expressions without ``eval``: one recursive-descent parser, shared by the
 Countdown verifier (``pgjax.tasks.countdown``) and the agents' calculator tool
-(``pgjax.agents.tools.Calculator``).
+(``pgjax.agents.tools.Calculator``), and the value of a math answer that is one number
+(``pgjax.tasks.math_answers.parse_number``).
 
 The grammar, whose optional parts ``Syntax`` switches on::
 
@@ -11,6 +12,7 @@ The grammar, whose optional parts ``Syntax`` switches on::
                                                   and tighter than a sign on its left: -2^2 = -4
     atom   := NUMBER | '(' expr ')'
     NUMBER := DIGITS ('.' DIGITS)?                the decimal part: Syntax.decimals
+            | DIGITS '.' | '.' DIGITS             a point with digits on one side only: Syntax.bare_point
 
 Values are exact ``Fraction`` s, so ``(4-2/3)*3`` is exactly 10. Nothing a text says can make the
 evaluation slow or large: a text is at most ``MAX_CHARS`` characters, parentheses nest at most
@@ -37,11 +39,16 @@ class ExpressionError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Syntax:
-    """The grammar's optional parts (module docstring) and the longest number, in digits."""
+    """The grammar's optional parts (module docstring) and the longest number, in digits.
+
+    ``bare_point`` (with ``decimals``) also reads ``5.`` and ``.5``, as final answers are written
+    (``math_answers.parse_number`` grades them as numbers). The calculator and the step checks refuse
+    them: what they answer and label is part of the training records, which stay as they are."""
 
     signs: bool = False
     decimals: bool = False
     powers: bool = False
+    bare_point: bool = False
     max_digits: int = 12
 
 
@@ -117,16 +124,16 @@ class _Parser:
     def number(self) -> Fraction:
         start = self.pos
         digits = self._digits()
-        if not digits:
-            raise ExpressionError(f"expected a number or '(' at position {start}")
-        value = Fraction(int(digits))
-        if self.syntax.decimals and self.text[self.pos:self.pos + 1] == ".":
+        value = Fraction(int(digits or "0"))
+        if self.syntax.decimals and self.text[self.pos:self.pos + 1] == "." and (digits or self.syntax.bare_point):
             self.pos += 1
             decimals = self._digits()
-            if not decimals:
+            if not decimals and not (digits and self.syntax.bare_point):
                 raise ExpressionError(f"expected digits after the '.' at position {self.pos - 1}")
             digits += decimals
-            value += Fraction(int(decimals), 10 ** len(decimals))
+            value += Fraction(int(decimals or "0"), 10 ** len(decimals))
+        if not digits:
+            raise ExpressionError(f"expected a number or '(' at position {start}")
         if len(digits) > self.syntax.max_digits:
             raise ExpressionError(f"the number at position {start} has more than {self.syntax.max_digits} digits")
         self.numbers.append(value)

@@ -32,9 +32,11 @@ import math
 import random
 import re
 import string
+import unicodedata
 import warnings
 from fractions import Fraction
 
+from pgjax.tasks import expressions
 from pgjax.tasks.base import per_example
 
 MAX_CHARS = 200  # longer answers are compared as strings only
@@ -180,24 +182,34 @@ def normalize_answer(answer) -> str:
 
 
 _PLAIN = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)")
-_RATIO = re.compile(r"([-+]?\d+)/(\d+)")
+_RATIO = re.compile(r"[-+]?\d+/\d+")
 _FRAC = re.compile(r"([-+]?)\\frac\{([-+]?\d+(?:\.\d+)?)\}\{(\d+(?:\.\d+)?)\}")
+MAX_NUMBER_CHARS = 64  # a longer answer is no number
+_NUMBER_SYNTAX = expressions.Syntax(signs=True, decimals=True, bare_point=True, max_digits=MAX_NUMBER_CHARS)
+
+
+def _ascii_digits(s: str) -> str:
+    """``s`` with the decimal digits of every script (what ``\\d`` matches: ``٣``, ``３``) as ASCII digits."""
+    return "".join(str(unicodedata.decimal(c)) if c.isdecimal() else c for c in s)
 
 
 def parse_number(s: str) -> Fraction | None:
-    """An exact number from a normalised answer (``-2``, ``0.5``, ``3/4``, ``\\frac{1}{2}``), or None."""
-    if len(s) > 64:
+    """An exact number from a normalised answer, or None: a text of at most ``MAX_NUMBER_CHARS``
+    characters with one of the shapes ``-2``, ``0.5``, ``.5``, ``5.``, ``3/4`` (integers) or
+    ``\\frac{-1.5}{2}`` (no spaces; digits of any script), valued by ``pgjax.tasks.expressions``; a zero
+    denominator is None."""
+    if len(s) > MAX_NUMBER_CHARS:
         return None
-    if _PLAIN.fullmatch(s):
-        return Fraction(s)
-    m = _RATIO.fullmatch(s) or _FRAC.fullmatch(s)
-    if m is None:
+    frac = _FRAC.fullmatch(s)
+    if frac:
+        sign, numerator, denominator = frac.groups()
+        s = f"{sign}({numerator})/({denominator})"
+    elif not (_PLAIN.fullmatch(s) or _RATIO.fullmatch(s)):
         return None
-    sign, num, den = ("", *m.groups()) if len(m.groups()) == 2 else m.groups()
-    if Fraction(den) == 0:
+    try:
+        return expressions.evaluate(_ascii_digits(s), _NUMBER_SYNTAX)[0]
+    except ZeroDivisionError:
         return None
-    value = Fraction(num) / Fraction(den)
-    return -value if sign == "-" else value
 
 
 def numbers_close(a: Fraction, b: Fraction) -> bool:

@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pgjax import core
+from pgjax import core, markdown
 from pgjax.theory import audit as audit_lib
 from pgjax.theory import mdp as mdp_lib
 
@@ -135,15 +135,14 @@ def gradient_table(mdp: mdp_lib.TokenMDP, error: np.ndarray, policy, theta, k: i
     with the true grad J; the first row is grad J-hat itself."""
     learned = learned_mdp(mdp, error)
     true_grad = _gradient(mdp, policy, theta)
-    rows = ["| estimator (on r-hat) | scale c against grad J-hat | direction bias against grad J-hat "
-            "| cosine with the true grad J |", "| --- | ---: | ---: | ---: |",
-            f"| grad J-hat itself | 1.0000 | 0 | {_cosine(_gradient(learned, policy, theta), true_grad):.4f} |"]
+    rows = [["grad J-hat itself", "1.0000", "0", f"{_cosine(_gradient(learned, policy, theta), true_grad):.4f}"]]
     for label, name, changes in audit_lib.ESTIMATORS:
         algo = core.preset(name)
         result = audit_lib.audit(learned, policy, theta, algo, algo.hparams.replace(**changes), k=k)
         bias = "< 1e-12" if result.direction_bias < 1e-12 else f"{result.direction_bias:.4f}"
-        rows.append(f"| {label} | {result.scale:.4f} | {bias} | {_cosine(result.mean, true_grad):.4f} |")
-    return "\n".join(rows)
+        rows.append([label, f"{result.scale:.4f}", bias, f"{_cosine(result.mean, true_grad):.4f}"])
+    return markdown.table(["estimator (on r-hat)", "scale c against grad J-hat", "direction bias against grad J-hat",
+                           "cosine with the true grad J"], rows)
 
 
 def kl_path(mdp: mdp_lib.TokenMDP, error: np.ndarray, reference_logits, betas=BETAS) -> list[dict]:
@@ -169,16 +168,15 @@ def kl_table(mdp: mdp_lib.TokenMDP, error: np.ndarray, reference_logits, betas=B
     """Markdown of ``kl_path``, and the reference policy's row."""
     reference = trajectory_probs(mdp, reference_logits)
     hat = learned_mdp(mdp, error).outcome_rewards
-    rows = ["| beta | KL(pi_beta \\|\\| pi_ref) | J-hat(pi_beta) | true J(pi_beta) | J-hat - J "
-            "| true J, optimum of the true reward at beta | cos(grad J-hat, grad J) at pi_beta |",
-            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-            f"| pi_ref | 0 | {expected_reward(mdp, reference, hat):.4f} | "
-            f"{expected_reward(mdp, reference, mdp.outcome_rewards):.4f} | "
-            f"{expected_reward(mdp, reference, hat - mdp.outcome_rewards):+.4f} | | |"]
-    for row in kl_path(mdp, error, reference_logits, betas):
-        rows.append(f"| {row['beta']:g} | {row['kl']:.3f} | {row['learned']:.4f} | {row['true']:.4f} | "
-                    f"{row['learned'] - row['true']:+.4f} | {row['oracle_true']:.4f} | {row['cosine']:.4f} |")
-    return "\n".join(rows)
+    rows = [["pi_ref", "0", f"{expected_reward(mdp, reference, hat):.4f}",
+             f"{expected_reward(mdp, reference, mdp.outcome_rewards):.4f}",
+             f"{expected_reward(mdp, reference, hat - mdp.outcome_rewards):+.4f}", "", ""]]
+    rows += [[f"{row['beta']:g}", f"{row['kl']:.3f}", f"{row['learned']:.4f}", f"{row['true']:.4f}",
+              f"{row['learned'] - row['true']:+.4f}", f"{row['oracle_true']:.4f}", f"{row['cosine']:.4f}"]
+             for row in kl_path(mdp, error, reference_logits, betas)]
+    return markdown.table(["beta", "KL(pi_beta || pi_ref)", "J-hat(pi_beta)", "true J(pi_beta)", "J-hat - J",
+                           "true J, optimum of the true reward at beta", "cos(grad J-hat, grad J) at pi_beta"], rows,
+                          align="r" * 7)
 
 
 def report(k: int = 2, vocab: int = 3, horizon: int = 3, prompts: int = 3, scale: float = SCALE, seed: int = 0,

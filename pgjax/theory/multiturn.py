@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pgjax import core
+from pgjax import core, markdown
 from pgjax.theory import audit as audit_lib
 from pgjax.theory import mdp as mdp_lib
 
@@ -98,7 +98,7 @@ ESTIMATORS: tuple[tuple[str, str, dict[str, float]], ...] = (
     ("REINFORCE + V(s_t) baseline (eq. 12)", "reinforce_baseline", {}),
     ("ReMax, greedy baseline (eq. 13)", "remax", {}),
     ("RLOO, 1/(K-1) (eq. 14)", "rloo", {}),
-    (r"GRPO, / std and / \|o\| (eq. 18, no KL)", "grpo", {"kl_coef": 0.0}),
+    ("GRPO, / std and / |o| (eq. 18, no KL)", "grpo", {"kl_coef": 0.0}),
     ("Dr. GRPO (eq. 21)", "dr_grpo", {}),
 )
 
@@ -115,17 +115,17 @@ def masking_table(mdp: mdp_lib.TokenMDP, policy, theta, k: int) -> str:
     """Markdown: each estimator's exact scale c and direction bias against grad J (``audit.AuditResult``:
     c = 1 and no direction bias is unbiased), the environment's tokens masked and wrongly included,
     and the cosine of the included one's expected gradient with grad J."""
-    rows = ["| estimator | masked: scale c | masked: direction bias | included: scale c | included: direction bias "
-            "| included: cosine |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    rows = []
 
     def bias(x: float) -> str:
         return "< 1e-12" if x < 1e-12 else f"{x:.4f}"
     for label, name, changes in ESTIMATORS:
         masked = masking_audit(mdp, policy, theta, name, changes, k, included=False)
         wrong = masking_audit(mdp, policy, theta, name, changes, k, included=True)
-        rows.append(f"| {label} | {masked.scale:.4f} | {bias(masked.direction_bias)} | {wrong.scale:.4f} | "
-                    f"{bias(wrong.direction_bias)} | {wrong.cosine:.4f} |")
-    return "\n".join(rows)
+        rows.append([label, f"{masked.scale:.4f}", bias(masked.direction_bias), f"{wrong.scale:.4f}",
+                     bias(wrong.direction_bias), f"{wrong.cosine:.4f}"])
+    return markdown.table(["estimator", "masked: scale c", "masked: direction bias", "included: scale c",
+                           "included: direction bias", "included: cosine"], rows)
 
 
 def report(k: int = 2, vocab: int = 3, horizon: int = 2, turns: int = 2, observations: int = 2, prompts: int = 2,

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pgjax import core
+from pgjax import core, markdown
 from pgjax.theory import mdp as mdp_lib
 from pgjax.theory.audit import AuditResult, audit
 
@@ -180,11 +180,9 @@ METRICS = (  # (title, Cell attribute, format)
 
 def behaviour_table(mdp: mdp_lib.TokenMDP, pi_logits, behaviours) -> str:
     """Markdown: each behaviour's KL(pi || mu) and trajectory ESS 1 / E_mu[(pi / mu)^2]."""
-    rows = ["| behaviour mu | KL(pi \\|\\| mu) | trajectory ESS 1 / E_mu[(pi/mu)^2] |", "| --- | ---: | ---: |"]
-    for b in behaviours:
-        rows.append(f"| {b.label} | {trajectory_kl(mdp, pi_logits, b.logits):.2e} | "
-                    f"{trajectory_ess(mdp, pi_logits, b.logits):.3f} |")
-    return "\n".join(rows)
+    return markdown.table(["behaviour mu", "KL(pi || mu)", "trajectory ESS 1 / E_mu[(pi/mu)^2]"],
+                          [[b.label, f"{trajectory_kl(mdp, pi_logits, b.logits):.2e}",
+                            f"{trajectory_ess(mdp, pi_logits, b.logits):.3f}"] for b in behaviours])
 
 
 def metric_table(cells: list[Cell], attribute: str, fmt) -> str:
@@ -192,10 +190,8 @@ def metric_table(cells: list[Cell], attribute: str, fmt) -> str:
     behaviours = list(dict.fromkeys(c.behaviour for c in cells))
     corrections = list(dict.fromkeys(c.correction for c in cells))
     value = {(c.behaviour, c.correction): getattr(c, attribute) for c in cells}
-    rows = ["| correction | " + " | ".join(behaviours) + " |", "| --- |" + " ---: |" * len(behaviours)]
-    for name in corrections:
-        rows.append(f"| {name} | " + " | ".join(fmt(value[b, name]) for b in behaviours) + " |")
-    return "\n".join(rows)
+    return markdown.table(["correction", *behaviours],
+                          [[name, *(fmt(value[b, name]) for b in behaviours)] for name in corrections])
 
 
 def setting(vocab: int = 3, horizon: int = 3, prompts: int = 3, seed: int = 0, lr: float = 10.0, steps: int = 4,

@@ -39,6 +39,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pgjax import markdown
 from pgjax.errors import described_value, located_error, raised_text
 from pgjax.plugins import is_import_path, resolve
 from pgjax.train.experiment import ConfigError
@@ -280,7 +281,8 @@ def table_columns(rows: Sequence[dict]) -> list[str]:
 
 def _cell(value) -> str:
     """A markdown table cell showing ``value`` as is: numbers to 4 significant digits, None empty;
-    text with HTML and markdown's inline marks escaped and line breaks as ``<br>``."""
+    text with HTML and markdown's inline marks escaped and line breaks as ``<br>`` (``markdown.cell``
+    escapes ``|``)."""
     if value is None:
         return ""
     if isinstance(value, float):
@@ -288,7 +290,7 @@ def _cell(value) -> str:
     if not isinstance(value, str):
         return str(value)
     text = html.escape(value, quote=False)
-    for mark in "\\`*_[]|":
+    for mark in "\\`*_[]":
         text = text.replace(mark, "\\" + mark)
     return text.replace("\r\n", "\n").replace("\n", "<br>")
 
@@ -297,9 +299,7 @@ def markdown_table(rows: Sequence[dict]) -> str:
     """The completion rows of one step as a markdown table (``table_columns``), as TensorBoard's Text
     tab renders it."""
     columns = table_columns(rows)
-    lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
-    lines += ["| " + " | ".join(_cell(row.get(c)) for c in columns) + " |" for row in rows]
-    return "\n".join(lines)
+    return markdown.table(columns, [[_cell(row.get(c)) for c in columns] for row in rows], align="l" * len(columns))
 
 
 def plot(records: list[dict], path, title: str) -> None:
