@@ -133,7 +133,7 @@ def test_smollm2_off_policy_trains_and_evaluates_only_what_is_missing_and_tables
 
 
 def test_a_study_keeps_only_seeds_every_variant_finished_under_the_same_settings(tmp_path):
-    from pgjax.compare import finished_seeds
+    from pgjax.study.variants import finished_seeds
     settings = {"steps": 5, "seeds": 3, "tail": 2, "smoke": False, "overrides": ["optim.lr=0.1"]}
     curves = {"a": {"0": {"step": [1]}, "1": {"step": [1]}}, "b": {"0": {"step": [2]}}}
     path = tmp_path / "summary.json"

@@ -12,6 +12,7 @@ import pytest
 from helpers import assert_plotted, fake_commands, load_experiment_script
 
 from pgjax import study as studies
+from pgjax.study import jobs
 
 EXPERIMENTS = pathlib.Path(__file__).parent.parent / "experiments"
 
@@ -54,7 +55,7 @@ def fake_subprocess(monkeypatch, base_model: str) -> list:
         report = _fake_report([1, 1, 1, 0] if better else [0, 1, 0, 0], [4, 3, 2, 1] if better else [1, 1, 0, 0], 4, 64)
         pathlib.Path(command[-1]).write_text(json.dumps(report))
 
-    monkeypatch.setattr(studies.subprocess, "run", fake_commands(calls, trained, evaluated))
+    monkeypatch.setattr(jobs.subprocess, "run", fake_commands(calls, trained, evaluated))
     return calls
 
 
@@ -188,8 +189,15 @@ def test_the_training_table_averages_each_window_then_the_seeds(tmp_path):
                                 for step, accuracy, length, evaluation in steps))
     table = study.training_table(out).splitlines()
     assert table[0] == "| method | seeds | steps | accuracy | length | greedy eval at the window's end |"
-    assert table[2] == "| m | 2 | 1-2 | 0.350 [0.300, 0.400] | 15.5 [11.0, 20.0] | 0.400 [0.300, 0.500] |"
-    assert table[3] == "| m | 2 | 3-3 | 0.700 [0.600, 0.800] | 22.0 [14.0, 30.0] | 0.800 [0.700, 0.900] |"
+    assert table[1] == "| --- | ---: | --- | ---: | ---: | ---: |"
+
+    def cell(a: float, b: float, digits: int) -> str:   # two seeds: the mean -+ t_{0.975, 1} sd / sqrt(2), where
+        # Student t with 1 degree of freedom is the Cauchy distribution: t_{0.975, 1} = tan(0.475 pi)
+        mean, half = (a + b) / 2, np.tan(0.475 * np.pi) * np.std([a, b], ddof=1) / np.sqrt(2)
+        return f"{mean:.{digits}f} [{mean - half:.{digits}f}, {mean + half:.{digits}f}]"
+    assert table[2] == f"| m | 2 | 1-2 | {cell(0.3, 0.4, 3)} | {cell(11.0, 20.0, 1)} | {cell(0.5, 0.3, 3)} |"
+    assert table[3] == f"| m | 2 | 3-3 | {cell(0.6, 0.8, 3)} | {cell(14.0, 30.0, 1)} | {cell(0.7, 0.9, 3)} |"
+    assert "95% t interval across seeds" in table[-1]
     assert dataclasses.replace(study, record_metrics=()).training_table(out) is None
 
 

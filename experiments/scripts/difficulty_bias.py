@@ -45,8 +45,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from pgjax.compare import plot_band, study, tail_mean
 from pgjax.rollout.collect import RolloutConfig
+from pgjax.study import plot_band, tail_mean, variants
 from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
 from pgjax.train.trainer import Callback
 
@@ -191,7 +191,7 @@ def plot(runs: dict, path) -> None:
 
 
 def main(argv=None) -> dict:
-    return study(argv, __doc__, "difficulty_bias", 100, base_experiment, VARIANTS, curves, summarise, table, plot,
+    return variants.main(argv, __doc__, "difficulty_bias", 100, base_experiment, VARIANTS, curves, summarise, table, plot,
                  callbacks=(BucketMeasures(),))
 
 

@@ -38,8 +38,8 @@ values: the means over the first and last ``--tail`` steps).
 """
 import numpy as np
 
-from pgjax.compare import plot_band, study, tail_mean
 from pgjax.rollout.collect import RolloutConfig
+from pgjax.study import plot_band, tail_mean, variants
 from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
 from pgjax.train.optim import OptimConfig
 
@@ -119,7 +119,7 @@ def plot(runs: dict, path) -> None:
 
 
 def main(argv=None) -> dict:
-    return study(argv, __doc__, "length_bias", 150, base_experiment, VARIANTS, curves, summarise, table, plot)
+    return variants.main(argv, __doc__, "length_bias", 150, base_experiment, VARIANTS, curves, summarise, table, plot)
 
 
 if __name__ == "__main__":

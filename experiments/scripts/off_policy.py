@@ -24,8 +24,8 @@ variants run one after another in one process, so they share the machine alike.
 """
 import numpy as np
 
-from pgjax.compare import plot_band, study, tail_mean
 from pgjax.rollout.collect import RolloutConfig
+from pgjax.study import plot_band, tail_mean, variants
 from pgjax.train.experiment import Experiment, ModelSection, WarmStartSection
 
 TIS = {"algorithm.correction": "token"}
@@ -138,7 +138,7 @@ def plot(runs: dict, path, title: str = "off-policy rollouts on the main job: me
 
 
 def main(argv=None) -> dict:
-    return study(argv, __doc__, "off_policy", 250, base_experiment, VARIANTS, curves, summarise, table, plot)
+    return variants.main(argv, __doc__, "off_policy", 250, base_experiment, VARIANTS, curves, summarise, table, plot)
 
 
 if __name__ == "__main__":

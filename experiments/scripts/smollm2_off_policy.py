@@ -29,7 +29,7 @@ import sys
 import numpy as np
 from off_policy import curves, plot  # the sibling study's per-run curves and plot
 
-from pgjax.compare import tail_mean
+from pgjax.study import tail_mean
 from pgjax.train.sinks import read_records
 
 TIS = ("algorithm.correction=token",)
