@@ -46,8 +46,8 @@ def table(results: dict, target: float) -> str:
     for name, by_seed in results.items():
         runs = list(by_seed.values())
         reached = " / ".join("-" if r["steps_to_target"] is None else str(r["steps_to_target"]) for r in runs)
-        rows.append([name, *(seed_cell([r[key] for r in runs], 3) for key in ("start", "final", "best")), reached,
-                     seed_cell([r["seconds"] for r in runs], 0)])
+        rows.append([name, *(seed_cell([r[key] for r in runs]) for key in ("start", "final", "best")), reached,
+                     seed_cell([r["seconds"] for r in runs], ".0f")])
     text = markdown.table(["algorithm", "eval accuracy at start", "final", "best", f"steps to {target:.2f}",
                            "wall time (s)"], rows)
     seeds = max(len(by_seed) for by_seed in results.values())

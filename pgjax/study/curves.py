@@ -50,11 +50,14 @@ def seed_statistics(values) -> dict:
     return {"mean": float(values[0]), "ci95": None, "seeds": 1}
 
 
-def seed_cell(values, digits: int = 3) -> str:
-    """``mean [low, high]`` of ``seed_statistics`` (one seed: its value; a non-finite value: ``n/a``)."""
+def seed_cell(values, fmt: str = ".3f") -> str:
+    """``mean [low, high]`` of ``seed_statistics`` with the format ``fmt`` (one seed, or every seed equal: the
+    mean alone; a value that is not finite: ``n/a``)."""
     values = np.asarray(values, np.float64)
     if not values.size or not np.isfinite(values).all():
         return "n/a"
     stats = seed_statistics(values)
-    mean = f"{stats['mean']:.{digits}f}"
-    return mean if stats["ci95"] is None else f"{mean} [{stats['ci95'][0]:.{digits}f}, {stats['ci95'][1]:.{digits}f}]"
+    mean = f"{stats['mean']:{fmt}}"
+    if stats["ci95"] is None or stats["ci95"][0] == stats["ci95"][1]:
+        return mean
+    return f"{mean} [{stats['ci95'][0]:{fmt}}, {stats['ci95'][1]:{fmt}}]"

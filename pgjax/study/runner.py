@@ -280,7 +280,7 @@ class Study:
                     per_seed = [_window_mean(rs, name, end if name == "eval_accuracy" else start, end)
                                 for rs in records.values()]
                     present = [v for v in per_seed if v is not None]
-                    cells.append(seed_cell(present, digits_of(name)) if present else None)
+                    cells.append(seed_cell(present, f".{digits_of(name)}f") if present else None)
                 rows.append([method, len(records), f"{start}-{end}", *cells])
         if not self.record_metrics or not rows:
             return None
