@@ -227,6 +227,17 @@ def test_a_method_that_continues_another_starts_from_its_run_of_the_same_seed(tm
     assert study.done(job_of(study, "train:warm:1"), runs, out)
 
 
+@pytest.mark.parametrize("change, message", [
+    ({"experiment": ""}, "no experiment for the methods"),
+    ({"experiment": "", "experiments": {"m": "m.py"}, "methods": {"m": (), "n": ()}}, r"no experiment .*\['n'\]"),
+    ({"experiment": object()}, "needs the InProcess runner"),
+])
+def test_a_study_refuses_a_method_without_an_experiment_its_runner_can_train(change, message):
+    settings = dict(name="s", experiment="e.py", base_model="", methods={"m": ()}, seeds=(0,))
+    with pytest.raises(ValueError, match=message):
+        studies.Study(**{**settings, **change})
+
+
 def test_method_seeds_must_name_a_method_of_the_study():
     with pytest.raises(ValueError, match="method_seeds names methods not in the study"):
         studies.Study(name="s", experiment="e.py", base_model="ckpt", methods={"m": ()}, seeds=(0,),

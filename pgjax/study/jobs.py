@@ -48,8 +48,7 @@ class Subprocess:
     def train(self, experiment: str | experiment_lib.Experiment, sets: list[str], directory: pathlib.Path) -> None:
         """Train experiment file ``experiment`` with the ``--set`` overrides ``sets`` (which name ``directory``
         as its ``run_dir``), resumed when ``directory`` has checkpoints."""
-        if not isinstance(experiment, str):
-            raise TypeError(f"a subprocess trains an experiment file, got {type(experiment).__name__}")
+        assert isinstance(experiment, str), "Study refuses an Experiment object for a Subprocess runner"
         resume = ["--resume"] if resuming(directory) else []
         command = [sys.executable, "-m", "pgjax.run", experiment, "--no-progress",
                    *[arg for s in sets for arg in ("--set", s)], *resume]

@@ -63,7 +63,7 @@ class Study:
     the runs sharing compiled programs); ``keep_records``: copy each finished run's metrics.jsonl to
     ``OUT/records`` (the record the report's curves and training table read).
     ``references``: ``{name: pgjax.eval arguments after the base checkpoint}`` (its task options: a
-    reference has no experiment.json), needed by ``evaluations``; ``train_minutes``: the estimated time
+    reference has no experiment.json), needed by a paired evaluation; ``train_minutes``: the estimated time
     of one training job, and ``machine`` the machine those estimates come from. ``record_metrics``:
     per-step record fields the report tables per method, each window of ``record_window`` steps (``training_table``).
     ``continues``: ``{method: earlier method}``: each seed's run of the method starts from the final
@@ -100,9 +100,16 @@ class Study:
         if set(self.method_seeds) - set(self.methods):
             raise ValueError(f"study {self.name}: method_seeds names methods not in the study: "
                              f"{sorted(set(self.method_seeds) - set(self.methods))}")
+        unnamed = [m for m in self.methods if self.experiment_of(m) == ""]
+        if unnamed:
+            raise ValueError(f"study {self.name}: no experiment for the methods {unnamed}")
+        built = [m for m in self.methods if not isinstance(self.experiment_of(m), str)]
+        if isinstance(self.runner, Subprocess) and built:
+            raise ValueError(f"study {self.name}: a pgjax.run process trains an experiment file; an Experiment "
+                             "built in Python needs the InProcess runner")
         clashes = set(self.references) & set(self.trained())
-        kinds = [e.kind for e in self.evaluations]
-        if clashes or len(set(kinds)) != len(kinds) or (self.evaluations and not self.references):
+        kinds, paired = [e.kind for e in self.evaluations], any(e.paired for e in self.evaluations)
+        if clashes or len(set(kinds)) != len(kinds) or (paired and not self.references):
             raise ValueError(f"study {self.name}: needs a reference, distinct evaluation kinds ({kinds}) and no "
                              f"reference named like a trained run ({sorted(clashes)})")
 
