@@ -85,7 +85,7 @@ def measure(experiment: str, overrides: list[str], runs: str, steps: int, warmup
     import jax
     import numpy as np
 
-    from pgjax.compare import warm_checkpoint
+    from pgjax.study.variants import warm_checkpoint
     from pgjax.train import experiment as experiment_lib
     from pgjax.train.trainer import Trainer
 

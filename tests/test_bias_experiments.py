@@ -105,12 +105,13 @@ def _fake_smollm2_subprocess(calls):
 
 
 def test_smollm2_off_policy_trains_and_evaluates_only_what_is_missing_and_tables_the_records(tmp_path, monkeypatch):
+    from pgjax.study import jobs
     monkeypatch.syspath_prepend(str(EXPERIMENTS / "scripts"))       # its sibling import, as when run as a script
     sp = load_experiment_script("smollm2_off_policy")
     runs, out, calls = tmp_path / "runs", tmp_path / "out", []
-    with pytest.raises(SystemExit, match="no variant has both a final policy"):
+    with pytest.raises(SystemExit, match="no variant has both a kept record"):
         sp.main(["--report", "--runs", str(runs), "--out", str(out)])
-    monkeypatch.setattr(sp.subprocess, "run", _fake_smollm2_subprocess(calls))
+    monkeypatch.setattr(jobs.subprocess, "run", _fake_smollm2_subprocess(calls))
     (runs / "smollm2_math_s1" / "checkpoints" / "10").mkdir(parents=True)        # interrupted: resumed
     summary = sp.main(["--variants", "s1", "s2_token_tis", "--runs", str(runs), "--out", str(out)])
     trained = [c for c in calls if c[0] == "pgjax.run"]
@@ -130,10 +131,13 @@ def test_smollm2_off_policy_trains_and_evaluates_only_what_is_missing_and_tables
     calls.clear()
     again = sp.main(["--variants", "s1", "s2_token_tis", "--runs", str(runs), "--out", str(out)])
     assert calls == [] and json.dumps(again) == json.dumps(summary)   # trained and evaluated: left alone
+    shutil.rmtree(runs)                      # RUNS gone (a new machine): the kept records and evaluations report
+    assert json.dumps(sp.main(["--report", "--runs", str(runs), "--out", str(out)])) == json.dumps(summary)
+    assert (out / "eval" / "smollm2_math_s1.json").exists() and calls == []
 
 
 def test_a_study_keeps_only_seeds_every_variant_finished_under_the_same_settings(tmp_path):
-    from pgjax.compare import finished_seeds
+    from pgjax.study.variants import finished_seeds
     settings = {"steps": 5, "seeds": 3, "tail": 2, "smoke": False, "overrides": ["optim.lr=0.1"]}
     curves = {"a": {"0": {"step": [1]}, "1": {"step": [1]}}, "b": {"0": {"step": [2]}}}
     path = tmp_path / "summary.json"

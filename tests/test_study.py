@@ -12,6 +12,7 @@ import pytest
 from helpers import assert_plotted, fake_commands, load_experiment_script
 
 from pgjax import study as studies
+from pgjax.study import jobs
 
 EXPERIMENTS = pathlib.Path(__file__).parent.parent / "experiments"
 
@@ -54,7 +55,7 @@ def fake_subprocess(monkeypatch, base_model: str) -> list:
         report = _fake_report([1, 1, 1, 0] if better else [0, 1, 0, 0], [4, 3, 2, 1] if better else [1, 1, 0, 0], 4, 64)
         pathlib.Path(command[-1]).write_text(json.dumps(report))
 
-    monkeypatch.setattr(studies.subprocess, "run", fake_commands(calls, trained, evaluated))
+    monkeypatch.setattr(jobs.subprocess, "run", fake_commands(calls, trained, evaluated))
     return calls
 
 
@@ -188,8 +189,15 @@ def test_the_training_table_averages_each_window_then_the_seeds(tmp_path):
                                 for step, accuracy, length, evaluation in steps))
     table = study.training_table(out).splitlines()
     assert table[0] == "| method | seeds | steps | accuracy | length | greedy eval at the window's end |"
-    assert table[2] == "| m | 2 | 1-2 | 0.350 [0.300, 0.400] | 15.5 [11.0, 20.0] | 0.400 [0.300, 0.500] |"
-    assert table[3] == "| m | 2 | 3-3 | 0.700 [0.600, 0.800] | 22.0 [14.0, 30.0] | 0.800 [0.700, 0.900] |"
+    assert table[1] == "| --- | ---: | --- | ---: | ---: | ---: |"
+
+    def cell(a: float, b: float, digits: int) -> str:   # two seeds: the mean -+ t_{0.975, 1} sd / sqrt(2), where
+        # Student t with 1 degree of freedom is the Cauchy distribution: t_{0.975, 1} = tan(0.475 pi)
+        mean, half = (a + b) / 2, np.tan(0.475 * np.pi) * np.std([a, b], ddof=1) / np.sqrt(2)
+        return f"{mean:.{digits}f} [{mean - half:.{digits}f}, {mean + half:.{digits}f}]"
+    assert table[2] == f"| m | 2 | 1-2 | {cell(0.3, 0.4, 3)} | {cell(11.0, 20.0, 1)} | {cell(0.5, 0.3, 3)} |"
+    assert table[3] == f"| m | 2 | 3-3 | {cell(0.6, 0.8, 3)} | {cell(14.0, 30.0, 1)} | {cell(0.7, 0.9, 3)} |"
+    assert "95% t interval across seeds" in table[-1]
     assert dataclasses.replace(study, record_metrics=()).training_table(out) is None
 
 
@@ -217,6 +225,17 @@ def test_a_method_that_continues_another_starts_from_its_run_of_the_same_seed(tm
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("{}")
     assert study.done(job_of(study, "train:warm:1"), runs, out)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"experiment": ""}, "no experiment for the methods"),
+    ({"experiment": "", "experiments": {"m": "m.py"}, "methods": {"m": (), "n": ()}}, r"no experiment .*\['n'\]"),
+    ({"experiment": object()}, "needs the InProcess runner"),
+])
+def test_a_study_refuses_a_method_without_an_experiment_its_runner_can_train(change, message):
+    settings = dict(name="s", experiment="e.py", base_model="", methods={"m": ()}, seeds=(0,))
+    with pytest.raises(ValueError, match=message):
+        studies.Study(**{**settings, **change})
 
 
 def test_method_seeds_must_name_a_method_of_the_study():
@@ -272,3 +291,92 @@ def test_the_reward_model_study_trains_each_arm_on_its_reward_and_plots_its_trai
     assert windowed.curves(out)["verifier"][0] == [(1, 0.4), (2, 0.4), (3, 0.4)]
     windowed.report(runs, out)
     assert_plotted(out / "smollm2_reward_model_seeds.png")
+
+
+def test_seed_statistics_are_the_mean_and_students_t_interval_across_seeds():
+    """Three seeds: the mean -+ t_{0.975, 2} sd / sqrt(3), where Student's t with 2 degrees of freedom has
+    the closed-form quantile t_p = (2p - 1) / sqrt(2 p (1 - p)); one seed is its value, every seed equal
+    a point (the mean alone), a NaN seed ``n/a``."""
+    from pgjax.study.curves import seed_cell, seed_statistics
+    values = np.array([0.61, 0.74, 0.70], np.float64)
+    t = (2 * 0.975 - 1) / np.sqrt(2 * 0.975 * 0.025)
+    half = t * values.std(ddof=1) / np.sqrt(3)
+    got = seed_statistics(values)
+    assert got["seeds"] == 3 and got["mean"] == pytest.approx(values.mean(), abs=1e-15)
+    assert got["ci95"] == pytest.approx([values.mean() - half, values.mean() + half], rel=1e-12)
+    assert seed_cell(values, ".4f") == f"{values.mean():.4f} [{values.mean() - half:.4f}, {values.mean() + half:.4f}]"
+    assert seed_statistics([0.5]) == {"mean": 0.5, "ci95": None, "seeds": 1} and seed_cell([0.5]) == "0.500"
+    assert seed_cell([0.25, 0.25, 0.25]) == "0.250" and seed_cell([0.5, float("nan")]) == "n/a"
+
+
+def test_a_variant_study_reports_its_saved_curves_again_with_the_across_seed_interval(tmp_path):
+    """``--report`` trains nothing: experiments/scripts/length_bias.py's table from a summary.json's curves
+    (three seeds, tail 2), each end cell the mean over seeds of the last two steps and its t interval."""
+    lb = load_experiment_script("length_bias")
+    ends = {0: [4.0, 6.0], 1: [7.0, 9.0], 2: [5.0, 5.0]}          # length_correct's last two steps per seed
+    curves = {seed: {"step": [1, 2, 3, 4], "length_correct": [3.0, 3.0, *last], "length_incorrect": [3.0] * 4,
+                     "accuracy": [0.5] * 4} for seed, last in ends.items()}
+    settings = {"steps": 4, "seeds": 3, "tail": 2, "smoke": False, "overrides": []}
+    (tmp_path / "summary.json").write_text(json.dumps({"settings": settings, "summary": {},
+                                                       "curves": dict.fromkeys(lb.VARIANTS, curves)}))
+    summary = lb.main(["--report", "--out", str(tmp_path), "--runs", str(tmp_path / "runs")])
+    end = np.array([np.mean(last) for last in ends.values()])
+    t = (2 * 0.975 - 1) / np.sqrt(2 * 0.975 * 0.025)           # Student's t quantile, 2 degrees of freedom
+    half = t * end.std(ddof=1) / np.sqrt(3)
+    assert summary["grpo"]["length_correct"]["end_per_seed"] == end.tolist()
+    rows = (tmp_path / "length_bias.md").read_text().splitlines()
+    assert rows[1] == "| --- | ---: | ---: | ---: |"
+    assert rows[2] == (f"| grpo | 3.00 -> {end.mean():.2f} [{end.mean() - half:.2f}, {end.mean() + half:.2f}] "
+                       "| 3.00 -> 3.00 | 0.50 -> 0.50 |")
+    assert "95% t interval across seeds" in rows[-1] and not (tmp_path / "runs").exists()
+    assert_plotted(tmp_path / "length_bias.png")
+
+
+def test_a_variant_study_trains_each_variant_from_its_seeds_warm_start_as_the_old_overrides_did():
+    """``variants.variants_study``'s in-process jobs: the warm start a ``steps=0`` run of the base, and
+    each variant the base with its switches (plain names: hparams), its dotted keys, the seed's warm
+    policy, no warm start of its own and the run named after it, under RUNS/<method>/seed<k>."""
+    import dataclasses as dc
+
+    from pgjax.study import variants
+    from pgjax.train.experiment import Experiment, override
+    base = Experiment(name="study", algorithm="dr_grpo", steps=5)
+    study = variants.variants_study("s", base, {"tis": {"divide_by_std": 1.0, "rollout.staleness": 1}}, (0, 3))
+    runs = pathlib.Path("/r")
+    assert [str(job) for job in study.jobs()] == ["train:warm:0", "train:warm:3", "train:tis:0", "train:tis:3"]
+    assert override(base, study.train_sets(studies.TrainJob("warm", 3), runs, "")) == dc.replace(
+        base, seed=3, steps=0, run_dir="/r/warm/seed3")
+    want = dc.replace(override(base, ["rollout.staleness=1"]), name="study_tis", seed=3, run_dir="/r/tis/seed3",
+                      algorithm=dc.replace(base.algorithm, hparams={**base.algorithm.hparams, "divide_by_std": 1.0}),
+                      model=dc.replace(base.model, path="/r/warm/seed3/final"),
+                      warm_start=dc.replace(base.warm_start, steps=0))
+    assert override(base, study.train_sets(studies.TrainJob("tis", 3), runs, "")) == want
+    # nothing reads a variant's policy: without its final policy it is not done
+    assert not study.done(studies.TrainJob("tis", 0), runs, runs)
+    with pytest.raises(ValueError, match="warm start's method"):
+        variants.variants_study("s", base, {"warm": {}}, (0,))
+
+
+def test_the_comparison_is_a_study_of_the_seven_experiment_files_and_tables_its_seeds(tmp_path):
+    """``pgjax.compare``: one method per algorithm, each from its own experiment file; one seed writes
+    RUNS/<algorithm>, several RUNS/<algorithm>/seed<k>, and the table gives the mean over seeds and its
+    interval across seeds (two seeds: t_{0.975, 1} = tan(0.475 pi))."""
+    from pgjax import compare
+    one = compare.comparison_study(["steps=3"], "experiments", compare.ALGORITHMS, 1)
+    assert list(one.methods) == list(compare.ALGORITHMS)
+    assert one.experiment_of("ppo") == "experiments/arithmetic_ppo.py"
+    assert isinstance(one.runner, studies.InProcess) and one.run_name("ppo", 0) == "ppo"
+    assert one.train_sets(studies.TrainJob("ppo", 0), tmp_path, "") == [f"run_dir={tmp_path / 'ppo'}", "seed=0",
+                                                                         "steps=3"]
+    assert compare.comparison_study([], "experiments", ("grpo",), 2).run_name("grpo", 1) == "grpo/seed1"
+    run = {"start": 0.5, "best": 0.9, "curve": [(0, 0.5), (10, 0.9)]}
+    results = {"grpo": {0: {**run, "final": 0.8, "steps_to_target": 10, "seconds": 10.0},
+                        1: {**run, "final": 0.6, "steps_to_target": None, "seconds": 14.0}}}
+    rows = compare.table(results, 0.8).splitlines()
+    t = np.tan(0.475 * np.pi)
+    final, wall = t * np.std([0.8, 0.6], ddof=1) / np.sqrt(2), t * np.std([10.0, 14.0], ddof=1) / np.sqrt(2)
+    assert rows[2] == (f"| grpo | 0.500 | 0.700 [{0.7 - final:.3f}, {0.7 + final:.3f}] | 0.900 | 10 / - "
+                       f"| 12 [{12 - wall:.0f}, {12 + wall:.0f}] |")
+    assert "2 seeds" in rows[-1]
+    compare.plot(results, tmp_path / "comparison.png")
+    assert_plotted(tmp_path / "comparison.png")

@@ -366,12 +366,13 @@ def test_the_comparison_trains_each_algorithm_and_writes_a_table_and_a_plot(tmp_
     experiments = pathlib.Path(__file__).parent.parent / "experiments"
     chosen = ("reinforce", "ppo", "dr_grpo")       # every experiment file loads: see the test above
     results = compare.compare(tiny, target=0.0, out=tmp_path, experiments=experiments, algorithms=chosen)
-    assert list(results) == list(chosen)
-    assert all(r["steps_to_target"] == 0 and len(r["curve"]) == 3 for r in results.values())
+    assert list(results) == list(chosen) and all(list(by_seed) == [0] for by_seed in results.values())
+    assert all(r[0]["steps_to_target"] == 0 and len(r[0]["curve"]) == 3 for r in results.values())
+    assert all((tmp_path / name / "metrics.jsonl").exists() for name in chosen)      # one seed: out/<algorithm>
     rows = (tmp_path / "comparison.md").read_text().splitlines()
     assert len(rows) == 2 + 3 and rows[2].startswith("| reinforce |")
     assert_plotted(tmp_path / "comparison.png")
-    assert len({r["start"] for r in results.values()}) == 1          # the same warm start for all
+    assert len({r[0]["start"] for r in results.values()}) == 1          # the same warm start for all
 
 
 def test_decoding_strips_whichever_stop_token_ended_a_response():

@@ -2,6 +2,7 @@
 
     python experiments/scripts/difficulty_bias.py [--seeds 3] [--steps 100]      # ~10 min on 2 CPU cores
     python experiments/scripts/difficulty_bias.py --smoke --runs /tmp/db --out /tmp/db   # seconds: the CI check
+    python experiments/scripts/difficulty_bias.py --report      # summary, table and plot again from summary.json
 
 Claim: dividing a group's advantages by its reward std (eq. 18, 20) scales a
 question's whole update by 1 / std. With binary rewards and success rate p the
@@ -39,14 +40,16 @@ enter the measured weights too (the sum is over tokens), so the match is approxi
 
 Writes ``summary.json``, ``difficulty_bias.png`` (per-difficulty weight share and accuracy
 against step, per variant) and ``difficulty_bias.md`` (the means over the first and last
-``--tail`` steps) into ``--out``; the runs under ``--runs``.
+``--tail`` steps; the last ones' mean over seeds with its t interval across seeds) into ``--out``;
+the runs under ``--runs``.
 """
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from pgjax.compare import plot_band, study, tail_mean
+from pgjax import markdown
 from pgjax.rollout.collect import RolloutConfig
+from pgjax.study import ACROSS_SEEDS_NOTE, plot_band, seed_cell, tail_mean, variants
 from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
 from pgjax.train.trainer import Callback
 
@@ -127,13 +130,19 @@ def weight_per_group(seeds: dict) -> dict:
 
 
 def summarise(runs: dict, tail: int) -> dict:
-    """Per variant and measure: the first and last ``tail`` steps' mean, averaged over seeds; and
-    ``weight_per_group``."""
-    return {variant: {**{key: {"start": float(np.mean([tail_mean(c[key][:tail], tail) for c in seeds.values()])),
-                               "end": float(np.mean([tail_mean(c[key], tail) for c in seeds.values()]))}
-                         for key in next(iter(seeds.values())) if key.startswith(MEASURES)},
-                      "weight_per_group": weight_per_group(seeds)}
-            for variant, seeds in runs.items()}
+    """Per variant and measure: the first and last ``tail`` steps' mean, averaged over seeds, and the last
+    ones' per seed; and ``weight_per_group``."""
+    def first_and_last(key: str) -> dict:
+        last = [tail_mean(c[key], tail) for c in runs_of_variant.values()]
+        return {"start": float(np.mean([tail_mean(c[key][:tail], tail) for c in runs_of_variant.values()])),
+                "end": float(np.mean(last)), "end_per_seed": last}
+
+    out = {}
+    for variant, runs_of_variant in runs.items():
+        measures = [key for key in next(iter(runs_of_variant.values())) if key.startswith(MEASURES)]
+        out[variant] = {**{key: first_and_last(key) for key in measures},
+                        "weight_per_group": weight_per_group(runs_of_variant)}
+    return out
 
 
 def predicted_weight_per_group(k: int, group_size: int, divide_by_std: bool) -> float:
@@ -143,31 +152,32 @@ def predicted_weight_per_group(k: int, group_size: int, divide_by_std: bool) -> 
 
 
 def table(summary: dict, tail: int) -> str:
+    """Per variant and difficulty each measure's first -> last value; then per variant the measured and
+    predicted weight of a group by its number of correct responses."""
     names = {1: "easy (1 digit)", 2: "medium (2 digits)", 3: "hard (3 digits)"}
-    rows = ["| variant | difficulty | weight share: first -> last | gradient norm: first -> last | "
-            "accuracy: first -> last | all-correct groups | all-wrong groups |", "|---|---|---:|---:|---:|---:|---:|"]
-    def cell(values: dict, fmt: str = ".2f") -> str:
-        return f"{values['start']:{fmt}} -> {values['end']:{fmt}}"
 
-    for variant, s in summary.items():
-        for d in DIFFICULTIES:
-            rows.append(f"| {variant} | {names[d]} | {cell(s[f'weight_share_{d}'])} | "
-                        f"{cell(s[f'grad_norm_{d}'], '.3f')} | {cell(s[f'accuracy_{d}'])} | "
-                        f"{cell(s[f'solved_groups_{d}'])} | {cell(s[f'failed_groups_{d}'])} |")
-    rows.append(f"\nfirst / last: mean over the first / last {tail} steps, then over seeds.\n")
+    def cell(values: dict, fmt: str = ".2f") -> str:
+        return f"{values['start']:{fmt}} -> {seed_cell(values['end_per_seed'], fmt)}"
+
+    rows = [[variant, names[d], cell(s[f"weight_share_{d}"]), cell(s[f"grad_norm_{d}"], ".3f"),
+             cell(s[f"accuracy_{d}"]), cell(s[f"solved_groups_{d}"]), cell(s[f"failed_groups_{d}"])]
+            for variant, s in summary.items() for d in DIFFICULTIES]
+    lines = [markdown.table(["variant", "difficulty", "weight share: first -> last", "gradient norm: first -> last",
+                             "accuracy: first -> last", "all-correct groups", "all-wrong groups"], rows, "llrrrrr"),
+             "", f"first / last: mean over the first / last {tail} steps; first: then over seeds; last: then the "
+             f"{ACROSS_SEEDS_NOTE}.", ""]
     first = next(iter(summary.values()))["weight_per_group"]
     group_size = len(first) + 1
-    rows += ["| k correct of K | " + " | ".join(f"{k}/{group_size}" for k in first) + " |",
-             "|---|" + "---:|" * len(first)]
+    rows = []
     for variant, s in summary.items():
         std = VARIANTS[variant]["divide_by_std"] > 0
-        rows.append(f"| {variant}: measured | " + " | ".join(f"{v:.2f}" for v in s["weight_per_group"].values())
-                    + " |")
-        rows.append(f"| {variant}: predicted | " + " | ".join(
-            f"{predicted_weight_per_group(int(k), group_size, std):.2f}" for k in first) + " |")
-    rows.append(f"\nmean |token weight| of a group with k correct responses, relative to k = {group_size // 2}; "
-                "predicted from the advantages alone (equal lengths).")
-    return "\n".join(rows)
+        rows.append([f"{variant}: measured", *(f"{v:.2f}" for v in s["weight_per_group"].values())])
+        rows.append([f"{variant}: predicted",
+                     *(f"{predicted_weight_per_group(int(k), group_size, std):.2f}" for k in first)])
+    lines += [markdown.table(["k correct of K", *(f"{k}/{group_size}" for k in first)], rows), "",
+              f"mean |token weight| of a group with k correct responses, relative to k = {group_size // 2}; "
+              "predicted from the advantages alone (equal lengths)."]
+    return "\n".join(lines)
 
 
 def plot(runs: dict, path) -> None:
@@ -191,8 +201,8 @@ def plot(runs: dict, path) -> None:
 
 
 def main(argv=None) -> dict:
-    return study(argv, __doc__, "difficulty_bias", 100, base_experiment, VARIANTS, curves, summarise, table, plot,
-                 callbacks=(BucketMeasures(),))
+    return variants.main(argv, __doc__, "difficulty_bias", 100, base_experiment, VARIANTS, curves, summarise, table,
+                         plot, callbacks=(BucketMeasures(),))
 
 
 if __name__ == "__main__":

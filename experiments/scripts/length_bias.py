@@ -3,6 +3,7 @@
     python experiments/scripts/length_bias.py [--seeds 3] [--steps 150]      # ~15 min on 2 CPU cores
     python experiments/scripts/length_bias.py --set task.working=before --out experiments/results/length_bias_before
     python experiments/scripts/length_bias.py --smoke --runs /tmp/lb --out /tmp/lb   # seconds: the CI check
+    python experiments/scripts/length_bias.py --report      # summary, table and plot again from summary.json
 
 Claim: dividing each response's loss by its length |o| (eq. 18) weights a token
 of a short response more than a token of a long one. For a correct response
@@ -34,12 +35,15 @@ samples. Each run's directory is ``--runs``/``<variant>/seed<k>``; ``--out`` get
 ``summary.json`` (the per-step curves and end values), ``length_bias.png``
 (length of correct and of incorrect responses and sampled accuracy against
 step: mean over seeds, min-max band) and ``length_bias.md`` (start and end
-values: the means over the first and last ``--tail`` steps).
+values: the means over the first and last ``--tail`` steps; the end's mean over
+seeds with its t interval across seeds). ``--report`` writes them again from
+``summary.json``.
 """
 import numpy as np
 
-from pgjax.compare import plot_band, study, tail_mean
+from pgjax import markdown
 from pgjax.rollout.collect import RolloutConfig
+from pgjax.study import ACROSS_SEEDS_NOTE, plot_band, seed_cell, tail_mean, variants
 from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
 from pgjax.train.optim import OptimConfig
 
@@ -78,27 +82,26 @@ def curves(records: list[dict]) -> dict:
 
 
 def summarise(runs: dict, tail: int) -> dict:
-    """Per variant: the end value (last ``tail`` steps) of each curve, mean and spread over seeds,
-    and the change of each length from the first ``tail`` steps."""
+    """Per variant and curve: each seed's end value (the mean over the last ``tail`` steps) and their mean
+    over seeds, and the mean over seeds of the start value (the first ``tail`` steps)."""
     out = {}
     for variant, seeds in runs.items():
         end = {key: [tail_mean(c[key], tail) for c in seeds.values()] for key, _ in CURVES}
         start = {key: [tail_mean(c[key][:tail], tail) for c in seeds.values()] for key, _ in CURVES}
-        out[variant] = {key: {"end_mean": float(np.mean(end[key])), "end_min": float(np.min(end[key])),
-                              "end_max": float(np.max(end[key])), "start_mean": float(np.mean(start[key]))}
-                        for key, _ in CURVES}
+        out[variant] = {key: {"start_mean": float(np.mean(start[key])), "end_mean": float(np.mean(end[key])),
+                              "end_per_seed": end[key]} for key, _ in CURVES}
     return out
 
 
 def table(summary: dict, tail: int) -> str:
-    rows = ["| variant | length correct: start -> end | length incorrect: start -> end | accuracy: start -> end |",
-            "|---|---:|---:|---:|"]
-    for variant, s in summary.items():
-        cells = [f"{s[k]['start_mean']:.2f} -> {s[k]['end_mean']:.2f} [{s[k]['end_min']:.2f}, {s[k]['end_max']:.2f}]"
-                 for k, _ in CURVES]
-        rows.append(f"| {variant} | " + " | ".join(cells) + " |")
-    rows.append(f"\nstart / end: mean over the first / last {tail} steps; mean over seeds [min, max over seeds].")
-    return "\n".join(rows)
+    """Per variant and curve: the start value (mean over seeds) -> the end value (mean over seeds and its
+    interval across seeds)."""
+    rows = [[variant, *(f"{s[k]['start_mean']:.2f} -> {seed_cell(s[k]['end_per_seed'], '.2f')}" for k, _ in CURVES)]
+            for variant, s in summary.items()]
+    return (markdown.table(["variant", "length correct: start -> end", "length incorrect: start -> end",
+                            "accuracy: start -> end"], rows)
+            + f"\n\nstart / end: mean over the first / last {tail} steps; start: mean over seeds; end: "
+            f"{ACROSS_SEEDS_NOTE}.")
 
 
 def plot(runs: dict, path) -> None:
@@ -119,7 +122,7 @@ def plot(runs: dict, path) -> None:
 
 
 def main(argv=None) -> dict:
-    return study(argv, __doc__, "length_bias", 150, base_experiment, VARIANTS, curves, summarise, table, plot)
+    return variants.main(argv, __doc__, "length_bias", 150, base_experiment, VARIANTS, curves, summarise, table, plot)
 
 
 if __name__ == "__main__":

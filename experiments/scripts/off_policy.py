@@ -2,6 +2,7 @@
 
     python experiments/scripts/off_policy.py [--seeds 2] [--steps 250]      # ~40 min on 2 CPU cores
     python experiments/scripts/off_policy.py --smoke --runs /tmp/op --out /tmp/op   # seconds: the CI check
+    python experiments/scripts/off_policy.py --report      # summary, table and plot again from summary.json
 
 The main job (Dr. GRPO on 2-digit addition, the README's quickstart) from the same warm-started
 checkpoint per seed, with:
@@ -17,15 +18,17 @@ checkpoint per seed, with:
 Variant names: ``s<staleness>``, ``bf16`` (the sampler), the correction (``tis``: truncated at 2,
 ``mis``: masked outside [0.5, 2], ``clip_mu``: behaviour_ratio). Each run logs the
 learner-vs-sampler mismatch every step (``mismatch_abs``, ``mismatch_kl``, ...).
-``--out`` gets ``summary.json`` (per-step curves and end values), ``off_policy.md`` (the table)
+``--out`` gets ``summary.json`` (per-step curves and end values), ``off_policy.md`` (the table: each
+seed's final evaluation accuracy, the other measures' mean over seeds with a t interval across seeds)
 and ``off_policy.png`` (evaluation accuracy against step and against wall time, and the mismatch
 KL against step). Wall time is the sum of the steps' ``time_step`` (evaluation excluded); all
 variants run one after another in one process, so they share the machine alike.
 """
 import numpy as np
 
-from pgjax.compare import plot_band, study, tail_mean
+from pgjax import markdown
 from pgjax.rollout.collect import RolloutConfig
+from pgjax.study import ACROSS_SEEDS_NOTE, plot_band, seed_cell, tail_mean, variants
 from pgjax.train.experiment import Experiment, ModelSection, WarmStartSection
 
 TIS = {"algorithm.correction": "token"}
@@ -70,46 +73,41 @@ def curves(records: list[dict]) -> dict:
 
 
 def summarise(runs: dict, tail: int) -> dict:
-    """Per variant, mean and range over seeds: the final evaluation accuracy, the sampled accuracy
-    and mismatch over the last ``tail`` steps, the median step time and the total wall time; and
-    each seed's evaluation accuracy at the start (the warm-started policy) and at the end."""
-    def stats(values):
-        return {"mean": float(np.mean(values)), "min": float(np.min(values)), "max": float(np.max(values))}
+    """Per variant, each seed's value and their mean: the final evaluation accuracy, the sampled accuracy
+    and mismatch over the last ``tail`` steps, the median step time and the total wall time; and each
+    seed's evaluation accuracy at the start (the warm-started policy) and at the end."""
+    def over_seeds(values):
+        return {"mean": float(np.mean(values)), "per_seed": [float(v) for v in values]}
     out = {}
     for variant, seeds in runs.items():
         c = list(seeds.values())
         out[variant] = {
-            "eval_accuracy": stats([x["eval_accuracy"][-1] for x in c]),
+            "eval_accuracy": over_seeds([x["eval_accuracy"][-1] for x in c]),
             "eval_start_per_seed": [x["eval_accuracy"][0] for x in c],
             "eval_end_per_seed": [x["eval_accuracy"][-1] for x in c],
-            "accuracy": stats([tail_mean(x["accuracy"], tail) for x in c]),
-            **{key: stats([tail_mean(x[key], tail) for x in c])
+            "accuracy": over_seeds([tail_mean(x["accuracy"], tail) for x in c]),
+            **{key: over_seeds([tail_mean(x[key], tail) for x in c])
                for key in ("mismatch_abs", "mismatch_kl", "mismatch_outside", "is_limited")},
-            "step_seconds": stats([float(np.median(x["time_step"])) for x in c]),
-            "wall_seconds": stats([x["wall"][-1] for x in c])}
+            "step_seconds": over_seeds([float(np.median(x["time_step"])) for x in c]),
+            "wall_seconds": over_seeds([x["wall"][-1] for x in c])}
     return out
 
 
-def _cell(s: dict, fmt: str) -> str:
-    return f"{s['mean']:{fmt}} [{s['min']:{fmt}}, {s['max']:{fmt}}]" if s["min"] != s["max"] else f"{s['mean']:{fmt}}"
-
-
 def table(summary: dict, tail: int) -> str:
-    rows = ["| variant | final eval accuracy per seed | sampled accuracy | mean \\|dlog p\\| | KL(mu\\|\\|pi) "
-            "| outside [0.5, 2] | weights limited | median step | wall |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    """Per variant: each seed's final evaluation accuracy, then the other measures across seeds."""
+    rows = []
     for variant, s in summary.items():
-        limited = "-" if np.isnan(s["is_limited"]["mean"]) else _cell(s["is_limited"], ".4f")
-        per_seed = " / ".join(f"{a:.3f}" for a in s["eval_end_per_seed"])
-        rows.append(f"| {variant} | {per_seed} | {_cell(s['accuracy'], '.3f')} "
-                    f"| {_cell(s['mismatch_abs'], '.2e')} | {_cell(s['mismatch_kl'], '.2e')} "
-                    f"| {_cell(s['mismatch_outside'], '.4f')} | {limited} | {s['step_seconds']['mean']:.3f} s "
-                    f"| {s['wall_seconds']['mean']:.0f} s |")
+        limited = "-" if np.isnan(s["is_limited"]["mean"]) else seed_cell(s["is_limited"]["per_seed"], ".4f")
+        across = [seed_cell(s[key]["per_seed"], fmt) for key, fmt in (
+            ("accuracy", ".3f"), ("mismatch_abs", ".2e"), ("mismatch_kl", ".2e"), ("mismatch_outside", ".4f"))]
+        rows.append([variant, " / ".join(f"{a:.3f}" for a in s["eval_end_per_seed"]), *across, limited,
+                     f"{s['step_seconds']['mean']:.3f} s", f"{s['wall_seconds']['mean']:.0f} s"])
     start = " / ".join(f"{a:.3f}" for a in next(iter(summary.values()))["eval_start_per_seed"])
-    rows.append(f"\nGreedy eval accuracy of the warm-started policy (every variant's start), per seed: {start}. "
-                f"Other columns: mean over seeds [min, max]; sampled accuracy and mismatch: mean over the last "
-                f"{tail} steps; median step and wall: the RL steps' time_step (evaluation excluded).")
-    return "\n".join(rows)
+    return (markdown.table(["variant", "final eval accuracy per seed", "sampled accuracy", "mean |dlog p|",
+                            "KL(mu||pi)", "outside [0.5, 2]", "weights limited", "median step", "wall"], rows)
+            + f"\n\nGreedy eval accuracy of the warm-started policy (every variant's start), per seed: {start}. "
+            f"Other columns: {ACROSS_SEEDS_NOTE}; sampled accuracy and mismatch: mean over the last {tail} steps; "
+            "median step and wall: the RL steps' time_step (evaluation excluded), mean over seeds.")
 
 
 def plot(runs: dict, path, title: str = "off-policy rollouts on the main job: mean over seeds") -> None:
@@ -138,7 +136,7 @@ def plot(runs: dict, path, title: str = "off-policy rollouts on the main job: me
 
 
 def main(argv=None) -> dict:
-    return study(argv, __doc__, "off_policy", 250, base_experiment, VARIANTS, curves, summarise, table, plot)
+    return variants.main(argv, __doc__, "off_policy", 250, base_experiment, VARIANTS, curves, summarise, table, plot)
 
 
 if __name__ == "__main__":

@@ -7,15 +7,17 @@ and one step stale with the PPO clip against the sampler's mu.
     python experiments/scripts/smollm2_off_policy.py --variants s0 s2      # only these (in this order)
     python experiments/scripts/smollm2_off_policy.py --report   # table and plot from the runs that exist
 
-Each variant is docs/real_models.md's SmolLM2 command with its overrides,
+A ``pgjax.study`` of one seed whose methods are the variants, run as its jobs: each variant is
+docs/real_models.md's SmolLM2 command with its overrides,
 
     python -m pgjax.run experiments/smollm2_math.py --set run_dir=runs/smollm2_math_<variant> --set ...
     python -m pgjax.eval runs/smollm2_math_<variant> --samples 8 --k 1,8 --temperature 0.7 --json ...
 
-(a run with checkpoints but no ``final/`` is resumed; one with an evaluation is left alone).
+(a run with checkpoints but no ``final/`` is resumed; one with an evaluation is left alone; a finished
+run's record is kept in ``--out``/``records``).
 Variant names as in ``experiments/scripts/off_policy.py``: ``s<staleness>``, then the correction
 (``token_tis``: token weights pi_old / mu truncated at 2; ``clip_mu``: behaviour_ratio).
-``--out`` gets each variant's evaluation (``<variant>.json``), ``summary.json`` (per-step curves),
+``--out`` gets each variant's evaluation (``eval/smollm2_math_<variant>.json``), ``summary.json`` (per-step curves),
 ``smollm2_off_policy.md`` (the table) and ``smollm2_off_policy.png`` (greedy accuracy against step
 and against wall time, mismatch KL against step; ``off_policy.plot``). Wall time is the sum of the
 steps' ``time_step`` (evaluation excluded); the runs go one after another, so they share the machine alike.
@@ -23,13 +25,11 @@ steps' ``time_step`` (evaluation excluded); the runs go one after another, so th
 import argparse
 import json
 import pathlib
-import subprocess
-import sys
 
 import numpy as np
 from off_policy import curves, plot  # the sibling study's per-run curves and plot
 
-from pgjax.compare import tail_mean
+from pgjax.study import EvalJob, Evaluation, Study, TrainJob, kept_record, tail_mean
 from pgjax.train.sinks import read_records
 
 TIS = ("algorithm.correction=token",)
@@ -45,21 +45,18 @@ EVALUATED = ("greedy_accuracy", "pass@1", "pass@8", "mean_length")
 MISMATCH = ("mismatch_abs", "mismatch_kl", "mismatch_outside", "is_limited")
 
 
-def run_dir(runs: pathlib.Path, variant: str) -> pathlib.Path:
-    return runs / f"smollm2_math_{variant}"
+def study(experiment: str) -> Study:
+    """The variants as the methods of a one-seed study of ``experiment`` (trained runs ``smollm2_math_<variant>``),
+    each evaluated by ``pgjax.eval`` with 8 samples at T = 0.7."""
+    return Study(name="smollm2_off_policy", experiment=experiment, base_model="", methods=VARIANTS, seeds=(0,),
+                 run_names="smollm2_math_{method}", train_minutes=30, machine="the 2-core Xeon of docs/real_models.md",
+                 evaluations=(Evaluation("eval", ("--samples", 8, "--k", "1,8", "--temperature", "0.7"), minutes=5,
+                                         paired=False),))
 
 
-def train_and_evaluate(variant: str, runs: pathlib.Path, out: pathlib.Path, experiment: str) -> None:
-    """Train ``variant`` (resuming a run that checkpointed) unless it has a final policy; then
-    evaluate it into ``out/<variant>.json`` unless that exists."""
-    directory = run_dir(runs, variant)
-    sets = [arg for assignment in (f"run_dir={directory}", *VARIANTS[variant]) for arg in ("--set", assignment)]
-    if not (directory / "final").exists():
-        resume = ["--resume"] if any((directory / "checkpoints").glob("*")) else []
-        subprocess.run([sys.executable, "-m", "pgjax.run", experiment, "--no-progress", *sets, *resume], check=True)
-    if not (out / f"{variant}.json").exists():
-        subprocess.run([sys.executable, "-m", "pgjax.eval", str(directory), "--samples", "8", "--k", "1,8",
-                        "--temperature", "0.7", "--json", str(out / f"{variant}.json")], check=True)
+def jobs_of(variant: str, the_study: Study) -> list:
+    """``variant``'s training job and its evaluation."""
+    return [TrainJob(variant, 0), EvalJob("eval", the_study.run_name(variant, 0))]
 
 
 def truncation(metrics: dict) -> dict:
@@ -106,14 +103,16 @@ def table(summary: dict) -> str:
     return "\n".join(rows)
 
 
-def report(runs: pathlib.Path, out: pathlib.Path) -> dict:
-    """Table, summary and plot of the variants that have a final policy and an evaluation."""
-    done = [v for v in VARIANTS if (run_dir(runs, v) / "final").exists() and (out / f"{v}.json").exists()]
+def report(the_study: Study, runs: pathlib.Path, out: pathlib.Path) -> dict:
+    """Table, summary and plot of the variants whose record is kept and whose evaluation exists."""
+    evaluation = {v: the_study.output(jobs_of(v, the_study)[1], runs, out) for v in VARIANTS}
+    record = {v: kept_record(the_study.run_name(v, 0), out) for v in VARIANTS}
+    done = [v for v in VARIANTS if record[v].exists() and evaluation[v].exists()]
     if not done:
-        raise SystemExit(f"no variant has both a final policy under {runs} and an evaluation in {out}: "
-                         "train them first (without --report)")
-    records = {v: read_records(run_dir(runs, v)) for v in done}
-    summary = {v: summarise(v, records[v], json.loads((out / f"{v}.json").read_text())) for v in done}
+        raise SystemExit(f"no variant has both a kept record in {out / 'records'} and an evaluation in "
+                         f"{out / 'eval'}: train them first (without --report)")
+    records = {v: read_records(record[v].parent) for v in done}
+    summary = {v: summarise(v, records[v], json.loads(evaluation[v].read_text())) for v in done}
     per_run = {v: {0: curves(records[v])} for v in done}
     (out / "summary.json").write_text(json.dumps({"summary": summary, "curves": per_run}))
     text = table(summary)
@@ -132,12 +131,13 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", default="experiments/results/smollm2_off_policy")
     parser.add_argument("--experiment", default="experiments/smollm2_math.py", help="the shared experiment file")
     args = parser.parse_args(argv)
-    runs, out = pathlib.Path(args.runs), pathlib.Path(args.out)
+    runs, out, the_study = pathlib.Path(args.runs), pathlib.Path(args.out), study(args.experiment)
     out.mkdir(parents=True, exist_ok=True)
     if not args.report:
         for variant in args.variants:
-            train_and_evaluate(variant, runs, out, args.experiment)
-    return report(runs, out)
+            for job in jobs_of(variant, the_study):
+                the_study.run_job(job, runs, out, the_study.base_model)
+    return report(the_study, runs, out)
 
 
 if __name__ == "__main__":

@@ -31,8 +31,8 @@ import sys
 
 import numpy as np
 
-from pgjax.compare import plot_band, tail_mean
 from pgjax.evaluation.statistics import across_seeds
+from pgjax.study import plot_band, tail_mean
 from pgjax.train import experiment
 from pgjax.train.sinks import read_records
 

@@ -1,75 +1,28 @@
-"""Studies: one experiment trained by several methods over several seeds, every trained run and every
-reference checkpoint evaluated by ``python -m pgjax.eval`` on the same prompts, and the evaluations
-compared in pairs (``pgjax.evaluation.paired``), run as jobs that survive the end of a session.
+"""The study runner: ``Study`` (methods x seeds, references and evaluations, as jobs), its plan, report and
+command line (the package docstring describes them)."""
+from __future__ import annotations
 
-A study file (``experiments/studies/smollm2_seeds.py``, ``experiments/studies/gemma3_seeds.py``) defines a ``Study``
-and calls ``main(STUDY)``; its command line:
-
-    python experiments/STUDY.py --plan       # each job: done or missing, and its estimated minutes
-    python experiments/STUDY.py              # runs every missing job, in order
-    python experiments/STUDY.py --jobs train:dr_grpo:0 eval:base:none      # only these
-    python experiments/STUDY.py --report     # the tables and the plot from what exists
-
-The jobs, in order:
-
-- ``train:METHOD:SEED``: ``python -m pgjax.run EXPERIMENT`` from ``--base-model`` (or, for a method
-  that ``continues`` another, from that method's run of the same seed) with ``seed=SEED`` and the
-  method's overrides, into ``RUNS/METHOD_sSEED`` (resumed when it has checkpoints);
-- ``KIND:MODEL[:VARIANT]``, one per ``Evaluation``: ``python -m pgjax.eval`` of a reference (the base
-  checkpoint with the reference's task arguments) or of a trained run (whose ``experiment.json``
-  gives its task), with the evaluation's arguments and the variant's, into ``OUT/KIND/MODEL[_VARIANT].json``.
-
-Every job writes one file and is skipped when that file exists. ``OUT`` is committed and ``RUNS`` is
-not: a training job also copies its run's ``metrics.jsonl`` to ``OUT/records/RUN/``, and a run whose
-record is kept counts as trained unless a job still to run needs its policy.
-
-``--report`` writes ``OUT/NAME.md`` (per paired evaluation and variant: each method's spread across
-seeds and the paired statistics of every pair of models; each unpaired evaluation's table) and
-``OUT/NAME.png`` (each of ``curve_metrics`` against step, one panel each, per method the mean over its
-seeds and the min-max band, from the kept records: by default the greedy evaluation accuracy in
-training; a per-step training metric is averaged over windows of ``record_window`` steps).
-"""
 import argparse
 import json
 import pathlib
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from pgjax import markdown
 from pgjax.evaluation import paired
 from pgjax.evaluation.held_out import budgets_of, digits_of
 from pgjax.evaluation.held_out import to_markdown as evaluation_table
+from pgjax.study.curves import ACROSS_SEEDS_NOTE, plot_band, seed_cell
+from pgjax.study.jobs import EvalJob, Job, Runner, Subprocess, TrainJob
+from pgjax.train import experiment as experiment_lib
 from pgjax.train.sinks import read_records
 
 NO_VARIANT = {"": ()}
-
-
-@dataclass(frozen=True)
-class TrainJob:
-    """Train ``method`` with ``seed``; named ``train:METHOD:SEED``."""
-    method: str
-    seed: int
-
-    def __str__(self) -> str:
-        return f"train:{self.method}:{self.seed}"
-
-
-@dataclass(frozen=True)
-class EvalJob:
-    """Evaluation ``kind`` of ``model`` (a reference or a trained run) in ``variant`` (``""``: the one
-    variant of an evaluation without variants); named ``KIND:MODEL`` or ``KIND:MODEL:VARIANT``."""
-    kind: str
-    model: str
-    variant: str = ""
-
-    def __str__(self) -> str:
-        return f"{self.kind}:{self.model}" + (f":{self.variant}" if self.variant else "")
-
-
-Job = TrainJob | EvalJob
 
 
 @dataclass(frozen=True)
@@ -102,25 +55,35 @@ class Evaluation:
 
 @dataclass(frozen=True)
 class Study:
-    """``methods``: ``{method: --set overrides of the experiment}``, each trained once per seed;
+    """``methods``: ``{method: --set overrides of the experiment}``, each trained once per seed from
+    ``experiment`` (an experiment file, or for an in-process ``runner`` an ``Experiment``) or the method's
+    own file in ``experiments``, starting from ``base_model`` (``""``: the experiment's own model), into
+    ``RUNS/<run_names>`` (a format of ``method`` and ``seed``) by ``runner``: ``Subprocess()`` (a
+    ``python -m pgjax.run`` each, which outlives the session) or ``InProcess(callbacks)`` (this process,
+    the runs sharing compiled programs); ``keep_records``: copy each finished run's metrics.jsonl to
+    ``OUT/records`` (the record the report's curves and training table read).
     ``references``: ``{name: pgjax.eval arguments after the base checkpoint}`` (its task options: a
-    reference has no experiment.json); ``train_minutes``: the estimated time of one training job, and
-    ``machine`` the machine those estimates come from. ``record_metrics``: per-step record fields the
-    report tables per method, each window of ``record_window`` steps (``training_table``).
+    reference has no experiment.json), needed by a paired evaluation; ``train_minutes``: the estimated time
+    of one training job, and ``machine`` the machine those estimates come from. ``record_metrics``:
+    per-step record fields the report tables per method, each window of ``record_window`` steps (``training_table``).
     ``continues``: ``{method: earlier method}``: each seed's run of the method starts from the final
     policy of the earlier method's run of the same seed, not from the base model (a warm start
     shared by the methods compared after it). ``curve_metrics``: the record fields the plot shows.
     ``method_seeds``: ``{method: seeds}`` for a method trained on other seeds than ``seeds`` (a longer
     run on one seed, say)."""
     name: str
-    experiment: str
+    experiment: str | experiment_lib.Experiment
     base_model: str
     methods: Mapping[str, tuple[str, ...]]
     seeds: tuple[int, ...]
-    references: Mapping[str, tuple[str, ...]]
-    evaluations: tuple[Evaluation, ...]
-    train_minutes: float
-    machine: str
+    references: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    evaluations: tuple[Evaluation, ...] = ()
+    train_minutes: float = 0.0
+    machine: str = "this machine"
+    experiments: Mapping[str, str] = field(default_factory=dict)
+    run_names: str = "{method}_s{seed}"
+    runner: Runner = Subprocess()
+    keep_records: bool = True
     curve_title: str = ""
     record_metrics: tuple[str, ...] = ()
     record_window: int = 10
@@ -137,16 +100,26 @@ class Study:
         if set(self.method_seeds) - set(self.methods):
             raise ValueError(f"study {self.name}: method_seeds names methods not in the study: "
                              f"{sorted(set(self.method_seeds) - set(self.methods))}")
+        unnamed = [m for m in self.methods if self.experiment_of(m) == ""]
+        if unnamed:
+            raise ValueError(f"study {self.name}: no experiment for the methods {unnamed}")
+        built = [m for m in self.methods if not isinstance(self.experiment_of(m), str)]
+        if isinstance(self.runner, Subprocess) and built:
+            raise ValueError(f"study {self.name}: a pgjax.run process trains an experiment file; an Experiment "
+                             "built in Python needs the InProcess runner")
         clashes = set(self.references) & set(self.trained())
-        kinds = [e.kind for e in self.evaluations]
-        if clashes or len(set(kinds)) != len(kinds) or not self.references:
+        kinds, paired = [e.kind for e in self.evaluations], any(e.paired for e in self.evaluations)
+        if clashes or len(set(kinds)) != len(kinds) or (paired and not self.references):
             raise ValueError(f"study {self.name}: needs a reference, distinct evaluation kinds ({kinds}) and no "
                              f"reference named like a trained run ({sorted(clashes)})")
 
-    @staticmethod
-    def run_name(method: str, seed: int) -> str:
+    def run_name(self, method: str, seed: int) -> str:
         """The directory (under RUNS) and model name of ``method``'s run with ``seed``."""
-        return f"{method}_s{seed}"
+        return self.run_names.format(method=method, seed=seed)
+
+    def experiment_of(self, method: str) -> str | experiment_lib.Experiment:
+        """The experiment ``method`` trains: its own file in ``experiments``, else the study's."""
+        return self.experiments.get(method, self.experiment)
 
     def seeds_of(self, method: str) -> tuple[int, ...]:
         """The seeds ``method`` is trained with."""
@@ -161,6 +134,7 @@ class Study:
         return [*self.references, *self.trained()]
 
     def evaluation(self, kind: str) -> Evaluation:
+        """The study's evaluation of ``kind``."""
         return next(e for e in self.evaluations if e.kind == kind)
 
     def jobs(self) -> list[Job]:
@@ -169,6 +143,10 @@ class Study:
         for e in self.evaluations:
             jobs += [EvalJob(e.kind, model, v) for model in (e.models or self.models()) for v in e.variants]
         return jobs
+
+    def training_of(self, model: str) -> TrainJob:
+        """The training job of trained run ``model``."""
+        return next(job for job in self.jobs() if isinstance(job, TrainJob) and self.trained_by(job) == model)
 
     def trained_by(self, job: TrainJob) -> str:
         """The run that training job ``job`` writes."""
@@ -192,25 +170,26 @@ class Study:
 
     def done(self, job: Job, runs: pathlib.Path, out: pathlib.Path) -> bool:
         """Whether ``job`` has nothing left to do: its output exists, or, for a training job whose policy
-        is gone with an earlier session's RUNS, every job reading the policy is done (without a kept
-        record the run is missing from the curves, which ``plan`` says, but training it again would
+        is gone with an earlier session's RUNS, some job reads the policy and every one is done (without a
+        kept record the run is missing from the curves, which ``plan`` says, but training it again would
         give a different run than the one evaluated)."""
         if self.output(job, runs, out).exists():
             return True
         if not isinstance(job, TrainJob):
             return False
-        return all(self.done(j, runs, out) for j in self.policy_users(self.trained_by(job)))
+        users = self.policy_users(self.trained_by(job))
+        return bool(users) and all(self.done(j, runs, out) for j in users)
 
-    def command(self, job: Job, runs: pathlib.Path, out: pathlib.Path, base_model: str) -> list[str]:
-        """The command line of ``job``."""
-        if isinstance(job, TrainJob):
-            directory = runs / self.trained_by(job)
-            start = self.starting_run(job)
-            start = str(runs / start / "final") if start else base_model
-            sets = [f"run_dir={directory}", f"seed={job.seed}", f"model.path={start}", *self.methods[job.method]]
-            resume = ["--resume"] if any((directory / "checkpoints").glob("*")) else []
-            return [sys.executable, "-m", "pgjax.run", self.experiment, "--no-progress",
-                    *[arg for s in sets for arg in ("--set", s)], *resume]
+    def train_sets(self, job: TrainJob, runs: pathlib.Path, base_model: str) -> list[str]:
+        """The ``--set`` overrides of training job ``job``: its run directory, seed, starting policy (none
+        named: the experiment's own model) and the method's overrides."""
+        start = self.starting_run(job)
+        start = str(runs / start / "final") if start else base_model
+        return [f"run_dir={runs / self.trained_by(job)}", f"seed={job.seed}",
+                *([f"model.path={start}"] if start else []), *self.methods[job.method]]
+
+    def eval_command(self, job: EvalJob, runs: pathlib.Path, out: pathlib.Path, base_model: str) -> list[str]:
+        """The ``pgjax.eval`` command line of evaluation job ``job``."""
         evaluation, model = self.evaluation(job.kind), job.model
         variant = evaluation.variants[job.variant]
         target = [base_model, *self.references[model]] if model in self.references else [str(runs / model)]
@@ -218,8 +197,8 @@ class Study:
                 "--json", str(self.output(job, runs, out))]
 
     def run_job(self, job: Job, runs: pathlib.Path, out: pathlib.Path, base_model: str) -> None:
-        """Run ``job`` unless it is ``done``; a trained run's evaluation waits for its training, and a
-        finished training keeps its record."""
+        """Run ``job`` unless it is ``done``: a training job by the study's ``runner`` (a finished one keeps
+        its record), an evaluation as a ``pgjax.eval`` process, which waits for the run's training."""
         if self.done(job, runs, out):
             return
         if isinstance(job, TrainJob):
@@ -227,16 +206,23 @@ class Study:
         else:
             needed = None if job.model in self.references else job.model
         if needed and not (runs / needed / "final").exists():
-            method, seed = needed.rsplit("_s", 1)
-            raise SystemExit(f"{job}: {runs / needed} has no final policy: run {TrainJob(method, int(seed))} first")
+            raise SystemExit(f"{job}: {runs / needed} has no final policy: run {self.training_of(needed)} first")
         self.output(job, runs, out).parent.mkdir(parents=True, exist_ok=True)
-        command = self.command(job, runs, out, base_model)
-        print(f"{job}: {' '.join(command)}", flush=True)
-        subprocess.run(command, check=True)
+        started = time.perf_counter()
+        print(f"{job}", flush=True)
         if isinstance(job, TrainJob):
-            keep_record(self.trained_by(job), runs, out)
+            directory = runs / self.trained_by(job)
+            self.runner.train(self.experiment_of(job.method), self.train_sets(job, runs, base_model), directory)
+            if self.keep_records:
+                keep_record(self.trained_by(job), runs, out)
+        else:
+            command = self.eval_command(job, runs, out, base_model)
+            print(" ".join(command), flush=True)
+            subprocess.run(command, check=True)
+        print(f"{job}: done in {time.perf_counter() - started:.0f} s", flush=True)
 
     def minutes(self, job: Job) -> float:
+        """The estimated minutes of ``job``."""
         return self.train_minutes if isinstance(job, TrainJob) else self.evaluation(job.kind).minutes
 
     def plan(self, selected: list[Job], runs: pathlib.Path, out: pathlib.Path) -> str:
@@ -300,14 +286,15 @@ class Study:
                 for name in (*self.record_metrics, "eval_accuracy"):
                     per_seed = [_window_mean(rs, name, end if name == "eval_accuracy" else start, end)
                                 for rs in records.values()]
-                    cells.append(_spread_cell([v for v in per_seed if v is not None], name))
-                rows.append(f"| {method} | {len(records)} | {start}-{end} | " + " | ".join(cells) + " |")
+                    present = [v for v in per_seed if v is not None]
+                    cells.append(seed_cell(present, f".{digits_of(name)}f") if present else None)
+                rows.append([method, len(records), f"{start}-{end}", *cells])
         if not self.record_metrics or not rows:
             return None
         names = [*self.record_metrics, "greedy eval at the window's end"]
-        return "\n".join([f"| method | seeds | steps | {' | '.join(names)} |", "|---|---:|---|" + "---:|" * len(names),
-                          *rows, "", f"Each cell: the mean over seeds of the seed's mean over the window's steps "
-                          f"(min-max over seeds in brackets), from the kept records in {out / 'records'}."])
+        return "\n".join([markdown.table(["method", "seeds", "steps", *names], rows, "lrl" + "r" * len(names)), "",
+                          f"Each cell: per seed its mean over the window's steps, then the {ACROSS_SEEDS_NOTE}; "
+                          f"from the kept records in {out / 'records'}."])
 
     def report(self, runs: pathlib.Path, out: pathlib.Path) -> str | None:
         """The study's markdown (written to ``OUT/NAME.md``) and plot, from the outputs that exist; None
@@ -325,7 +312,7 @@ class Study:
                     if path.exists():
                         table = evaluation_table(budgets_of(json.loads(path.read_text())))
                         sections.append(f"### {evaluation.title(variant)}: {model}\n\n{table}")
-        for model in self.trained():
+        for model in self.trained() if self.keep_records else ():
             if not kept_record(model, out).exists():
                 keep_record(model, runs, out)
         found = {metric: curves for metric in self.curve_metrics if (curves := self.curves(out, metric))}
@@ -351,15 +338,6 @@ def _window_mean(records: list[dict], name: str, start: int, end: int) -> float 
     values = [r[name] for r in records if start <= r["step"] <= end and r.get(name) is not None
               and np.isfinite(r[name])]
     return float(np.mean(values)) if values else None
-
-
-def _spread_cell(values: list[float], name: str) -> str:
-    """``mean [min, max]`` (one value: itself; none: ``-``); lengths to 0.1, the rest to 0.001."""
-    if not values:
-        return "-"
-    digits = digits_of(name)
-    mean = f"{np.mean(values):.{digits}f}"
-    return mean if len(values) == 1 else f"{mean} [{min(values):.{digits}f}, {max(values):.{digits}f}]"
 
 
 def kept_record(model: str, out: pathlib.Path) -> pathlib.Path:
@@ -391,11 +369,9 @@ def plot(found: dict, path: pathlib.Path, title: str, window: int) -> None:
     for ax, (metric, curves) in zip(axes[0], found.items(), strict=True):
         for method, by_seed in curves.items():
             steps = sorted({step for points in by_seed.values() for step, _ in points})
-            values = np.array([[dict(points).get(step, np.nan) for step in steps] for points in by_seed.values()])
             seeds = f"{len(by_seed)} seed{'s' * (len(by_seed) > 1)}"
-            line, = ax.plot(steps, np.nanmean(values, axis=0), marker="o", label=f"{method} ({seeds})")
-            ax.fill_between(steps, np.nanmin(values, axis=0), np.nanmax(values, axis=0), color=line.get_color(),
-                            alpha=0.15)
+            plot_band(ax, steps, [[dict(points).get(step) for step in steps] for points in by_seed.values()],
+                      f"{method} ({seeds})", window=1, marker="o")
         ax.set_xlabel("RL step")
         label = CURVE_LABELS.get(metric, metric)
         ax.set_ylabel(label if metric == "eval_accuracy" else f"{label}, {window}-step means", fontsize=8)
