@@ -29,6 +29,7 @@ import pathlib
 import numpy as np
 from off_policy import curves, plot  # the sibling study's per-run curves and plot
 
+from pgjax import markdown
 from pgjax.study import EvalJob, Evaluation, Study, TrainJob, kept_record, tail_mean
 from pgjax.train.sinks import read_records
 
@@ -87,16 +88,14 @@ def _value(metric: dict, fmt: str, scale: float = 1.0, unit: str = "") -> str:
 
 
 def table(summary: dict) -> str:
-    rows = ["| variant | greedy accuracy | pass@1 | pass@8 | length | cut at 64 | mean \\|dlog p\\| | KL(mu\\|\\|pi) "
-            "| outside [0.5, 2] | weights limited | median step | wall |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for variant, s in summary.items():
-        limited = "-" if np.isnan(s["is_limited"]) else f"{s['is_limited']:.4f}"
-        rows.append(f"| {variant} | {_value(s['greedy_accuracy'], '.3f')} | {_value(s['pass@1'], '.3f')} "
-                    f"| {_value(s['pass@8'], '.3f')} | {_value(s['mean_length'], '.1f')} "
-                    f"| {_value(s['truncation_rate'], '.1f', 100, '%')} | {s['mismatch_abs']:.2e} "
-                    f"| {s['mismatch_kl']:.1e} | {s['mismatch_outside']:.4f} | {limited} "
-                    f"| {s['step_seconds']:.1f} s | {s['wall_seconds'] / 60:.1f} min |")
+    header = ["variant", "greedy accuracy", "pass@1", "pass@8", "length", "cut at 64", "mean |dlog p|", "KL(mu||pi)",
+              "outside [0.5, 2]", "weights limited", "median step", "wall"]
+    rows = [markdown.table(header, [
+        [variant, _value(s["greedy_accuracy"], ".3f"), _value(s["pass@1"], ".3f"), _value(s["pass@8"], ".3f"),
+         _value(s["mean_length"], ".1f"), _value(s["truncation_rate"], ".1f", 100, "%"), f"{s['mismatch_abs']:.2e}",
+         f"{s['mismatch_kl']:.1e}", f"{s['mismatch_outside']:.4f}",
+         "-" if np.isnan(s["is_limited"]) else f"{s['is_limited']:.4f}", f"{s['step_seconds']:.1f} s",
+         f"{s['wall_seconds'] / 60:.1f} min"] for variant, s in summary.items()])]
     rows.append("\nOne seed per variant; `pgjax.eval` on the run's 64 held-out prompts (8 samples each at "
                 "T = 0.7), 95% intervals in brackets; mismatch columns: mean over the 40 RL steps; median "
                 "step and wall: the RL steps' time_step (evaluation excluded).")

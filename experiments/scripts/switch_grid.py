@@ -31,6 +31,7 @@ import sys
 
 import numpy as np
 
+from pgjax import markdown
 from pgjax.evaluation.statistics import across_seeds
 from pgjax.study import plot_band, tail_mean
 from pgjax.train import experiment
@@ -123,32 +124,26 @@ def report(loaded: dict) -> str:
              f"End of training: the final greedy evaluation on the seed's {loaded['eval_prompts']} held-out prompts, "
              "and the mean over the last "
              f"{TAIL} steps' sampled responses. Mean over seeds [95% t interval across seeds].", "",
-             "| setting | " + " | ".join(label for _, label in METRICS) + " |",
-             "| --- |" + " ---: |" * len(METRICS)]
-    for setting, name in SETTINGS.items():
-        cells = [_cell(end[setting][key], np.zeros(len(seeds)), 3 if "accuracy" in key else 2) for key, _ in METRICS]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+             markdown.table(["setting", *(label for _, label in METRICS)],
+                            [[name, *(_cell(end[setting][key], np.zeros(len(seeds)), 3 if "accuracy" in key else 2)
+                                      for key, _ in METRICS)] for setting, name in SETTINGS.items()])]
     lines += ["", "Each switch's effect, on minus off, paired by seed (the settings of a seed share its warm start, "
                   "prompts and held-out prompts): averaged over the other switch's two values, and GRPO against "
                   "Dr. GRPO. Mean difference over seeds [95% t interval]; p: the paired t test across seeds; "
-                  "k/n: the seeds whose difference is > 0.", "",
-              "| effect | " + " | ".join(label for _, label in METRICS) + " |",
-              "| --- |" + " ---: |" * len(METRICS)]
+                  "k/n: the seeds whose difference is > 0.", ""]
     effects = {"divide by std": ((1.0, 0.0), (1.0, 1.0), (0.0, 0.0), (0.0, 1.0)),
                "divide by length": ((0.0, 1.0), (1.0, 1.0), (0.0, 0.0), (1.0, 0.0)),
                "GRPO - Dr. GRPO": ((1.0, 1.0), (1.0, 1.0), (0.0, 0.0), (0.0, 0.0))}
-    for name, (on_a, on_b, off_a, off_b) in effects.items():
-        cells = [_cell((end[on_a][key] + end[on_b][key]) / 2, (end[off_a][key] + end[off_b][key]) / 2,
-                       3 if "accuracy" in key else 2, effect=True) for key, _ in METRICS]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines.append(markdown.table(["effect", *(label for _, label in METRICS)], [
+        [name, *(_cell((end[on_a][key] + end[on_b][key]) / 2, (end[off_a][key] + end[off_b][key]) / 2,
+                       3 if "accuracy" in key else 2, effect=True) for key, _ in METRICS)]
+        for name, (on_a, on_b, off_a, off_b) in effects.items()]))
     lines += ["", "Per seed: the greedy accuracy on its held-out prompts after the warm start (step 0, shared by "
                   "its four settings) and at the end of training, per setting.", "",
-              "| seed | after the warm start | " + " | ".join(SETTINGS.values()) + " |",
-              "| ---: | ---: |" + " ---: |" * len(SETTINGS)]
-    for seed in seeds:
-        start = runs[(0.0, 0.0)][seed][0]["eval_accuracy"]
-        lines.append(f"| {seed} | {start:.3f} | " + " | ".join(
-            f"{end_value(runs[setting][seed], 'eval_accuracy'):.3f}" for setting in SETTINGS) + " |")
+              markdown.table(["seed", "after the warm start", *SETTINGS.values()], [
+                  [seed, f"{runs[(0.0, 0.0)][seed][0]['eval_accuracy']:.3f}",
+                   *(f"{end_value(runs[setting][seed], 'eval_accuracy'):.3f}" for setting in SETTINGS)]
+                  for seed in seeds], align="r" * (2 + len(SETTINGS)))]
     return "\n".join(lines)
 
 

@@ -25,6 +25,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
+from pgjax import markdown
 from pgjax.theory import lab
 from pgjax.theory import mdp as mdp_lib
 
@@ -45,6 +46,15 @@ def write_csv(path, algorithms, curves):
 def best_learning_rate(curves_of_algorithm) -> int:
     """Index of the learning rate with the largest area under the curve (mean J over seeds and steps)."""
     return int(np.argmax(curves_of_algorithm.mean(axis=(1, 2))))
+
+
+def best_row(label: str, curves_of_algorithm) -> list[str]:
+    """An algorithm's row: its best learning rate, the mean J over its seeds and steps at that rate, and
+    the final J's mean +- std over seeds."""
+    best = best_learning_rate(curves_of_algorithm)
+    final = curves_of_algorithm[best, :, -1]
+    return [label, f"{LEARNING_RATES[best]:g}", f"{curves_of_algorithm[best].mean():.3f}",
+            f"{final.mean():.3f} +- {final.std():.3f}"]
 
 
 def plot(path, algorithms, curves, title):
@@ -91,14 +101,8 @@ def main(argv=None):
          f"{runs} runs in one vmap ({seconds:.1f} s)")
     print(f"{runs} runs x {args.steps} steps in one compiled call: {seconds:.1f} s (compile included)")
     print(f"J at step 0: {curves[0, 0, 0, 0]:.3f}\n")
-    print("| algorithm | best lr | mean J over steps | final J (mean +- std over seeds) |\n"
-          "| --- | ---: | ---: | ---: |")
-    for a, entry in enumerate(algorithms):
-        best = best_learning_rate(curves[a])
-        final = curves[a, best, :, -1]
-        label = entry.label.replace("|", "\\|")
-        print(f"| {label} | {LEARNING_RATES[best]:g} | {curves[a, best].mean():.3f} "
-              f"| {final.mean():.3f} +- {final.std():.3f} |")
+    print(markdown.table(["algorithm", "best lr", "mean J over steps", "final J (mean +- std over seeds)"],
+                         [best_row(entry.label, curves[a]) for a, entry in enumerate(algorithms)]))
     print(f"wrote {out / 'curves.csv'} and {out / 'curves.png'}")
 
 
