@@ -125,15 +125,15 @@ from datasets import Dataset
 from readme_tables import save_table
 
 from pgjax import core, host_memory
+from pgjax.config import Experiment, ModelSection, OptimConfig, TaskSection, UpdateConfig
 from pgjax.evaluation import statistics as stats
 from pgjax.models import hf
 from pgjax.rollout.collect import PLAIN, PromptFormat, RolloutConfig, collect, encode_prompts
 from pgjax.tasks import ArithmeticTask, arithmetic_reward, is_arithmetic_answer, per_example
 from pgjax.tasks.word_math import word_math_reward
 from pgjax.train.context import task_context
-from pgjax.train.experiment import Experiment, ModelSection, TaskSection
-from pgjax.train.learner import Learner, UpdateConfig
-from pgjax.train.optim import OptimConfig, make_optimizer
+from pgjax.train.learner import Learner
+from pgjax.train.optim import make_optimizer
 
 GRPO = core.preset("grpo")
 BETA = float(GRPO.hparams.kl_coef)  # 0.04

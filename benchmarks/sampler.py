@@ -45,11 +45,11 @@ import torch
 import transformers
 from readme_tables import save_table
 
+from pgjax.config import Experiment, ModelSection, TaskSection
 from pgjax.models import hf
 from pgjax.rollout.collect import encode_prompts, pad_id
 from pgjax.sample import SamplingConfig, generate
 from pgjax.train.context import task_context
-from pgjax.train.experiment import Experiment, ModelSection, TaskSection
 
 
 def timed(fn, count, repeats):

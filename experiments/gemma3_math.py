@@ -22,10 +22,8 @@ normalisation favours short correct and long incorrect answers, Dr. GRPO removes
 rate is 2e-6: at 1e-5 the first run made the model worse (docs/real_models.md). Seeds and the paired
 evaluation against the base model: ``experiments/studies/gemma3_seeds.py``.
 """
+from pgjax.config import Experiment, ModelSection, OptimConfig, TaskSection, UpdateConfig, WarmStartSection
 from pgjax.rollout.collect import RolloutConfig
-from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
-from pgjax.train.learner import UpdateConfig
-from pgjax.train.optim import OptimConfig
 
 
 def experiment() -> Experiment:

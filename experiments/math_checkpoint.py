@@ -17,10 +17,8 @@ compared by ``pgjax.tasks.math_reward`` (final ``\\boxed{}`` / ``####`` / last
 number, numerically and symbolically), plus 0.1 x the format reward for a
 ``\\boxed{}`` answer. No supervised warm start: the checkpoint is the start.
 """
+from pgjax.config import Experiment, ModelSection, OptimConfig, TaskSection, UpdateConfig, WarmStartSection
 from pgjax.rollout.collect import RolloutConfig
-from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
-from pgjax.train.learner import UpdateConfig
-from pgjax.train.optim import OptimConfig
 
 
 def experiment() -> Experiment:

@@ -16,8 +16,7 @@ interval every 25 steps, and ``final/`` is a transformers sequence classifier. 5
 [0.738, 0.872] (docs/reward_models.md). RL against it, 3 seeds, beside RL against the verifier:
 ``experiments/studies/smollm2_reward_model_seeds.py``.
 """
-from pgjax.train.experiment import Experiment, ModelSection, RewardModelSection
-from pgjax.train.optim import OptimConfig
+from pgjax.config import Experiment, ModelSection, OptimConfig, RewardModelSection
 
 
 def experiment() -> Experiment:

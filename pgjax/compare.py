@@ -24,7 +24,7 @@ import warnings
 
 import numpy as np
 
-from pgjax.train import experiment as experiment_lib
+from pgjax import config as config_lib
 from pgjax.train.sinks import read_records
 from pgjax.train.trainer import train
 
@@ -70,8 +70,8 @@ def compare(overrides: list[str], target: float, out, experiments="experiments",
     out = pathlib.Path(out)
     results = {}
     for name in algorithms:
-        exp = experiment_lib.load(pathlib.Path(experiments) / f"arithmetic_{name}.py")
-        exp = experiment_lib.override(exp, overrides)
+        exp = config_lib.load(pathlib.Path(experiments) / f"arithmetic_{name}.py")
+        exp = config_lib.override(exp, overrides)
         exp = dataclasses.replace(exp, run_dir=str(out / name))
         start = time.perf_counter()
         records = read_records(train(exp, progress=False))
@@ -84,7 +84,7 @@ def compare(overrides: list[str], target: float, out, experiments="experiments",
     return results
 
 
-def warm_checkpoint(base: experiment_lib.Experiment, seed: int, runs) -> pathlib.Path:
+def warm_checkpoint(base: config_lib.Experiment, seed: int, runs) -> pathlib.Path:
     """Random seed ``seed``'s warm-started policy as a Hugging Face checkpoint (a ``steps=0`` run of ``base``
     under ``runs/warm/seed<k>``), reused if present."""
     directory = pathlib.Path(runs) / "warm" / f"seed{seed}"
@@ -93,7 +93,7 @@ def warm_checkpoint(base: experiment_lib.Experiment, seed: int, runs) -> pathlib
     return directory / "final"
 
 
-def run_seeds(base: experiment_lib.Experiment, variants: dict, seeds, runs, callbacks=()) -> dict:
+def run_seeds(base: config_lib.Experiment, variants: dict, seeds, runs, callbacks=()) -> dict:
     """Train every variant (a dict of overrides: ``hparams`` by their plain names, any other key of the
     experiment by its dotted name, e.g. ``rollout.staleness``) for each seed in ``seeds`` (a count n:
     0..n-1, or the seeds themselves) under ``runs/<variant>/seed<k>``, each seed's variants from the
@@ -105,7 +105,7 @@ def run_seeds(base: experiment_lib.Experiment, variants: dict, seeds, runs, call
         warm = warm_checkpoint(base, seed, runs)
         for variant, changes in variants.items():
             hparams = {k: v for k, v in changes.items() if "." not in k}
-            exp = experiment_lib.override(base, [f"{k}={v}" for k, v in changes.items() if "." in k])
+            exp = config_lib.override(base, [f"{k}={v}" for k, v in changes.items() if "." in k])
             exp = dataclasses.replace(exp, name=f"{base.name}_{variant}", seed=seed,
                                       algorithm=dataclasses.replace(exp.algorithm,
                                                                     hparams={**exp.algorithm.hparams, **hparams}),
@@ -187,7 +187,7 @@ def study(argv, doc: str, name: str, steps: int, base_experiment, variants: dict
     steps, seeds, tail = (2, 1, 1) if args.smoke else (args.steps, args.seeds, args.tail)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    base = experiment_lib.override(base_experiment(steps, args.smoke), args.set)
+    base = config_lib.override(base_experiment(steps, args.smoke), args.set)
     settings = {"steps": steps, "seeds": seeds, "tail": tail, "smoke": args.smoke, "overrides": args.set}
     runs = finished_seeds(out / "summary.json", settings, variants, seeds)
     records = run_seeds(base, variants, [seed for seed in range(seeds) if seed not in runs[next(iter(variants))]],

@@ -42,6 +42,9 @@ import typing
 
 import jax
 
+from pgjax.checks import ConfigError
+from pgjax.config import Experiment, ModelSection, TaskSection, override
+from pgjax.config.task import PROMPT_KEYS
 from pgjax.evaluation import paired
 from pgjax.evaluation.held_out import BATCH_ROWS, STRATA, check_ks, evaluate, strata_of, to_markdown
 from pgjax.evaluation.statistics import RESAMPLES
@@ -51,7 +54,6 @@ from pgjax.rollout.episodes import episode_limits, opening_ids
 from pgjax.sample import Decoding
 from pgjax.tasks import RewardError
 from pgjax.train.context import task_context
-from pgjax.train.experiment import PROMPT_KEYS, ConfigError, Experiment, ModelSection, TaskSection, override
 
 # the rollout settings --set takes besides the task's: a multi-turn episode's limits
 EPISODE_SETTINGS = ("rollout.max_turns=", "rollout.max_episode_tokens=", "rollout.max_observation_tokens=")

@@ -29,6 +29,7 @@ from flax import nnx
 
 from pgjax import core
 from pgjax.agents import Step
+from pgjax.config import Experiment, ModelSection, OptimConfig, TaskSection, WarmStartSection
 from pgjax.core import Batch, token_logprobs
 from pgjax.models import hf
 from pgjax.models.transformer import CausalLM, ModelConfig
@@ -36,9 +37,8 @@ from pgjax.rollout.batch import Rollout
 from pgjax.rollout.collect import RolloutConfig, encode_prompts
 from pgjax.sample import SamplingConfig, generate
 from pgjax.tasks import char_tokenizer, per_example
-from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
 from pgjax.train.learner import Learner
-from pgjax.train.optim import OptimConfig, make_optimizer
+from pgjax.train.optim import make_optimizer
 from pgjax.train.records import TIMING_KEYS
 from pgjax.train.trainer import Callback
 
@@ -427,7 +427,7 @@ def experiment_file(tmp_path, **changes) -> pathlib.Path:
     file = tmp_path / "faulty.py"
     extra = "".join(f", {k}={v}" for k, v in changes.items())
     file.write_text("import pathlib\nfrom helpers import EMIT_X, tiny_experiment\n"
-                    "from pgjax.train.learner import UpdateConfig\nfrom pgjax.train.optim import OptimConfig\n\n"
+                    "from pgjax.config import OptimConfig, UpdateConfig\n\n"
                     "def experiment():\n"
                     f"    return tiny_experiment(pathlib.Path({str(tmp_path)!r}), task=EMIT_X{extra})\n")
     return file

@@ -17,7 +17,7 @@ async_overlap = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(async_overlap)
 
 TINY = """
-from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
+from pgjax.config import Experiment, ModelSection, TaskSection, WarmStartSection
 from pgjax.rollout.collect import RolloutConfig
 
 def experiment():

@@ -11,6 +11,8 @@ import transformers
 from flax import nnx
 from helpers import tiny_experiment
 
+from pgjax import config as config_lib
+from pgjax.config import ConfigError, TaskSection
 from pgjax.models import hf
 from pgjax.models.transformer import CausalLM, ModelConfig
 from pgjax.rollout.collect import (
@@ -23,8 +25,6 @@ from pgjax.rollout.collect import (
     stop_tokens,
 )
 from pgjax.tasks import Conversation, per_example
-from pgjax.train import experiment as experiment_lib
-from pgjax.train.experiment import ConfigError, TaskSection
 from pgjax.train.trainer import Trainer
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -142,7 +142,7 @@ def test_the_trainer_renders_prompts_and_stops_at_the_end_of_turn(tmp_path):
     model = checkpoint_with_chat_template(tmp_path / "model", tokenizer)
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"question": f"{a}+1=?", "answer": a + 1}) + "\n" for a in range(8)))
-    base = tiny_experiment(tmp_path, model=experiment_lib.ModelSection(path=str(model)),
+    base = tiny_experiment(tmp_path, model=config_lib.ModelSection(path=str(model)),
                            task=TaskSection(name="jsonl_math", path=str(data), system_prompt="be brief"),
                            rollout=RolloutConfig(samples_per_prompt=2, max_prompt_tokens=48, max_new_tokens=4))
     trainer = Trainer(base)
@@ -152,15 +152,15 @@ def test_the_trainer_renders_prompts_and_stops_at_the_end_of_turn(tmp_path):
             and trainer.context.end_id == end)
     record = trainer.step()
     assert record["step"] == 1 and record["skipped_updates"] == 0
-    plain = Trainer(experiment_lib.override(base, ["task.chat_template=none", "task.system_prompt="]))
+    plain = Trainer(config_lib.override(base, ["task.chat_template=none", "task.system_prompt="]))
     assert plain.context.prompt_format == PLAIN and plain.context.eos_ids == (tokenizer.eos_token_id,)
     with pytest.raises(ConfigError, match=r"task.system_prompt is set but the prompts are plain text "
                                           r"\(task.chat_template='none'\)"):
-        Trainer(experiment_lib.override(base, ["task.chat_template=none"]))
+        Trainer(config_lib.override(base, ["task.chat_template=none"]))
     with pytest.raises(ConfigError, match="rollout.max_prompt_tokens=20"):   # the template's tokens count
-        Trainer(experiment_lib.override(base, ["rollout.max_prompt_tokens=20"]))
+        Trainer(config_lib.override(base, ["rollout.max_prompt_tokens=20"]))
     with pytest.raises(ConfigError, match="task.chat_template='chatml' is invalid: one of auto, none"):
-        experiment_lib.override(base, ["task.chat_template=chatml"])
+        config_lib.override(base, ["task.chat_template=chatml"])
 
 
 def test_plain_prompts_get_the_tokenizers_bos_and_templated_ones_only_the_templates():
@@ -211,5 +211,5 @@ def test_stop_text_ends_a_response_at_every_token_that_holds_it():
 
 def test_the_command_lines_escapes_are_read_in_the_prompt_template_and_stop_text(tmp_path):
     sets = ["task.prompt_template=Q: {prompt}\\nA:", "task.stop_text=\\n"]
-    task = experiment_lib.override(tiny_experiment(tmp_path), sets).task
+    task = config_lib.override(tiny_experiment(tmp_path), sets).task
     assert task.prompt_frame == "Q: {prompt}\nA:" and task.stop_texts == ("\n",)

@@ -11,8 +11,8 @@ import sys
 import pytest
 from helpers import tiny_hf_config
 
+from pgjax import config as config_lib
 from pgjax import run
-from pgjax.train import experiment as experiment_lib
 
 ROOT = pathlib.Path(__file__).parent.parent
 MAIN_JOB = str(ROOT / "experiments" / "arithmetic_dr_grpo.py")
@@ -39,7 +39,7 @@ CASES = {
     "wrong type": (["--set", "prompts_per_step=lots"], "prompts_per_step='lots' is invalid: an int is expected"),
     "negative steps": (["--set", "steps=-5"], "steps=-5 is invalid: an integer >= 0"),
     "zero batch": (["--set", "prompts_per_step=0"], "prompts_per_step=0 is invalid: an integer >= 1"),
-    "non-positive learning rate": (["--set", "optim.lr=0"], "optim.lr='0' is invalid: lr must be finite and > 0"),
+    "non-positive learning rate": (["--set", "optim.lr=0"], "optim.lr=0.0 is invalid: a finite number > 0"),
     "bad hyperparameter": (["--set", "algorithm.hparams.clip_eps_low=1.5"],
                            "hyperparameter clip_eps_low=1.5 must be in [0, 1)"),
     "unknown algorithm": (["--set", "algorithm.preset=trpo"], "algorithm.preset='trpo' is invalid: one of reinforce"),
@@ -73,7 +73,8 @@ CASES = {
                                              "digits, ops"),
     "a reward that is not a function": (["--set", "task.reward=pgjax.tasks:TASKS"], "is not callable"),
     "distributed ids out of range": (["--set", "distributed.num_processes=2", "--set", "distributed.process_id=2"],
-                                     "process_id in [0, num_processes)"),
+                                     "distributed.process_id=2 "
+                                     "is invalid: in [0, num_processes=2), or -1 (from the environment)"),
     "resume with nothing to resume": (["--resume"], "--resume: no checkpoint to resume in runs/arithmetic_dr_grpo"),
     # seeds: jax.random.PRNGKey keeps 32 bits (2**32 would be seed 0) and overflows from 2**63
     "a seed of 2**32": (["--set", f"seed={2**32}"], "seed=4294967296 is invalid: an integer in [0, 2**32)"),
@@ -112,8 +113,9 @@ CASES = {
     "a negative rope theta": (["--set", "model.rope_theta=-1"], "model.rope_theta=-1.0 is invalid: > 0"),
     "a negative LoRA rank": (["--set", "model.lora.rank=-1"], "model.lora.rank=-1 is invalid: an integer >= 0"),
     "unknown LoRA targets": (["--set", "model.lora.rank=4", "--set", "model.lora.targets=foo"],
-                             "model.lora: LoRA targets ['foo'] invalid"),
-    "a LoRA dropout of 1.5": (["--set", "model.lora.dropout=1.5"], "model.lora: LoRA dropout must be in [0, 1)"),
+                             "model.lora.targets=('foo',) is invalid: a non-empty subset of ('q_proj', 'k_proj', "
+                             "'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj') (foo unknown)"),
+    "a LoRA dropout of 1.5": (["--set", "model.lora.dropout=1.5"], "model.lora.dropout=1.5 is invalid: in [0, 1)"),
     "a NaN LoRA alpha": (["--set", "model.lora.alpha=nan"], "model.lora.alpha='nan' is invalid: a finite number"),
     # task
     "a dataset that is a directory": (["--set", "task.name=jsonl_math", "--set", "task.path={files}/data.jsonl"],
@@ -206,24 +208,33 @@ CASES = {
     "an unknown task without a path": (["--set", "task.name=cli_mistake_tasks"], "task.name='cli_mistake_tasks' is "
                                                                                  "unknown; valid: arithmetic"),
     # rollout, update, optimizers, algorithm
-    "a top_p of 0": (["--set", "rollout.top_p=0"], "top_p must be in (0, 1], got 0.0"),
-    "a negative top_k": (["--set", "rollout.top_k=-1"], "top_k must be >= 0 (0 = off), got -1"),
+    "a top_p of 0": (["--set", "rollout.top_p=0"], "rollout.top_p=0.0 is invalid: in (0, 1] (1: off)"),
+    "a negative top_k": (["--set", "rollout.top_k=-1"], "rollout.top_k=-1 is invalid: an integer >= 0 (0: off)"),
     "a zero temperature": (["--set", "rollout.temperature=0", "--set", "update.temperature=0"],
-                           "temperature must be finite and > 0"),
-    "a zero prompt budget": (["--set", "rollout.max_prompt_tokens=0"], "max_prompt_tokens must be >= 1, got 0"),
-    "negative staleness": (["--set", "rollout.staleness=-1"], "staleness must be an integer >= 0"),
+                           "rollout.temperature=0.0 is invalid: a finite number > 0 (greedy=True for argmax)"),
+    "a zero prompt budget": (["--set", "rollout.max_prompt_tokens=0"],
+                             "rollout.max_prompt_tokens=0 is invalid: an integer >= 1"),
+    "negative staleness": (["--set", "rollout.staleness=-1"],
+                           "rollout.staleness=-1 is invalid: an integer >= 0 (0: on-policy)"),
     "an overlong buffer as long as the budget": (["--set", "rollout.overlong_buffer=6"],
-                                                 "overlong_buffer must be in [0, max_new_tokens=6)"),
-    "an unknown sampler dtype": (["--set", "rollout.compute_dtype=float16"], "compute_dtype must be float32, bfloat16"),
+                                                 "rollout.overlong_buffer=6 "
+                                                 "is invalid: an integer in [0, max_new_tokens=6) (0: off)"),
+    "an unknown sampler dtype": (["--set", "rollout.compute_dtype=float16"],
+                                 "rollout.compute_dtype='float16' is invalid: float32, bfloat16 or empty "
+                                 "(the model's)"),
     "an unknown non-finite reward policy": (["--set", "rollout.nonfinite_rewards=skip"],
-                                            "nonfinite_rewards must be one of ('error', 'mask'), got 'skip'"),
-    "negative sampler devices": (["--set", "rollout.sampler_devices=-1"], "sampler_devices must be an integer >= 0"),
-    "zero epochs": (["--set", "update.epochs=0"], "update.epochs='0' is invalid: epochs must be >= 1, got 0"),
-    "a zero chunk size": (["--set", "update.chunk_size=0"], "chunk_size must be >= 1, got 0"),
-    "a b1 of 1": (["--set", "optim.b1=1"], "optim.b1='1' is invalid: b1 must be finite and in [0, 1)"),
-    "a negative critic learning rate": (["--set", "critic_optim.lr=-1"], "critic_optim.lr='-1' is invalid"),
+                                            "rollout.nonfinite_rewards='skip' is invalid: one of error, mask"),
+    "negative sampler devices": (["--set", "rollout.sampler_devices=-1"],
+                                 "rollout.sampler_devices=-1 is invalid: an integer >= 0 "
+                                 "(0: the learner's devices)"),
+    "zero epochs": (["--set", "update.epochs=0"], "update.epochs=0 is invalid: an integer >= 1"),
+    "a zero chunk size": (["--set", "update.chunk_size=0"], "update.chunk_size=0 is invalid: an integer >= 1"),
+    "a b1 of 1": (["--set", "optim.b1=1"], "optim.b1=1.0 is invalid: a finite number in [0, 1)"),
+    "a negative critic learning rate": (["--set", "critic_optim.lr=-1"],
+                                        "critic_optim.lr=-1.0 is invalid: a finite number > 0"),
     "a NaN gradient clip": (["--set", "optim.max_grad_norm=nan"], "optim.max_grad_norm='nan' is invalid"),
-    "a zero warm-start learning rate": (["--set", "warm_start.optim.lr=0"], "warm_start.optim.lr='0' is invalid"),
+    "a zero warm-start learning rate": (["--set", "warm_start.optim.lr=0"],
+                                        "warm_start.optim.lr=0.0 is invalid: a finite number > 0"),
     "a zero warm-start batch": (["--set", "warm_start.batch_size=0"], "warm_start.batch_size=0 is invalid"),
     "zero eval_every": (["--set", "eval_every=0"], "eval_every=0 is invalid: an integer >= 1"),
     "zero checkpoint_every": (["--set", "checkpoint_every=0"], "checkpoint_every=0 is invalid: an integer >= 1"),
@@ -239,11 +250,15 @@ CASES = {
                                      "logging.progress_every=-1.0 is invalid: >= 0 seconds"),
     "a NaN progress interval": (["--set", "logging.progress_every=nan"], "logging.progress_every='nan' is invalid"),
     "an infinite progress interval": (["--set", "logging.progress_every=inf"], "logging.progress_every='inf' is"),
-    "a mesh axis of -2": (["--set", "mesh.data=-2"], "mesh sizes (data, fsdp, tensor) = [-2, 1, 1]: each >= 1, or -1"),
-    "two mesh axes of -1": (["--set", "mesh.fsdp=-1"], "mesh sizes (data, fsdp, tensor) = [-1, -1, 1]"),
-    "a mesh axis of 0": (["--set", "mesh.tensor=0"], "mesh sizes (data, fsdp, tensor) = [-1, 1, 0]"),
+    "a mesh axis of -2": (["--set", "mesh.data=-2"],
+                          "mesh.data=-2 is invalid: an integer >= 1, or -1 (the rest of the devices)"),
+    "two mesh axes of -1": (["--set", "mesh.fsdp=-1"],
+                            "mesh.fsdp=-1 "
+                            "is invalid: an integer >= 1 here: mesh.data=-1 takes the rest of the devices already"),
+    "a mesh axis of 0": (["--set", "mesh.tensor=0"],
+                         "mesh.tensor=0 is invalid: an integer >= 1, or -1 (the rest of the devices)"),
     "an unknown distributed mode": (["--set", "distributed.initialize=maybe"],
-                                    "distributed.initialize must be auto, on or off; got 'maybe'"),
+                                    "distributed.initialize='maybe' is invalid: one of auto, on, off"),
 }
 
 MISTAKE_MODULES = {
@@ -332,7 +347,7 @@ def test_each_configuration_mistake_exits_2_with_a_plain_message_and_writes_noth
     assert message in fails(capsys, tmp_path, monkeypatch, *[a.replace("{files}", str(files)) for a in argv])
 
 
-IMPORTS = ("from pgjax.train.experiment import (AlgorithmSection, Experiment, LoggingSection, LoRASection, "
+IMPORTS = ("from pgjax.config import (AlgorithmSection, Experiment, LoggingSection, LoRASection, "
            "MeshConfig, ModelSection, OptimConfig, RolloutConfig, TaskSection, UpdateConfig, WarmStartSection)\n")
 
 
@@ -348,8 +363,8 @@ FILE_CASES = {
                              "on line 1"),
     "an undefined name at import": ("x = undefined_name\n",
                                     "experiment.py:1: NameError: name 'undefined_name' is not defined"),
-    "a misspelt import": ("from pgjax.train.experiment import Experimnt\n",
-                          "experiment.py:1: ImportError: cannot import name 'Experimnt' from 'pgjax.train.experiment'"),
+    "a misspelt import": ("from pgjax.config import Experimnt\n",
+                          "experiment.py:1: ImportError: cannot import name 'Experimnt' from 'pgjax.config'"),
     "a missing module": ("import no_such_module_xyz\n",
                          "experiment.py:1: ModuleNotFoundError: No module named 'no_such_module_xyz'"),
     "experiment() raises": ("def experiment():\n    return 1 / 0\n",
@@ -476,7 +491,7 @@ def test_the_real_command_prints_no_traceback(tmp_path):
 
 
 def test_a_syntax_error_in_the_experiment_file_is_one_line_from_the_real_command(tmp_path):
-    (tmp_path / "broken.py").write_text("from pgjax.train.experiment import Experiment\n\ndef experiment(:\n")
+    (tmp_path / "broken.py").write_text("from pgjax.config import Experiment\n\ndef experiment(:\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-m", "pgjax.run", "broken.py"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
@@ -489,7 +504,7 @@ def test_print_config_lists_every_key_with_its_resolved_value(capsys):
     assert run.main([GRPO, "--set", "rollout.temperature=0.8", "--print-config"]) == 0
     lines = capsys.readouterr().out.splitlines()
     values = dict(line.split(" = ", 1) for line in lines)
-    keys = [k for k in experiment_lib.valid_keys()]
+    keys = [k for k in config_lib.valid_keys()]
     assert sorted(values) == sorted(keys)
     assert values["rollout.temperature"] == "0.8" and values["algorithm.preset"] == "'grpo'"
     # the preset's

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from helpers import EMIT_X, EmitX, read_texts, read_wandb_history, tiny_experiment
 
-from pgjax.train import experiment as experiment_lib
+from pgjax import config as config_lib
+from pgjax.config import ConfigError, Experiment, LoggingSection
 from pgjax.train.completions import clip, logged_at, pick_rows
-from pgjax.train.experiment import ConfigError, Experiment, LoggingSection
 from pgjax.train.run_dir import RunDirectory
 from pgjax.train.sinks import markdown_table, read_completions, read_records, table_columns
 from pgjax.train.trainer import train
@@ -217,7 +217,7 @@ def test_completions_every_0_logs_no_completion(tmp_path):
 ])
 def test_a_bad_completions_setting_is_a_config_error(setting, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
-        experiment_lib.override(Experiment(), [setting])
+        config_lib.override(Experiment(), [setting])
 
 
 def test_a_completions_setting_of_the_wrong_type_in_a_file_is_a_config_error():

@@ -11,11 +11,11 @@ import pytest
 from helpers import save_tiny_checkpoint, tiny_experiment
 
 import pgjax.tasks as R
+from pgjax import config as config_lib
+from pgjax.config import ConfigError, ModelSection, TaskSection
 from pgjax.parallel.mesh import single_device_mesh
 from pgjax.rollout.collect import PLAIN, RolloutConfig
 from pgjax.tasks.tokenizer import char_tokenizer
-from pgjax.train import experiment as experiment_lib
-from pgjax.train.experiment import ConfigError, ModelSection, TaskSection
 from pgjax.train.trainer import train
 
 GOOD = json.dumps({"question": "1+1?", "answer": "2"})
@@ -405,7 +405,7 @@ def test_a_format_that_needs_datasets_names_the_extra_to_install(tmp_path, monke
     assert R.reader_format(tmp_path / "data.txt") == "jsonl"        # JSON Lines never needs it
     exp = tiny_experiment(tmp_path, task=TaskSection(name="jsonl_math", path=str(path)))
     with pytest.raises(ConfigError) as err:
-        experiment_lib.validate(exp, single_device_mesh())
+        config_lib.validate(exp, single_device_mesh())
     assert str(err.value) == f"task.path={str(path)!r}: {message}"
 
 

@@ -363,7 +363,7 @@ def test_a_step_that_never_returns_ends_its_episode_at_the_timeout(setup):
 def test_the_same_environment_error_step_after_step_stops_the_run():
     """``EnvironmentErrors``: an error id present in 3 steps in a row stops the run, naming the
     message; a step without it resets its streak."""
-    from pgjax.train.experiment import RunStopped
+    from pgjax.errors import RunStopped
     from pgjax.train.pipeline import EnvironmentErrors
     tracker, message = EnvironmentErrors(), "Env.step raised KeyError: 'x' (env.py:3)"
     ids = lambda *messages: {"environment_error_ids": np.array([error_id(m) for m in messages])}     # noqa: E731
@@ -456,8 +456,7 @@ def test_a_warm_start_on_worked_episodes_teaches_the_tool_convention(tmp_path):
     after 60 steps; a budget too small for the demonstrations is a configuration error up front."""
     from helpers import tiny_experiment
 
-    from pgjax.train.experiment import ConfigError, TaskSection, WarmStartSection
-    from pgjax.train.optim import OptimConfig
+    from pgjax.config import ConfigError, OptimConfig, TaskSection, WarmStartSection
     from pgjax.train.trainer import Trainer
     exp = tiny_experiment(tmp_path, task=TaskSection(name="helpers:SumWithCalculator", tools="calculator"),
                           warm_start=WarmStartSection(steps=60, batch_size=8, optim=OptimConfig(lr=1e-2)))
@@ -542,7 +541,7 @@ def test_episodes_on_a_simulated_mesh_equal_the_single_device_ones():
 def episode_experiment(tmp_path, task: str, **rollout):
     from helpers import tiny_experiment
 
-    from pgjax.train.experiment import TaskSection
+    from pgjax.config import TaskSection
     exp = tiny_experiment(tmp_path, task=TaskSection(name=f"helpers:{task}", stop_text="a"), steps=3)
     return dataclasses.replace(exp, rollout=dataclasses.replace(exp.rollout, **rollout))
 
@@ -567,7 +566,7 @@ def test_a_run_goes_on_past_an_environment_error_until_it_repeats(tmp_path):
     episodes in 3 steps in a row: then one line stops it. One that raises on every reply stops the run
     at the first step (its every episode failed alike on different replies; the greedy evaluation's
     replies to one prompt are all the same, so it does not count), nothing trained on it."""
-    from pgjax.train.experiment import RunStopped
+    from pgjax.errors import RunStopped
     from pgjax.train.sinks import read_records
     from pgjax.train.trainer import train
     exp = episode_experiment(tmp_path / "flaky", "EmitXFlaky", max_turns=2, max_observation_tokens=4)
@@ -588,7 +587,7 @@ def test_a_run_goes_on_past_an_environment_error_until_it_repeats(tmp_path):
 
 
 def test_an_environment_whose_reset_fails_is_a_configuration_error_before_anything_is_written(tmp_path):
-    from pgjax.train.experiment import ConfigError
+    from pgjax.config import ConfigError
     from pgjax.train.trainer import Trainer
     exp = episode_experiment(tmp_path, "EmitXUnopened", max_turns=2, max_observation_tokens=4)
     with pytest.raises(ConfigError, match=r"task.name='helpers:EmitXUnopened': tests/helpers.py:\d+: LookupError: "
@@ -634,9 +633,9 @@ def test_stale_episodes_resume_exactly(tmp_path):
 def test_episode_settings_are_checked():
     from helpers import tiny_experiment
 
+    from pgjax.config import AlgorithmSection, ConfigError, TaskSection, validate
     from pgjax.parallel.mesh import single_device_mesh
     from pgjax.train.context import task_context
-    from pgjax.train.experiment import AlgorithmSection, ConfigError, TaskSection, validate
     exp = tiny_experiment(pathlib.Path("/nonexistent"), task=TaskSection(name="helpers:EmitX"))
     with pytest.raises(ConfigError, match="rollout.max_turns=3 needs an environment"):
         task_context(dataclasses.replace(exp, rollout=dataclasses.replace(exp.rollout, max_turns=3)))
@@ -646,7 +645,7 @@ def test_episode_settings_are_checked():
                                 algorithm=AlgorithmSection(preset="remax"))
     with pytest.raises(ConfigError, match="remax \\(a greedy baseline\\) is not supported with task.tools"):
         validate(tools, single_device_mesh())
-    with pytest.raises(ValueError, match="max_turns must be an integer >= 1"):
+    with pytest.raises(ValueError, match="rollout.max_turns=0 is invalid: an integer >= 1"):
         dataclasses.replace(exp.rollout, max_turns=0)
 
 
@@ -657,8 +656,8 @@ def test_task_tools_make_a_calculator_environment_scored_by_the_tasks_verifier(t
     from helpers import save_tiny_checkpoint, tiny_experiment
 
     from pgjax.agents import JsonCalls, TaggedCalls
+    from pgjax.config import ConfigError, ModelSection, TaskSection
     from pgjax.train.context import task_context
-    from pgjax.train.experiment import ConfigError, ModelSection, TaskSection
     plain = save_tiny_checkpoint(tmp_path / "plain")
     exp = tiny_experiment(tmp_path, task=TaskSection(name="word_math", tools="calculator", digits=1),
                           model=ModelSection(path=str(plain)))

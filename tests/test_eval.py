@@ -9,11 +9,11 @@ import pytest
 from helpers import EMIT_X, EmitX, hand_percentile, slow_bootstrap_means, tiny_experiment
 
 from pgjax import eval as eval_cli
+from pgjax.config import TaskSection
 from pgjax.evaluation import held_out as evaluation
 from pgjax.evaluation import paired, statistics
 from pgjax.rollout.collect import pad_id, sample_and_score
 from pgjax.train.checkpoints import Checkpoints
-from pgjax.train.experiment import TaskSection
 from pgjax.train.sinks import read_records
 from pgjax.train.trainer import Trainer, train
 

@@ -20,9 +20,9 @@ from helpers import (
     snapshot,
 )
 
+from pgjax.config import ConfigError
 from pgjax.train import inputs
 from pgjax.train import run_dir as run_dir_lib
-from pgjax.train.experiment import ConfigError
 from pgjax.train.run_dir import RunDirectory
 from pgjax.train.trainer import train
 

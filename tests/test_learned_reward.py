@@ -12,11 +12,10 @@ import numpy as np
 import pytest
 from helpers import EMIT_X, save_tiny_checkpoint, tiny_experiment
 
+from pgjax.config import ConfigError, ModelSection, OptimConfig, RewardModelSection, TaskSection
 from pgjax.models import hf
 from pgjax.rollout.collect import RolloutConfig, decode_responses, length_penalties
-from pgjax.train.experiment import ConfigError, ModelSection, RewardModelSection, TaskSection
 from pgjax.train.learned_reward import LearnedReward, Mix, step_ends
-from pgjax.train.optim import OptimConfig
 from pgjax.train.sinks import read_records
 from pgjax.train.trainer import train
 
@@ -136,7 +135,7 @@ import dataclasses
 import numpy as np
 from helpers import EMIT_X, tiny_experiment
 from pgjax.parallel import mesh as mesh_lib
-from pgjax.train.experiment import LoRASection, TaskSection
+from pgjax.config import LoRASection, TaskSection
 from pgjax.train.learned_reward import LearnedReward
 from pgjax.train.sinks import read_records
 from pgjax.train.trainer import train

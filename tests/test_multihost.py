@@ -22,8 +22,8 @@ from pgjax.train.records import TIMING_KEYS
 from pgjax.train.sinks import read_completions
 
 EXPERIMENT = """
-from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
-from pgjax.train.optim import OptimConfig
+from pgjax.config import Experiment, ModelSection, TaskSection, WarmStartSection
+from pgjax.config import OptimConfig
 from pgjax.rollout.collect import RolloutConfig
 
 # Adam's eps at 1e-3: rounding-level gradient differences between meshes are not amplified to
@@ -39,8 +39,8 @@ def experiment():
                       rollout=RolloutConfig(samples_per_prompt=4, max_prompt_tokens=8, max_new_tokens=6))
 """
 TOOLS_EXPERIMENT = """
-from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
-from pgjax.train.optim import OptimConfig
+from pgjax.config import Experiment, ModelSection, TaskSection, WarmStartSection
+from pgjax.config import OptimConfig
 from pgjax.rollout.collect import RolloutConfig
 
 def experiment():

@@ -15,18 +15,10 @@ from flax import nnx
 from helpers import EMIT_X, TINY_MODEL, save_tiny_checkpoint, save_tiny_tokenizer, tiny_experiment
 
 from pgjax import plugins
+from pgjax.config import ConfigError, Experiment, LoggingSection, ModelSection, TaskSection, override, valid_keys
 from pgjax.models import hf
 from pgjax.models.transformer import FAMILIES, CausalLM, Family, family_of
 from pgjax.train import inputs
-from pgjax.train.experiment import (
-    ConfigError,
-    Experiment,
-    LoggingSection,
-    ModelSection,
-    TaskSection,
-    override,
-    valid_keys,
-)
 from pgjax.train.run_dir import RunDirectory
 from pgjax.train.sinks import read_records
 from pgjax.train.trainer import train

@@ -20,13 +20,13 @@ import optax
 import pytest
 from helpers import EMIT_X, TINY_MODEL, load_benchmark, read_events, simulated_devices, starts_with_x, tiny_experiment
 
+from pgjax.config import ConfigError, LoRASection, OptimConfig, TaskSection, UpdateConfig, WarmStartSection, stream_seed
+from pgjax.errors import RunStopped
 from pgjax.models import hf
 from pgjax.rollout.collect import RolloutConfig
 from pgjax.train import interrupts
-from pgjax.train.experiment import ConfigError, LoRASection, RunStopped, TaskSection, WarmStartSection, stream_seed
 from pgjax.train.interrupts import RunInterrupted
-from pgjax.train.learner import UpdateConfig
-from pgjax.train.optim import OptimConfig, make_optimizer
+from pgjax.train.optim import make_optimizer
 from pgjax.train.population import Member, Population, member_scale, over_members
 from pgjax.train.records import TIMING_KEYS
 from pgjax.train.sinks import read_records
@@ -168,7 +168,7 @@ def test_per_member_learning_rates_equal_single_runs_with_those_rates(tmp_path):
 
 
 def opo():
-    from pgjax.train.experiment import load
+    from pgjax.config import load
     return load(str(ROOT / "experiments" / "arithmetic_opo.py")).algorithm.estimator
 
 

@@ -11,7 +11,7 @@ from helpers import load_benchmark
 population = load_benchmark("population")
 
 TINY = """
-from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
+from pgjax.config import Experiment, ModelSection, TaskSection, WarmStartSection
 from pgjax.rollout.collect import RolloutConfig
 
 def experiment():

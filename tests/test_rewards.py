@@ -231,7 +231,7 @@ def test_scratchpad_task_config_and_errors():
 
 
 def test_every_task_builds_from_an_experiment_task_section():
-    from pgjax.train.experiment import TaskSection
+    from pgjax.config import TaskSection
 
     build = lambda section: R.make_task(section.name, section.options, **section.factory_fields())  # noqa: E731
     assert build(TaskSection(name="scratchpad_arithmetic")) == R.ScratchpadArithmeticTask(digits=2, ops="+",

@@ -25,10 +25,9 @@ from helpers import (
 )
 
 from pgjax import run as cli
+from pgjax.config import AlgorithmSection, ConfigError, OptimConfig, TaskSection, UpdateConfig
+from pgjax.errors import RunStopped
 from pgjax.train import run_dir as run_dir_lib
-from pgjax.train.experiment import AlgorithmSection, ConfigError, RunStopped, TaskSection
-from pgjax.train.learner import UpdateConfig
-from pgjax.train.optim import OptimConfig
 from pgjax.train.run_dir import RunDirectory, RunLock, locate
 from pgjax.train.sinks import read_records
 from pgjax.train.trainer import train

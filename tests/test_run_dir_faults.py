@@ -25,11 +25,12 @@ import pytest
 from helpers import EMIT_X, EmitX, SignalAt, copy_of, experiment_file, save_tiny_checkpoint, snapshot, tiny_experiment
 
 from pgjax import run as cli
+from pgjax.config import ConfigError, ModelSection, TaskSection
+from pgjax.errors import RunStopped
 from pgjax.models import hf
 from pgjax.models.heads import RewardModel
 from pgjax.train import inputs, interrupts
 from pgjax.train import run_dir as run_dir_lib
-from pgjax.train.experiment import ConfigError, ModelSection, RunStopped, TaskSection
 from pgjax.train.interrupts import RunInterrupted
 from pgjax.train.run_dir import RunDirectory, RunLock
 from pgjax.train.sinks import read_records

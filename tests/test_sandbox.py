@@ -276,8 +276,8 @@ def test_a_task_with_the_python_tool_on_a_machine_without_a_layer_is_a_configura
     ConfigError naming it before anything is written, not an error in every episode."""
     from helpers import tiny_experiment
 
+    from pgjax.config import ConfigError, TaskSection
     from pgjax.train.context import task_context
-    from pgjax.train.experiment import ConfigError, TaskSection
     monkeypatch.setattr(syscalls, "filter_program", lambda: "no libseccomp here")
     exp = tiny_experiment(tmp_path, task=TaskSection(name="helpers:SumWithCalculator", tools="python"))
     with pytest.raises(ConfigError, match=r"task.tools=python: this machine cannot set up the sandbox's syscalls "

@@ -23,11 +23,12 @@ def check_meshes():
     from flax import nnx
 
     from pgjax import core
+    from pgjax.config import UpdateConfig
     from pgjax.models.transformer import CausalLM, ModelConfig
     from pgjax.parallel import mesh as mesh_lib
     from pgjax.rollout.batch import Rollout
     from pgjax.sample import SamplingConfig, generate
-    from pgjax.train.learner import Learner, UpdateConfig
+    from pgjax.train.learner import Learner
 
     assert len(jax.devices()) == 8
     config = ModelConfig(family="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -83,7 +84,7 @@ def check_meshes():
 
     check_model_options(policy, algo, rollout)
 
-    from pgjax.train.experiment import ConfigError, Experiment
+    from pgjax.config import ConfigError, Experiment
     from pgjax.train.trainer import train
     with tempfile.TemporaryDirectory() as tmp:   # the runner refuses before it writes anything
         exp = Experiment(prompts_per_step=6, mesh=mesh_lib.MeshConfig(data=2, fsdp=2, tensor=2), run_dir=tmp + "/r")
@@ -110,9 +111,10 @@ def check_model_options(policy, algo, rollout):
     import optax
     from helpers import per_layer
 
+    from pgjax.config import UpdateConfig
     from pgjax.models import hf
     from pgjax.parallel import mesh as mesh_lib
-    from pgjax.train.learner import Learner, UpdateConfig
+    from pgjax.train.learner import Learner
 
     def gradient(mesh, **options):
         with tempfile.TemporaryDirectory() as directory:

@@ -113,7 +113,7 @@ def test_smollm2_seeds_runs_each_missing_job_once_and_reports_the_paired_tables(
 def test_gemma3_seeds_evaluates_the_base_model_through_the_experiments_prompt_template(tmp_path, monkeypatch, capsys):
     """The base model has no experiment.json: its evaluation carries the experiment's task options, so
     its prompts, template and stop are the trained runs' (escapes as ``--set`` gives them)."""
-    from pgjax.train.experiment import load as load_experiment
+    from pgjax.config import load as load_experiment
     study = load_experiment_script("gemma3_seeds").STUDY
     calls = fake_subprocess(monkeypatch, "models/gemma3-270m")
     runs, out = tmp_path / "runs", tmp_path / "out"
@@ -239,8 +239,8 @@ def test_the_reward_model_study_trains_each_arm_on_its_reward_and_plots_its_trai
     verifier arm giving it weight 0 and the reward-model arm giving the verifier weight 0 (each a valid
     experiment); the plot's per-step curves are window means: seed 0's learned_reward 1, 3 | 5 and seed
     1's 2, 4 | 7 in windows of 2 steps give (2, 2.0), (3, 5.0) and (2, 3.0), (3, 7.0)."""
-    from pgjax.train.experiment import load as load_experiment
-    from pgjax.train.experiment import override
+    from pgjax.config import load as load_experiment
+    from pgjax.config import override
     module = load_experiment_script("smollm2_reward_model_seeds")
     study, runs, out = module.STUDY, tmp_path / "runs", tmp_path / "out"
     assert [str(job) for job in study.jobs() if isinstance(job, studies.TrainJob)] == [

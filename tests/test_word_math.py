@@ -9,8 +9,8 @@ import pytest
 from helpers import tiny_experiment
 
 from pgjax import tasks as R
+from pgjax.config import ConfigError, Experiment, TaskSection, override
 from pgjax.tasks import word_math as W
-from pgjax.train.experiment import ConfigError, Experiment, TaskSection, override
 from pgjax.train.trainer import Trainer
 
 

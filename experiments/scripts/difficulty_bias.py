@@ -46,8 +46,8 @@ import numpy as np
 import optax
 
 from pgjax.compare import plot_band, study, tail_mean
+from pgjax.config import Experiment, ModelSection, TaskSection, WarmStartSection
 from pgjax.rollout.collect import RolloutConfig
-from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
 from pgjax.train.trainer import Callback
 
 VARIANTS = {"std": {"divide_by_std": 1.0}, "no_std": {"divide_by_std": 0.0}}

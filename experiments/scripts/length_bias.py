@@ -39,9 +39,8 @@ values: the means over the first and last ``--tail`` steps).
 import numpy as np
 
 from pgjax.compare import plot_band, study, tail_mean
+from pgjax.config import Experiment, ModelSection, OptimConfig, TaskSection, WarmStartSection
 from pgjax.rollout.collect import RolloutConfig
-from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
-from pgjax.train.optim import OptimConfig
 
 VARIANTS = {
     "grpo": {"divide_by_std": 1.0, "divide_by_length": 1.0},

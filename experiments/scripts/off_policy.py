@@ -25,8 +25,8 @@ variants run one after another in one process, so they share the machine alike.
 import numpy as np
 
 from pgjax.compare import plot_band, study, tail_mean
+from pgjax.config import Experiment, ModelSection, WarmStartSection
 from pgjax.rollout.collect import RolloutConfig
-from pgjax.train.experiment import Experiment, ModelSection, WarmStartSection
 
 TIS = {"algorithm.correction": "token"}
 VARIANTS = {

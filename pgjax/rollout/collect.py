@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +20,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from pgjax import core
+from pgjax.checks import check_finite, check_types, require
 from pgjax.models import hf
 from pgjax.models.transformer import CausalLM
 from pgjax.parallel.mesh import single_device_mesh
@@ -84,27 +85,30 @@ class RolloutConfig(Decoding):
     max_episode_tokens: int = 0
     max_observation_tokens: int = 64
 
+    PREFIX: ClassVar[str] = "rollout."
+
     def __post_init__(self):
+        check_types(self, self.PREFIX)
         super().__post_init__()
-        rules = [("samples_per_prompt", self.samples_per_prompt >= 1, ">= 1"),
-                 ("max_prompt_tokens", self.max_prompt_tokens >= 1, ">= 1"),
-                 ("overlong_buffer", 0 <= self.overlong_buffer < self.max_new_tokens,
-                  f"in [0, max_new_tokens={self.max_new_tokens}) (0: off)"),
-                 ("overlong_penalty", self.overlong_penalty >= 0 and math.isfinite(self.overlong_penalty),
-                  "finite and >= 0"),
-                 ("length_penalty", self.length_penalty >= 0 and math.isfinite(self.length_penalty),
-                  "finite and >= 0 (0: off)"),
-                 ("nonfinite_rewards", self.nonfinite_rewards in NONFINITE_POLICIES, f"one of {NONFINITE_POLICIES}"),
-                 ("staleness", self.staleness >= 0, "an integer >= 0 (0: on-policy)"),
-                 ("compute_dtype", self.compute_dtype in ("", "float32", "bfloat16"),
-                  "float32, bfloat16 or empty (the model's)"),
-                 ("sampler_devices", self.sampler_devices >= 0, "an integer >= 0 (0: the learner's devices)"),
-                 ("max_turns", self.max_turns >= 1, "an integer >= 1"),
-                 ("max_episode_tokens", self.max_episode_tokens >= 0, "an integer >= 0 (0: the turns' own budget)"),
-                 ("max_observation_tokens", self.max_observation_tokens >= 1, "an integer >= 1")]
-        for name, ok, valid in rules:
-            if not ok:
-                raise ValueError(f"{name} must be {valid}, got {getattr(self, name)!r}")
+        key = lambda name: self.PREFIX + name       # noqa: E731
+        require(self.samples_per_prompt >= 1, key("samples_per_prompt"), self.samples_per_prompt, "an integer >= 1")
+        require(self.max_prompt_tokens >= 1, key("max_prompt_tokens"), self.max_prompt_tokens, "an integer >= 1")
+        require(0 <= self.overlong_buffer < self.max_new_tokens, key("overlong_buffer"), self.overlong_buffer,
+                f"an integer in [0, max_new_tokens={self.max_new_tokens}) (0: off)")
+        check_finite(self.overlong_penalty >= 0, key("overlong_penalty"), self.overlong_penalty, ">= 0")
+        check_finite(self.length_penalty >= 0, key("length_penalty"), self.length_penalty, ">= 0 (0: off)")
+        require(self.nonfinite_rewards in NONFINITE_POLICIES, key("nonfinite_rewards"), self.nonfinite_rewards,
+                f"one of {', '.join(NONFINITE_POLICIES)}")
+        require(self.staleness >= 0, key("staleness"), self.staleness, "an integer >= 0 (0: on-policy)")
+        require(self.compute_dtype in ("", "float32", "bfloat16"), key("compute_dtype"), self.compute_dtype,
+                "float32, bfloat16 or empty (the model's)")
+        require(self.sampler_devices >= 0, key("sampler_devices"), self.sampler_devices,
+                "an integer >= 0 (0: the learner's devices)")
+        require(self.max_turns >= 1, key("max_turns"), self.max_turns, "an integer >= 1")
+        require(self.max_episode_tokens >= 0, key("max_episode_tokens"), self.max_episode_tokens,
+                "an integer >= 0 (0: the turns' own budget)")
+        require(self.max_observation_tokens >= 1, key("max_observation_tokens"), self.max_observation_tokens,
+                "an integer >= 1")
 
     def episode_budget(self) -> int:
         """An episode's tokens after its prompt, at most: ``max_episode_tokens``, or what ``max_turns``

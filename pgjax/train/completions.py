@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from pgjax.config import Experiment, LoggingSection, stream_seed
 from pgjax.parallel import multihost
 from pgjax.rollout.batch import Rollout
 from pgjax.rollout.collect import overlong_penalty
 from pgjax.tasks import format_reward
-from pgjax.train.experiment import Experiment, LoggingSection, stream_seed
 
 
 def logged_at(logging: LoggingSection, step: int) -> bool:

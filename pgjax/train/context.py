@@ -33,6 +33,8 @@ from pgjax.agents import (
     ToolEnvironment,
     call_format_for,
 )
+from pgjax.checks import ConfigError
+from pgjax.config import Experiment, stream_seed
 from pgjax.models import hf
 from pgjax.parallel import multihost
 from pgjax.plugins import is_import_path, resolve
@@ -51,7 +53,6 @@ from pgjax.tasks import (
     reward_name,
     with_timeout,
 )
-from pgjax.train.experiment import ConfigError, Experiment, stream_seed
 
 TOOL_FIELDS = ("name", "description", "parameter")     # a pgjax.agents.Tool's str attributes (and __call__)
 

@@ -37,7 +37,6 @@ from pgjax.parallel.mesh import batch_shards, shard, single_device_mesh
 from pgjax.rollout.collect import prompt_format_for, right_pad
 from pgjax.tasks import RewardError
 
-NORMALIZE = ("none", "batch")
 WIDTH_UNIT = 32         # scored widths are rounded up to this: few compiled shapes
 
 

@@ -37,7 +37,7 @@ Members over devices: the devices form a ``(members, data, fsdp, tensor)`` mesh
 ``members`` (each group's state and rollouts on its devices alone, ``over_members`` vmapping over the
 groups with ``spmd_axis_name``), and each group's devices are split by ``exp.mesh`` as a single run's
 would be (data parallelism and sharding within a member). ``fit`` checkpoints the whole population
-(``checkpoints.Checkpoints``) and resumes it exactly; the memory check of ``validate`` counts every
+(``checkpoints.Checkpoints``) and resumes it exactly; the memory check (``memory.check_memory``) counts every
 member, and ``python -m pgjax.plan --members`` plans a group's programs.
 
 ``Population.member_experiment(i)`` is the single run member i equals (tests/test_population.py
@@ -67,6 +67,9 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pgjax import core
+from pgjax.checks import ConfigError
+from pgjax.config import Experiment, stream_seed, validate
+from pgjax.errors import RunStopped
 from pgjax.models import hf
 from pgjax.models.transformer import CausalLM
 from pgjax.parallel import multihost
@@ -79,10 +82,10 @@ from pgjax.tasks import RewardError
 from pgjax.train import interrupts
 from pgjax.train.checkpoints import Checkpoints, one_line, write_atomically
 from pgjax.train.context import task_context, user_error
-from pgjax.train.experiment import ConfigError, Experiment, RunStopped, stream_seed, validate
 from pgjax.train.interrupts import RunInterrupted
 from pgjax.train.learner import TrainState, build_learner
 from pgjax.train.loop import RunLoop, jitted_all_finite
+from pgjax.train.memory import check_memory
 from pgjax.train.optim import make_optimizer
 from pgjax.train.pipeline import sampler_graphdef
 from pgjax.train.records import STAT_KEYS, step_record
@@ -249,7 +252,9 @@ class Population(RunLoop):
             if setting not in checked:
                 checked.add(setting)
                 try:
-                    validate(self.member_experiment(i), self.member_mesh, len(members), self.member_groups)
+                    member = self.member_experiment(i)
+                    validate(member, self.member_mesh)
+                    check_memory(member, self.member_mesh, len(members), self.member_groups)
                 except ConfigError as error:
                     raise ConfigError(f"member {i} ({self._label(i)}): {error}") from None
         self.estimators = [self.member_experiment(i).algorithm.build() for i in range(len(members))]

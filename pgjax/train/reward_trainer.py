@@ -45,6 +45,8 @@ import optax
 from flax import nnx
 
 from pgjax import core
+from pgjax.checks import ConfigError
+from pgjax.config import Experiment, stream_seed
 from pgjax.evaluation.statistics import wilson_interval
 from pgjax.models import hf, lora
 from pgjax.models.heads import RewardModel
@@ -56,7 +58,6 @@ from pgjax.tasks.data import Conversation
 from pgjax.tasks.preferences import PreferenceFields, StepFields, load_preferences, load_step_labels
 from pgjax.train.checkpoints import Checkpoints
 from pgjax.train.context import user_error
-from pgjax.train.experiment import ConfigError, Experiment, stream_seed
 from pgjax.train.learned_reward import step_places
 from pgjax.train.loop import RunLoop
 from pgjax.train.optim import make_optimizer

@@ -49,11 +49,13 @@ from typing import TYPE_CHECKING
 import jax
 
 from pgjax import core
+from pgjax.checks import ConfigError
+from pgjax.config import Experiment, estimator_label, resolved
+from pgjax.errors import RunStopped
 from pgjax.models import hf, lora
 from pgjax.models.heads import RewardModel
 from pgjax.parallel import multihost
 from pgjax.train.checkpoints import Checkpoints, one_line, write_atomically
-from pgjax.train.experiment import ConfigError, Experiment, RunStopped, estimator_label, resolved
 from pgjax.train.inputs import INPUTS_FILE, differences, fingerprints, input_files
 from pgjax.train.sinks import MetricsFile, Sink, WandB, open_sink, plot, read_records, sink_factory
 

@@ -31,6 +31,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from pgjax import core
+from pgjax.checks import ConfigError
+from pgjax.config import Experiment, stream_seed, validate
+from pgjax.errors import RunStopped
 from pgjax.evaluation.held_out import evaluate
 from pgjax.models import hf
 from pgjax.models.transformer import CausalLM
@@ -45,11 +48,11 @@ from pgjax.train import interrupts
 from pgjax.train.checkpoints import Checkpoints
 from pgjax.train.completions import logged_at, with_advantages
 from pgjax.train.context import task_context, user_error
-from pgjax.train.experiment import ConfigError, Experiment, RunStopped, stream_seed, validate
 from pgjax.train.interrupts import RunInterrupted
 from pgjax.train.learned_reward import LearnedReward, Mix
 from pgjax.train.learner import TrainState, build_learner
 from pgjax.train.loop import RunLoop
+from pgjax.train.memory import check_memory
 from pgjax.train.optim import make_optimizer
 from pgjax.train.pipeline import RolloutPipeline
 from pgjax.train.progress import Progress
@@ -147,6 +150,7 @@ class Trainer(RunLoop):
         self.mesh, sampler_mesh = user_error(mesh_options, lambda: learner_and_sampler_meshes(
             exp.mesh, exp.rollout.sampler_devices))
         validate(exp, self.mesh)
+        check_memory(exp, self.mesh)
         if exp.task.held_out != "none":     # word_math's held-out phrasings stay out of training
             raise ConfigError(f"task.held_out={exp.task.held_out!r} is a held-out evaluation split that training never "
                               f"draws: train with task.held_out=none, evaluate with python -m pgjax.eval RUN --set "
