@@ -215,7 +215,8 @@ def random_workload(directory, args, build: bool = True) -> Workload:
 
 def model_workload(directory, args) -> Workload:
     """A converted real model on ``word_math`` prompts through its chat template."""
-    context = task_context(Experiment(task=TaskSection(name="word_math"), model=ModelSection(path=str(directory))))
+    context = task_context(Experiment(task=TaskSection(name="word_math", options={"ops": "+"}),
+                                        model=ModelSection(path=str(directory))))
     tokenizer, prompt_format, eos_ids = context.tokenizer, context.prompt_format, context.eos_ids
     return Workload(directory, tokenizer, context.task.examples, word_math_reward, word_math_reward, prompt_format,
                     eos_ids, 0, args.prompts or 4, args.samples or 8, args.new_tokens or 64,

@@ -12,7 +12,7 @@ from pgjax.rollout.collect import RolloutConfig
 def experiment() -> Experiment:
     return Experiment(
         name="countdown_grpo", algorithm="grpo", steps=200, prompts_per_step=32,
-        task=TaskSection(name="countdown", count=3),
+        task=TaskSection(name="countdown", options={"count": 3}),
         model=ModelSection(hidden_size=128, intermediate_size=384, num_hidden_layers=3, num_attention_heads=4,
                            num_key_value_heads=2, head_dim=32),
         rollout=RolloutConfig(samples_per_prompt=8, max_prompt_tokens=14, max_new_tokens=16),

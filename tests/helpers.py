@@ -267,7 +267,7 @@ TOOL_ALPHABET = "0123456789+-*/^()[]=<>.:,;'?!_ abcdefghijklmnopqrstuvwxyzABCDEF
 
 @dataclasses.dataclass(frozen=True)
 class SumWithCalculator:
-    """Sums of two digits (``"3+4"`` -> ``"7"``) for episodes with ``task.tools=calculator``: each
+    """Sums of two digits (``"3+4"`` -> ``"7"``) for episodes with ``task.tools.names=calculator``: each
     example's worked episode calls the calculator on the sum (``tool_calls``), then answers its result."""
     name: str = "sum_with_calculator"
     format_pattern: str = r"-?\d+"
@@ -538,7 +538,7 @@ def dataset_experiment(tmp_path, checkpoint_dir, lines, **task):
     data = tmp_path / "data.jsonl"
     data.write_text("".join(line + "\n" for line in lines))
     return tiny_experiment(tmp_path, model=ModelSection(path=str(checkpoint_dir)),
-                           task=TaskSection(name="jsonl_math", path=str(data), **task))
+                           task=TaskSection(name="jsonl_math", **task, options={"path": str(data)}))
 
 
 GOOD = [json.dumps({"question": f"{a}+1=", "answer": a + 1}) for a in range(6)]

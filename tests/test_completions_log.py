@@ -17,7 +17,7 @@ import pytest
 from helpers import EMIT_X, EmitX, read_texts, read_wandb_history, tiny_experiment
 
 from pgjax import config as config_lib
-from pgjax.config import ConfigError, Experiment, LoggingSection
+from pgjax.config import ConfigError, Experiment, LoggingSection, RewardSection
 from pgjax.train.completions import clip, logged_at, pick_rows
 from pgjax.train.run_dir import RunDirectory
 from pgjax.train.sinks import markdown_table, read_completions, read_records, table_columns
@@ -41,7 +41,7 @@ def every_row(tmp_path_factory):
     and DAPO's overlong penalty (the last of the 3 tokens costs 1)."""
     tmp = tmp_path_factory.mktemp("every_row")
     exp = logging_experiment(tmp, LoggingSection(completions_every=1, completions_per_step=16))
-    exp = dataclasses.replace(exp, task=dataclasses.replace(exp.task, format_weight=0.5),
+    exp = dataclasses.replace(exp, task=dataclasses.replace(exp.task, reward=RewardSection(format_weight=0.5)),
                               rollout=dataclasses.replace(exp.rollout, overlong_buffer=1))
     return exp, train(exp, progress=False)
 

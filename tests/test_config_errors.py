@@ -252,7 +252,7 @@ def test_sys_exit_in_a_reward_function_stops_the_run_in_one_line_with_status_1(c
     file.write_text("import pathlib\nfrom helpers import EMIT_X, tiny_experiment\n\ndef experiment():\n"
                     f"    return tiny_experiment(pathlib.Path({str(tmp_path)!r}), task=EMIT_X)\n")
     monkeypatch.setattr(sys, "dont_write_bytecode", True)
-    err = refused(capsys, tmp_path, monkeypatch, "--set", "task.reward=test_config_errors:exits",
+    err = refused(capsys, tmp_path, monkeypatch, "--set", "task.reward.function=test_config_errors:exits",
                   experiment=str(file), status=1, kind="stopped")
     assert without_exit_hook(err) == (f"pgjax.run: stopped: step 1: reward function exits called sys.exit() "
                                       f"(SystemExit), which would end the run ({line_of(exits)})")
@@ -262,7 +262,7 @@ def test_sys_exit_in_a_reward_function_stops_the_run_in_one_line_with_status_1(c
 @pytest.mark.parametrize("argv, line", [
     (["--grace-period", "inf"], "pgjax.run: error: --grace-period=inf is invalid: seconds >= 0, at most {max}"),
     (["--grace-period", "1e300"], "pgjax.run: error: --grace-period=1e+300 is invalid: seconds >= 0, at most {max}"),
-    (["--set", "task.reward_timeout=1e300"], "pgjax.run: error: task.reward_timeout=1e+300 is invalid: finite "
+    (["--set", "task.reward.timeout=1e300"], "pgjax.run: error: task.reward.timeout=1e+300 is invalid: finite "
                                              "seconds >= 0 (0: no limit), at most {max}"),
 ])
 def test_a_wait_longer_than_a_timer_takes_is_refused(argv, line, capsys, tmp_path, monkeypatch):

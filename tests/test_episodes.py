@@ -332,7 +332,7 @@ def test_a_tool_that_raises_or_returns_no_result_is_an_environment_error(setup):
 
 
 def test_a_step_that_never_returns_ends_its_episode_at_the_timeout(setup):
-    """``task.reward_timeout`` covers environments (``context.TimedEnvironment``): a step that hangs
+    """``task.reward.timeout`` covers environments (``context.TimedEnvironment``): a step that hangs
     ends its episode with the timeout named; the others play on; demonstrations pass through."""
     import time
 
@@ -355,7 +355,7 @@ def test_a_step_that_never_returns_ends_its_episode_at_the_timeout(setup):
     start = time.monotonic()
     episodes = play(setup, lambda: TimedEnvironment(Sleepy(), 0.2), n=2)
     assert time.monotonic() - start < 10
-    assert episodes.errors[0::2] == ["Sleepy.step did not return within task.reward_timeout=0.2 s"] * 2
+    assert episodes.errors[0::2] == ["Sleepy.step did not return within task.reward.timeout=0.2 s"] * 2
     assert episodes.errors[1::2] == [None, None] and episodes.ended[1::2] == ["done", "done"]
     assert TimedEnvironment(Sleepy(), 0.2).demonstration({}) == ["1"]
 
@@ -451,7 +451,7 @@ def test_a_demonstration_that_does_not_play_out_is_an_error():
 
 @pytest.mark.slow
 def test_a_warm_start_on_worked_episodes_teaches_the_tool_convention(tmp_path):
-    """task.tools=calculator with a warm start: the Trainer's supervised steps run on worked episodes, and
+    """task.tools.names=calculator with a warm start: the Trainer's supervised steps run on worked episodes, and
     the tiny model, which never calls the calculator before, calls it (validly) in every greedy episode
     after 60 steps; a budget too small for the demonstrations is a configuration error up front."""
     from helpers import tiny_experiment
@@ -541,8 +541,11 @@ def test_episodes_on_a_simulated_mesh_equal_the_single_device_ones():
 def episode_experiment(tmp_path, task: str, **rollout):
     from helpers import tiny_experiment
 
-    from pgjax.config import TaskSection
-    exp = tiny_experiment(tmp_path, task=TaskSection(name=f"helpers:{task}", stop_text="a"), steps=3)
+    from pgjax.config import PromptSection, TaskSection
+
+    exp = tiny_experiment(
+        tmp_path, task=TaskSection(name=f"helpers:{task}", prompt=PromptSection(stop_text="a")), steps=3
+    )
     return dataclasses.replace(exp, rollout=dataclasses.replace(exp.rollout, **rollout))
 
 
@@ -639,18 +642,18 @@ def test_episode_settings_are_checked():
     exp = tiny_experiment(pathlib.Path("/nonexistent"), task=TaskSection(name="helpers:EmitX"))
     with pytest.raises(ConfigError, match="rollout.max_turns=3 needs an environment"):
         task_context(dataclasses.replace(exp, rollout=dataclasses.replace(exp.rollout, max_turns=3)))
-    with pytest.raises(ValueError, match="task.tools"):
+    with pytest.raises(ValueError, match="task.tools.names"):
         TaskSection(tools="shell")
     tools = dataclasses.replace(exp, task=TaskSection(name="word_math", tools="calculator"),
                                 algorithm=AlgorithmSection(preset="remax"))
-    with pytest.raises(ConfigError, match="remax \\(a greedy baseline\\) is not supported with task.tools"):
+    with pytest.raises(ConfigError, match="remax \\(a greedy baseline\\) is not supported with task.tools.names"):
         validate(tools, single_device_mesh())
     with pytest.raises(ValueError, match="rollout.max_turns=0 is invalid: an integer >= 1"):
         dataclasses.replace(exp.rollout, max_turns=0)
 
 
 def test_task_tools_make_a_calculator_environment_scored_by_the_tasks_verifier(tmp_path):
-    """task.tools=calculator on word_math: the context's environment answers calls with the calculator
+    """task.tools.names=calculator on word_math: the context's environment answers calls with the calculator
     and scores the final reply with word_math's own verifier; a template without tools gets the
     plain-text convention; the same with a template that takes tools gets JSON calls and schemas."""
     from helpers import save_tiny_checkpoint, tiny_experiment
@@ -659,8 +662,11 @@ def test_task_tools_make_a_calculator_environment_scored_by_the_tasks_verifier(t
     from pgjax.config import ConfigError, ModelSection, TaskSection
     from pgjax.train.context import task_context
     plain = save_tiny_checkpoint(tmp_path / "plain")
-    exp = tiny_experiment(tmp_path, task=TaskSection(name="word_math", tools="calculator", digits=1),
-                          model=ModelSection(path=str(plain)))
+    exp = tiny_experiment(
+        tmp_path,
+        task=TaskSection(name="word_math", tools="calculator", options={"digits": 1, "ops": "+"}),
+        model=ModelSection(path=str(plain)),
+    )
     exp = dataclasses.replace(exp, rollout=dataclasses.replace(exp.rollout, max_prompt_tokens=400))
     context = task_context(exp)
     environment = context.environment()
@@ -705,17 +711,31 @@ def test_evaluation_plays_episodes_and_reports_their_counts(setup):
 
 
 def test_the_evaluation_command_plays_tool_episodes(tmp_path, capsys):
-    """python -m pgjax.eval on a checkpoint with --set task.tools and the episode limits: the report
+    """python -m pgjax.eval on a checkpoint with --set task.tools.names and the episode limits: the report
     holds the episodes' settings and metrics; other rollout settings are refused."""
     import json
 
     from helpers import save_tiny_checkpoint
 
     from pgjax import eval as eval_cli
+
     checkpoint = save_tiny_checkpoint(tmp_path / "model")
     out = tmp_path / "report.json"
-    common = [str(checkpoint), "--task", "word_math", "--set", "task.digits=1", "--set", "task.tools=calculator",
-              "--prompts", "4", "--samples", "2", "--max-new-tokens", "6"]
+    common = [
+        str(checkpoint),
+        "--task",
+        "word_math",
+        "--set",
+        "task.options.digits=1",
+        "--set",
+        "task.tools.names=calculator",
+        "--prompts",
+        "4",
+        "--samples",
+        "2",
+        "--max-new-tokens",
+        "6",
+    ]
     assert eval_cli.main([*common, "--set", "rollout.max_turns=2", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["episodes"] == {"tools": "calculator", "max_turns": 2, "max_tokens": 2 * 6 + 64,

@@ -71,7 +71,7 @@ def test_a_nan_reward_stops_the_run_naming_the_function_and_row_and_keeps_the_la
     global CALLS
     CALLS = itertools.count()
     file = experiment_file(tmp_path)
-    code = cli.main([str(file), "--no-progress", "--set", "task.reward=test_faults:nan_from_the_third_call"])
+    code = cli.main([str(file), "--no-progress", "--set", "task.reward.function=test_faults:nan_from_the_third_call"])
     assert code == 1
     err = capsys.readouterr().err
     assert ("pgjax.run: stopped: step 3: reward function nan_from_the_third_call returned nan for row 3 of 16 "
@@ -84,8 +84,17 @@ def test_a_nan_reward_stops_the_run_naming_the_function_and_row_and_keeps_the_la
     assert_no_nan_on_disk(run)
 
     # the user opts in to masking: a changed experiment, so --resume-with-changes, and it is recorded
-    code = cli.main([str(file), "--no-progress", "--resume-with-changes", "--set",
-                     "task.reward=test_faults:nan_from_the_third_call", "--set", "rollout.nonfinite_rewards=mask"])
+    code = cli.main(
+        [
+            str(file),
+            "--no-progress",
+            "--resume-with-changes",
+            "--set",
+            "task.reward.function=test_faults:nan_from_the_third_call",
+            "--set",
+            "rollout.nonfinite_rewards=mask",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     records = read_records(run)
     assert [r["step"] for r in records] == [0, 1, 2, 3, 4]
@@ -126,7 +135,7 @@ def huge_rewards(prompts, completions, **_):
 @pytest.mark.filterwarnings("ignore:overflow encountered")       # the step's mean reward: written as null
 def test_consecutive_non_finite_updates_stop_the_run_with_the_parameters_of_the_last_good_step(tmp_path, capsys):
     file = experiment_file(tmp_path, algorithm='"reinforce"', update="UpdateConfig(max_skipped_steps=2)")
-    code = cli.main([str(file), "--no-progress", "--set", "task.reward=test_faults:huge_rewards"])
+    code = cli.main([str(file), "--no-progress", "--set", "task.reward.function=test_faults:huge_rewards"])
     assert code == 1
     err = capsys.readouterr().err
     assert ("pgjax.run: stopped: steps 1..2: every update had a non-finite loss, gradient or result (or no finite "
@@ -138,7 +147,7 @@ def test_consecutive_non_finite_updates_stop_the_run_with_the_parameters_of_the_
                for r in records[1:])
     assert_no_nan_on_disk(run)
     assert not (run / "final").exists()
-    exp = config_lib.override(config_lib.load(file), ["task.reward=test_faults:huge_rewards"])
+    exp = config_lib.override(config_lib.load(file), ["task.reward.function=test_faults:huge_rewards"])
     fresh = Trainer(exp)
     saved, record = Checkpoints(run / "checkpoints").restore(fresh.state)
     assert record["step"] == 2
@@ -248,7 +257,7 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_metrics_and_parameters(tm
 
 def test_every_reward_masked_warns_and_stops(tmp_path, capsys):
     file = experiment_file(tmp_path, update="UpdateConfig(max_skipped_steps=2)")
-    code = cli.main([str(file), "--no-progress", "--set", "task.reward=helpers:always_nan", "--set",
+    code = cli.main([str(file), "--no-progress", "--set", "task.reward.function=helpers:always_nan", "--set",
                      "rollout.nonfinite_rewards=mask"])
     assert code == 1
     err = capsys.readouterr().err

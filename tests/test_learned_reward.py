@@ -1,4 +1,4 @@
-"""RL against a learned reward (task.reward_model, pgjax.train.learned_reward): the scorer gives the
+"""RL against a learned reward (task.reward.model, pgjax.train.learned_reward): the scorer gives the
 reward model's own scores, in chunks with padding; the mix, its whitening, the length penalty and the
 agreement counts against hand computations; a tiny reward model trained to prefer EmitX's answer
 teaches the policy to emit it, with the verifier's accuracy and the agreement logged beside the
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from helpers import EMIT_X, save_tiny_checkpoint, tiny_experiment
 
-from pgjax.config import ConfigError, ModelSection, OptimConfig, RewardModelSection, TaskSection
+from pgjax.config import ConfigError, ModelSection, OptimConfig, RewardModelSection, RewardSection, TaskSection
 from pgjax.models import hf
 from pgjax.rollout.collect import RolloutConfig, decode_responses, length_penalties
 from pgjax.train.learned_reward import LearnedReward, Mix, step_ends
@@ -84,8 +84,8 @@ def test_the_mix_whitening_length_penalty_and_agreement_by_hand():
 
 
 def rl_experiment(tmp_path, reward_model, **task):
-    return tiny_experiment(tmp_path, task=TaskSection(name=EMIT_X.name, reward_model=str(reward_model),
-                                                      verifier_weight=0.0, **task),
+    return tiny_experiment(tmp_path, task=TaskSection(name=EMIT_X.name, **task,
+    reward=RewardSection(model=str(reward_model), verifier_weight=0.0)),
                            steps=6, eval_every=6, checkpoint_every=6)
 
 
@@ -111,9 +111,9 @@ def test_a_learned_reward_that_prefers_the_wrong_answer_is_hacked(prefers_a, tmp
 
 
 @pytest.mark.parametrize("task, message", [
-    ({"reward_model": "missing"}, "task.reward_model: .*no config.json"),
-    ({"reward_model_normalize": "rank"}, "task.reward_model_normalize"),
-    ({"verifier_weight": float("nan")}, "task.verifier_weight"),
+    ({"reward_model": "missing"}, "task.reward.model: .*no config.json"),
+    ({"reward_model_normalize": "rank"}, "task.reward.model_normalize"),
+    ({"verifier_weight": float("nan")}, "task.reward.verifier_weight"),
 ])
 def test_a_bad_learned_reward_is_a_config_error_before_anything_is_written(tmp_path, task, message):
     with pytest.raises(ConfigError, match=message):
@@ -123,7 +123,9 @@ def test_a_bad_learned_reward_is_a_config_error_before_anything_is_written(tmp_p
 
 
 def test_with_episodes_a_learned_reward_is_refused(prefers_x, tmp_path):
-    exp = tiny_experiment(tmp_path, task=TaskSection(name="helpers:EmitXOneTurn", reward_model=str(prefers_x)))
+    exp = tiny_experiment(
+        tmp_path, task=TaskSection(name="helpers:EmitXOneTurn", reward=RewardSection(model=str(prefers_x)))
+    )
     with pytest.raises(ConfigError, match="multi-turn episodes"):
         train(dataclasses.replace(exp, rollout=dataclasses.replace(exp.rollout, max_turns=2)), progress=False)
 
@@ -245,7 +247,8 @@ def test_rl_against_a_process_reward_model_trains_on_per_token_rewards(tmp_path)
             seen.append((np.asarray(rollout.batch.rewards), stats, examples, response, mask.sum(1).astype(int)))
             return {}
     exp = rl_experiment(tmp_path, tmp_path / "prm", reward_model_weight=0.5)
-    exp = dataclasses.replace(exp, task=dataclasses.replace(exp.task, verifier_weight=1.0))
+    exp = dataclasses.replace(exp, task=dataclasses.replace(exp.task, reward=dataclasses.replace(exp.task.reward,
+    verifier_weight=1.0)))
     directory = train(exp, progress=False, callbacks=[Rewards()])
     rewards, stats, examples, response, lengths = seen[0]
     assert rewards.ndim == 2 and (rewards != 0).sum(1).max() >= 1

@@ -297,11 +297,11 @@ def test_bad_experiments_fail_before_anything_is_written(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"question": "1+1?"}) + "\n")
     cases = [
-        (dict(task=TaskSection(name="jsonl_math", path=str(tmp_path / "none.jsonl"))), "none.jsonl"),
-        (dict(task=TaskSection(name="jsonl_math", path=str(bad))), "lacks field"),
+        (dict(task=TaskSection(name="jsonl_math", options={"path": str(tmp_path / "none.jsonl")})), "none.jsonl"),
+        (dict(task=TaskSection(name="jsonl_math", options={"path": str(bad)})), "lacks field"),
         (dict(task=TaskSection(name="sudoku")), "task.name='sudoku' is unknown"),
         (dict(task=TaskSection(name="no_such_module:make")), "cannot be imported"),
-        (dict(task=TaskSection(digits=0)), "digits must be an int"),
+        (dict(task=TaskSection(options={"digits": 0})), "digits must be an int"),
         (dict(model=ModelSection(path=str(tmp_path))), "config.json missing"),
         (dict(algorithm="trpo"), "algorithm.preset='trpo' is invalid"),
         (dict(algorithm="grpo", rollout=RolloutConfig(samples_per_prompt=1)), "group baseline compares K >= 2"),
@@ -343,7 +343,7 @@ def test_the_checkpoint_experiment_trains_a_local_hf_checkpoint_on_a_jsonl_datas
                             for a in range(8)))
     exp = config_lib.load(pathlib.Path(__file__).parent.parent / "experiments" / "math_checkpoint.py")
     exp = config_lib.override(exp, [
-        f"model.path={checkpoint}", f"task.path={data}", "model.param_dtype=float32",
+        f"model.path={checkpoint}", f"task.options.path={data}", "model.param_dtype=float32",
         "model.compute_dtype=float32", "steps=2", "prompts_per_step=4", "rollout.samples_per_prompt=2",
         "rollout.max_prompt_tokens=8", "rollout.max_new_tokens=4", "update.micro_batches=2", "eval_prompts=4",
         "update.chunk_size=16", f"run_dir={tmp_path / 'run'}"])

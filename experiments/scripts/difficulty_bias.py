@@ -57,7 +57,7 @@ MEASURES = ("weight", "weight_share", "grad_norm", "accuracy", "solved_groups", 
 
 def base_experiment(steps: int, smoke: bool) -> Experiment:
     """The shared settings (everything but the seed, the switch and the run directory)."""
-    task = TaskSection(name="arithmetic_mix", digits=len(DIFFICULTIES))
+    task = TaskSection(name="arithmetic_mix", options={"digits": len(DIFFICULTIES)})
     if smoke:
         return Experiment(name="difficulty_bias", algorithm="dr_grpo", steps=steps, prompts_per_step=6,
                           eval_every=steps, eval_prompts=6, checkpoint_every=steps, task=task,

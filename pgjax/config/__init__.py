@@ -7,7 +7,7 @@ dotted key, value parsed by the field's type); ``algorithm.hparams.<name>`` over
 algorithm's traced hyperparameters (``core.HParams``), and ``task.options.<name>`` one of the task's
 own options (the value read as JSON where it parses, else kept as text). A renamed key (``RENAMED``) is
 an unknown key whose message names the new one. Research code plugs in by import path where a
-setting names it (``task.name``, ``task.reward``, ``task.tools``, ``logging.sinks``, ``model.family``,
+setting names it (``task.name``, ``task.reward.function``, ``task.tools.names``, ``logging.sinks``, ``model.family``,
 ``algorithm.preset``: ``pgjax.plugins``, docs/extending.md).
 
 Every mistake a user can make in a configuration raises ``ConfigError`` (a ``ValueError``,
@@ -24,7 +24,7 @@ The modules: ``task`` (the task section), ``sections`` (the others and ``Experim
 """
 from pgjax.checks import MAX_SECONDS, ConfigError
 from pgjax.config.files import load
-from pgjax.config.keys import RENAMED, estimator_label, override, renamed, resolved, sections, valid_keys
+from pgjax.config.keys import RENAMED, estimator_label, override, renamed, resolved, sections, upgraded, valid_keys
 from pgjax.config.sections import (
     AlgorithmSection,
     Experiment,
@@ -35,7 +35,7 @@ from pgjax.config.sections import (
     WarmStartSection,
     stream_seed,
 )
-from pgjax.config.task import TaskSection
+from pgjax.config.task import PromptSection, RewardSection, TaskSection, ToolsSection
 from pgjax.config.update import OptimConfig, UpdateConfig
 from pgjax.config.validate import check_batches, validate
 from pgjax.parallel.mesh import MeshConfig
@@ -45,4 +45,5 @@ from pgjax.rollout.collect import RolloutConfig
 __all__ = ["MAX_SECONDS", "RENAMED", "AlgorithmSection", "ConfigError", "DistributedConfig", "Experiment",
            "LoRASection", "LoggingSection", "MeshConfig", "ModelSection", "OptimConfig", "RewardModelSection",
            "RolloutConfig", "TaskSection", "UpdateConfig", "WarmStartSection", "check_batches", "estimator_label",
-           "load", "override", "renamed", "resolved", "sections", "stream_seed", "valid_keys", "validate"]
+           "load", "override", "renamed", "resolved", "sections", "stream_seed", "upgraded", "valid_keys", "validate",
+           "PromptSection", "RewardSection", "ToolsSection"]

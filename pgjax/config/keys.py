@@ -14,11 +14,23 @@ from pgjax import core
 from pgjax.checks import ConfigError, invalid, require
 from pgjax.config.sections import HPARAMS, AlgorithmSection, Experiment
 from pgjax.config.task import OPTIONS, TaskSection
+from pgjax.tasks import accepted_options, option_defaults, task_factory
 
+# the task's own options, once fields of the task section: task.<name> is task.options.<name>
+TASK_OPTIONS = ("digits", "ops", "max_scratch", "working", "count", "path", "prompt_field", "answer_field",
+                "extra_fields", "file_format", "skip_invalid", "word_share", "answer_from", "held_out")
 RENAMED = {"model.layers": "model.num_hidden_layers", "model.heads": "model.num_attention_heads",
-           "model.kv_heads": "model.num_key_value_heads", "task.dataset": "task.path", "task.numbers": "task.count",
-           "algorithm": "algorithm.preset", "hparams": "algorithm.hparams", "update.correction": "algorithm.correction",
-           "update.correction_mode": "algorithm.correction_mode"}
+           "model.kv_heads": "model.num_key_value_heads", "task.dataset": "task.options.path",
+           "task.numbers": "task.options.count", "algorithm": "algorithm.preset", "hparams": "algorithm.hparams",
+           "update.correction": "algorithm.correction", "update.correction_mode": "algorithm.correction_mode",
+           **{f"task.{name}": f"{OPTIONS}{name}" for name in TASK_OPTIONS},
+           "task.chat_template": "task.prompt.chat_template", "task.system_prompt": "task.prompt.system_prompt",
+           "task.prompt_template": "task.prompt.template", "task.stop_text": "task.prompt.stop_text",
+           "task.reward": "task.reward.function", "task.format_weight": "task.reward.format_weight",
+           "task.reward_timeout": "task.reward.timeout", "task.reward_model": "task.reward.model",
+           "task.reward_model_weight": "task.reward.model_weight",
+           "task.reward_model_normalize": "task.reward.model_normalize",
+           "task.verifier_weight": "task.reward.verifier_weight", "task.tools": "task.tools.names"}
 
 
 def renamed(key: str) -> str | None:
@@ -50,7 +62,7 @@ def section_types(config=Experiment) -> set[type]:
 SECTIONS = {
     "algorithm": "the estimator: a preset of core.PRESETS, its traced hyperparameters, the off-policy correction",
     "model": "the policy: a local Hugging Face checkpoint (path) or a new model's architecture",
-    "task": "prompts and verifier: a registered task or package.module:factory, its options, the reward",
+    "task": "a registered task or package.module:factory, its options, its prompts (prompt), reward, tools",
     "rollout": "K samples per prompt, token budgets, temperature / top-k / top-p, DAPO-style options",
     "update": "epochs, minibatches and micro-batches of each update, scoring temperature, value clip",
     "optim": "the policy's AdamW: lr, warm-up, betas, eps, weight decay, gradient clipping",
@@ -86,7 +98,8 @@ def valid_keys(config=Experiment, prefix: str = "") -> list[str]:
 
 
 def resolved(exp: Experiment) -> dict:
-    """Every key with the value this experiment runs with (``algorithm.hparams`` as the preset resolves them)."""
+    """Every key with the value this experiment runs with (``algorithm.hparams`` as the preset resolves
+    them, and each ``task.options.NAME`` the task is built with)."""
     out: dict[str, typing.Any] = {}
     for key in valid_keys():
         if key.startswith(HPARAMS):
@@ -99,7 +112,48 @@ def resolved(exp: Experiment) -> dict:
     if exp.algorithm.estimator is not None:
         out["algorithm.estimator"] = estimator_label(estimator)
     out.update({f"{HPARAMS}{name}": float(value) for name, value in core.hparam_items(estimator.hparams).items()})
+    out.update({f"{OPTIONS}{name}": value for name, value in _task_options(exp.task).items()})
     return out
+
+
+def _task_options(task: TaskSection) -> dict:
+    """The options ``task`` is built with (``resolved_options``), or only those set where its factory
+    does not import (which a run's ``validate`` reports; ``--print-config`` lists what it can)."""
+    try:
+        return task.resolved_options()
+    except ConfigError:
+        return task.options
+
+
+def upgraded(record: dict) -> dict:
+    """An experiment record (a run's experiment.json, ``dataclasses.asdict`` of an ``Experiment``) in
+    this version's layout: the task section's fields an earlier version held flat moved to their
+    sub-sections and ``task.options`` (``RENAMED``), and the task's options left as they act: those
+    at their factory's default (the same task as left out) dropped, and of the options a built-in
+    task's section once held for every task, those its factory does not take."""
+    task = dict(record.get("task") or {})
+    options = dict(task.pop("options", None) or {})
+    for field in [f for f in task if f"task.{f}" in RENAMED and not isinstance(task[f], dict)]:
+        section, name = RENAMED[f"task.{field}"].split(".")[1:]
+        value = task.pop(field)
+        if section == "options":
+            options.setdefault(name, value)
+        else:
+            task[section] = {**task.get(section, {}), name: value}
+    return {**record, "task": {**task, "options": _acting(task.get("name", ""), options)}}
+
+
+def _acting(name: str, options: dict) -> dict:
+    """``options`` of the task ``name`` without those at its factory's default, and, of the options the
+    task section once held as fields (``TASK_OPTIONS``), without those it does not take; all of them
+    where the task does not resolve here."""
+    try:
+        factory = task_factory(name)
+    except ValueError:
+        return options
+    accepted, defaults = accepted_options(factory), option_defaults(factory)
+    return {k: v for k, v in options.items() if not (k in defaults and defaults[k] == v)
+            and (accepted is None or k in accepted or k not in TASK_OPTIONS)}
 
 
 def estimator_label(estimator: core.Estimator) -> str:

@@ -5,15 +5,16 @@ from __future__ import annotations
 import importlib.util
 import json
 import pathlib
+import typing
 
 from pgjax import core
 from pgjax.agents import TOOLS
-from pgjax.checks import ConfigError
+from pgjax.checks import EXPECTED, ConfigError, fits, require
 from pgjax.config.sections import Experiment
-from pgjax.config.task import TaskSection
+from pgjax.config.task import OPTIONS, TaskSection, factory_of
 from pgjax.parallel.mesh import check_divisible_rows
 from pgjax.plugins import resolve
-from pgjax.tasks import accepted_options, located_error, make_task, reader_format, reward_function, task_factory
+from pgjax.tasks import FILE_FORMATS, accepted_options, located_error, make_task, reader_format, reward_function
 
 
 def validate(exp: Experiment, mesh) -> None:
@@ -31,24 +32,18 @@ def validate(exp: Experiment, mesh) -> None:
                           "sampled; set both")
     check_batches(exp, mesh)
     _check_episodes(exp, algo)
+    _check_task_options(exp.task, factory_of(exp.task.name))
     try:
-        factory = task_factory(exp.task.name)
-        if exp.task.reward:
-            reward_function(exp.task.reward)
+        if exp.task.reward.function:
+            reward_function(exp.task.reward.function)
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    accepted = accepted_options(factory)
-    ignored = [] if accepted is None else [k for k in _changed_options(exp.task) if k not in accepted]
-    if ignored:
-        raise ConfigError(f"task.{ignored[0]}={getattr(exp.task, ignored[0])!r} does nothing for task "
-                          f"{exp.task.name!r}, which takes {', '.join(accepted or []) or 'no options'}")
-    _check_task_options(exp)
     _check_tools(exp)
     if exp.model.path and not (pathlib.Path(exp.model.path) / "config.json").is_file():
         raise ConfigError(f"model.path={exp.model.path!r}: no Hugging Face checkpoint there (config.json missing)")
     _check_context(exp)
     if exp.task.name == "jsonl_math":
-        _check_dataset_file(exp.task)
+        _check_dataset_file(exp.task.resolved_options())
     if exp.logging.wandb and importlib.util.find_spec("wandb") is None:
         raise ConfigError("logging.wandb=True needs the wandb package: pip install -e '.[wandb]'")
 
@@ -82,53 +77,74 @@ def _check_episodes(exp: Experiment, algo) -> None:
     """With tools (multi-turn episodes) the environment's rewards are the training reward, and what
     single-turn rollouts add to theirs has no place: ReMax's greedy response, a reward function of
     the user's, the format reward, the overlong penalty."""
-    if not exp.task.tools:
+    tools, reward = exp.task.tools.names, exp.task.reward
+    if not tools:
         return
     conflicts = [("greedy_rewards" in algo.requires, f"{exp.algorithm.key} (a greedy baseline)"),
-                 (bool(exp.task.reward), f"task.reward={exp.task.reward!r}"),
-                 (exp.task.format_weight != 0, f"task.format_weight={exp.task.format_weight}"),
+                 (bool(reward.function), f"task.reward.function={reward.function!r}"),
+                 (reward.format_weight != 0, f"task.reward.format_weight={reward.format_weight}"),
                  (exp.rollout.overlong_buffer > 0, f"rollout.overlong_buffer={exp.rollout.overlong_buffer}")]
     for conflict, setting in conflicts:
         if conflict:
-            raise ConfigError(f"{setting} is not supported with task.tools={exp.task.tools!r}: in a multi-turn "
+            raise ConfigError(f"{setting} is not supported with task.tools.names={tools!r}: in a multi-turn "
                               "episode the environment's rewards are the training reward")
 
 
-def _check_task_options(exp: Experiment) -> None:
-    """The task's own options (``task.options``) against its factory, before anything is written: the
-    task is built with them (``tasks.make_task``; its factory is called again by the task context),
-    and an option it does not take, or a TypeError or ValueError it raises, is a ConfigError naming
-    ``task.options`` (any other exception, one naming ``task.name``), with where in the user's code."""
-    t = exp.task
+def _check_task_options(t: TaskSection, factory) -> None:
+    """The task's own options (``task.options``) against its ``factory``, before anything is written:
+    each a keyword it takes (ConfigError naming the option and what the task takes), of the type its
+    signature declares where that is a plain int, float, bool or str (``checks.fits``), and the task
+    built with them (``tasks.make_task``; the task context builds it again), where a TypeError or
+    ValueError it raises is a ConfigError naming ``task.options`` (any other exception, one naming
+    ``task.name``), with where in the user's code."""
+    accepted = accepted_options(factory)
+    for name, value in t.options.items():
+        if accepted is not None and name not in accepted:
+            raise ConfigError(f"{OPTIONS}{name}={value!r} does nothing for task {t.name!r}, which takes "
+                              f"{', '.join(accepted) or 'no options'}")
+        kind = _declared_types(factory).get(name, object)
+        require(kind not in EXPECTED or fits(value, kind), f"{OPTIONS}{name}", value, EXPECTED.get(kind, ""))
     if not t.options:
         return
     try:
-        make_task(t.name, t.options, **t.factory_fields())
+        make_task(t.name, t.options)
     except (TypeError, ValueError) as error:
         raise ConfigError(f"task.options={t.options!r} for task {t.name!r}: {located_error(error)}") from None
     except Exception as error:      # the user's factory failed otherwise
         raise ConfigError(f"task.name={t.name!r}: {located_error(error)}") from None
 
 
+def _declared_types(factory) -> dict:
+    """The types ``factory``'s signature declares for its options (its annotations); {} where they do
+    not resolve."""
+    try:
+        return typing.get_type_hints(factory)
+    except Exception:       # an annotation naming what its module does not define: no types to check
+        return {}
+
+
 def _check_tools(exp: Experiment) -> None:
-    """Each tool of ``task.tools`` named by import path imports (``pgjax.plugins.resolve``); that it is
+    """Each tool of ``task.tools.names`` named by import path imports (``pgjax.plugins.resolve``); that it is
     a tool is checked where the task context builds it (``context.make_tool``), before anything is
     written too."""
-    for name in exp.task.tool_names:
+    for name in exp.task.tools.listed:
         try:
-            resolve("task.tools", name, TOOLS, "tool (a pgjax.agents.Tool class or factory)")
+            resolve("task.tools.names", name, TOOLS, "tool (a pgjax.agents.Tool class or factory)")
         except ValueError as error:
             raise ConfigError(str(error)) from None
 
 
-def _check_dataset_file(task: TaskSection) -> None:
-    """``task.path`` is a file, and the package its format needs (``tasks.reader_format``) is installed."""
-    if not pathlib.Path(task.path).is_file():
-        raise ConfigError(f"task.path={task.path!r}: no such dataset file (jsonl_math reads a dataset file)")
+def _check_dataset_file(options: dict) -> None:
+    """The task option ``file_format`` is one of ``FILE_FORMATS``, ``path`` is a file, and the package
+    its format needs (``tasks.reader_format``) is installed."""
+    path, file_format = options.get("path", ""), options.get("file_format", "auto")
+    require(file_format in FILE_FORMATS, f"{OPTIONS}file_format", file_format, f"one of {', '.join(FILE_FORMATS)}")
+    if not pathlib.Path(path).is_file():
+        raise ConfigError(f"{OPTIONS}path={path!r}: no such dataset file (jsonl_math reads a dataset file)")
     try:
-        reader_format(task.path, task.file_format)
+        reader_format(path, file_format)
     except ImportError as error:
-        raise ConfigError(f"task.path={task.path!r}: {error}") from None
+        raise ConfigError(f"{OPTIONS}path={path!r}: {error}") from None
 
 
 def _check_context(exp: Experiment) -> None:
@@ -144,17 +160,12 @@ def _check_context(exp: Experiment) -> None:
     if not isinstance(config, dict):
         raise ConfigError(f"model.path={exp.model.path!r}: {file} holds {type(config).__name__}, not a JSON object")
     context = config.get("max_position_embeddings")
-    response = "rollout.episode_budget()" if exp.task.tools else "rollout.max_new_tokens"
-    width = exp.rollout.max_prompt_tokens + (exp.rollout.episode_budget() if exp.task.tools
-                                             else exp.rollout.max_new_tokens)
+    episodes = bool(exp.task.tools.names)
+    response = "rollout.episode_budget()" if episodes else "rollout.max_new_tokens"
+    width = exp.rollout.max_prompt_tokens + (exp.rollout.episode_budget() if episodes else exp.rollout.max_new_tokens)
     if context and width > context:
         raise ConfigError(f"rollout.max_prompt_tokens + {response} = {width} exceeds the model's context "
                           f"of {context} tokens (max_position_embeddings in {exp.model.path}/config.json)")
-
-
-def _changed_options(section: TaskSection) -> list[str]:
-    """The task options set to something other than their default."""
-    return [k for k, v in section.factory_fields().items() if v != getattr(TaskSection, k)]
 
 
 def check_batches(exp: Experiment, mesh) -> None:

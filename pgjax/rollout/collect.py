@@ -64,7 +64,7 @@ class RolloutConfig(Decoding):
       (``mesh`` describes those); the weights are copied to the sampler's devices before each
       sampling and the batch back to the learner's.
     max_turns, max_episode_tokens, max_observation_tokens: multi-turn episodes, where the task has
-      an environment (``task.tools``, or a task's own ``environment``; ``pgjax.rollout.episodes``): at
+      an environment (``task.tools.names``, or a task's own ``environment``; ``pgjax.rollout.episodes``): at
       most ``max_turns`` replies of at most ``max_new_tokens`` each, ``max_episode_tokens`` tokens
       after the prompt in all (0: as many as the turns and observations can take,
       ``episode_budget``), each observation cut to ``max_observation_tokens``.
@@ -164,8 +164,8 @@ class PromptFormat:
         if not self.chat:
             if len(turns) > 1:
                 raise ValueError(f"a conversation of {len(turns)} messages needs a chat template, but the prompts are "
-                                 "plain text (task.chat_template='none', or the tokenizer has no template); only a "
-                                 "single user message can be given as plain text")
+                                 "plain text (task.prompt.chat_template='none', or the tokenizer has no template); "
+                                 "only a single user message can be given as plain text")
             return turns
         if self.system_prompt and turns[0]["role"] != "system":
             turns.insert(0, {"role": "system", "content": self.system_prompt})
@@ -228,8 +228,8 @@ def prompt_format_for(tokenizer, chat_template: str = "auto", system_prompt: str
     a base model); ValueError for a system prompt without a template."""
     chat = chat_template == "auto" and getattr(tokenizer, "chat_template", None) is not None
     if system_prompt and not chat:
-        why = "task.chat_template='none'" if chat_template == "none" else "the tokenizer has no chat template"
-        raise ValueError(f"task.system_prompt is set but the prompts are plain text ({why})")
+        why = "task.prompt.chat_template='none'" if chat_template == "none" else "the tokenizer has no chat template"
+        raise ValueError(f"task.prompt.system_prompt is set but the prompts are plain text ({why})")
     return PromptFormat(chat=chat, system_prompt=system_prompt, template=prompt_template)
 
 
@@ -253,10 +253,10 @@ def text_tokens(tokenizer, texts) -> tuple[int, ...]:
     found = []
     for text in texts:
         if not text:
-            raise ValueError("task.stop_text: an empty text would stop every response at its first token")
+            raise ValueError("task.prompt.stop_text: an empty text would stop every response at its first token")
         ids = [i for i, piece in enumerate(pieces) if text in piece]
         if not ids:
-            raise ValueError(f"task.stop_text: no token of the tokenizer holds {text!r}")
+            raise ValueError(f"task.prompt.stop_text: no token of the tokenizer holds {text!r}")
         found += ids
     return tuple(dict.fromkeys(found))
 

@@ -97,7 +97,7 @@ def run_floor(exp, model: ModelConfig, mesh: jax.sharding.Mesh) -> dict[str, int
     batch of demonstrations and the ids and segments of a packed row per micro-batch
     (``update.pack_width`` rows of two tokens at the least)."""
     r, warm, update = exp.rollout, exp.warm_start, exp.update
-    budget = r.episode_budget() if exp.task.tools else r.max_new_tokens
+    budget = r.episode_budget() if exp.task.tools.names else r.max_new_tokens
     rows = exp.prompts_per_step * r.samples_per_prompt
     kv_cache = (model.num_hidden_layers * 2 * rows * model.num_key_value_heads * (1 + budget) * model.head_dim
                 * jnp.dtype(r.compute_dtype or model.compute_dtype).itemsize)

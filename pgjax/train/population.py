@@ -42,8 +42,8 @@ member, and ``python -m pgjax.plan --members`` plans a group's programs.
 
 ``Population.member_experiment(i)`` is the single run member i equals (tests/test_population.py
 compares them; docs/population.md says to what tolerance). Not supported yet (each a ConfigError):
-several processes, multi-turn episodes (``task.tools``, a task's environment), a learned reward
-(``task.reward_model``), a greedy baseline (ReMax), asynchronous rollouts (``rollout.staleness``), a
+several processes, multi-turn episodes (``task.tools.names``, a task's environment), a learned reward
+(``task.reward.model``), a greedy baseline (ReMax), asynchronous rollouts (``rollout.staleness``), a
 separate sampler mesh (``rollout.sampler_devices``), packed updates (``update.pack_width``), LoRA and
 Weights & Biases.
 """
@@ -333,17 +333,18 @@ class Population(RunLoop):
     def _check_supported(self) -> None:
         """ConfigError for what populations do not support yet (docs/population.md)."""
         exp = self.exp
+        held_out = exp.task.option("held_out", "none")
         unsupported = [
             (exp.stage != "rl", f"stage={exp.stage!r}: populations train RL policies only"),
             (jax.process_count() > 1, f"{jax.process_count()} processes: a population runs in one process for now"),
             (exp.rollout.sampler_devices > 0, f"rollout.sampler_devices={exp.rollout.sampler_devices}: a population "
                                               "samples on its members' devices (no separate sampler mesh), for now"),
-            (bool(exp.task.tools), f"task.tools={exp.task.tools!r}: multi-turn episodes are not supported in "
-                                   "populations yet"),
-            (bool(exp.task.reward_model), f"task.reward_model={exp.task.reward_model!r}: learned rewards are not "
+            (bool(exp.task.tools.names), f"task.tools.names={exp.task.tools.names!r}: multi-turn episodes are "
+                                         "not supported in populations yet"),
+            (bool(exp.task.reward.model), f"task.reward.model={exp.task.reward.model!r}: learned rewards are not "
                                           "supported in populations yet"),
-            (exp.task.held_out != "none", f"task.held_out={exp.task.held_out!r} is a held-out evaluation split that "
-                                          "training never draws"),
+            (held_out != "none", f"task.options.held_out={held_out!r} is a held-out evaluation split that training "
+                                 "never draws"),
             (exp.rollout.staleness > 0, f"rollout.staleness={exp.rollout.staleness}: populations sample on-policy "
                                         "(staleness 0) for now"),
             (exp.update.pack_width > 0, f"update.pack_width={exp.update.pack_width}: packed updates are not "

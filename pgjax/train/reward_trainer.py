@@ -258,8 +258,8 @@ class RewardModelTrainer(RunLoop):
                               "(its trunk and tokenizer)")
         task = exp.task
         self._tokenizer = user_error("model.path", lambda: hf.load_tokenizer(exp.model.path))
-        self.prompt_format = user_error("task.chat_template", lambda: prompt_format_for(
-            self._tokenizer, task.chat_template, task.system_prompt, task.prompt_template))
+        self.prompt_format = user_error("task.prompt.chat_template", lambda: prompt_format_for(
+            self._tokenizer, task.prompt.chat_template, task.prompt.system_prompt, task.prompt.template))
         self.train_data, self.eval_data = self._data()
         user_error("prompts_per_step", lambda: mesh_lib.check_divisible_rows(
             exp.prompts_per_step, self.mesh, "prompts_per_step (records a step)"))
