@@ -5,8 +5,7 @@ guess), then GRPO with its KL to the warm-started policy.
 
     python -m pgjax.run experiments/countdown_grpo.py
 """
-from pgjax.config import Experiment, ModelSection, TaskSection, WarmStartSection
-from pgjax.rollout.collect import RolloutConfig
+from pgjax.config import Experiment, ModelSection, RolloutConfig, TaskSection, WarmStartSection
 
 
 def experiment() -> Experiment:

@@ -27,11 +27,11 @@ from pgjax.config import (
     ModelSection,
     OptimConfig,
     PromptSection,
+    RolloutConfig,
     TaskSection,
     UpdateConfig,
     WarmStartSection,
 )
-from pgjax.rollout.collect import RolloutConfig
 
 
 def experiment() -> Experiment:

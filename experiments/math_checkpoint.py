@@ -22,11 +22,11 @@ from pgjax.config import (
     ModelSection,
     OptimConfig,
     RewardSection,
+    RolloutConfig,
     TaskSection,
     UpdateConfig,
     WarmStartSection,
 )
-from pgjax.rollout.collect import RolloutConfig
 
 
 def experiment() -> Experiment:

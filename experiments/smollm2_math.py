@@ -21,8 +21,15 @@ gives the GRPO run to compare; ``--set model.lora.rank=16 --set model.lora.alpha
 optim.lr=1e-4`` the LoRA run. docs/real_models.md has the before/after table, the run's time and
 its peak memory.
 """
-from pgjax.config import Experiment, ModelSection, OptimConfig, TaskSection, UpdateConfig, WarmStartSection
-from pgjax.rollout.collect import RolloutConfig
+from pgjax.config import (
+    Experiment,
+    ModelSection,
+    OptimConfig,
+    RolloutConfig,
+    TaskSection,
+    UpdateConfig,
+    WarmStartSection,
+)
 
 
 def experiment() -> Experiment:

@@ -15,8 +15,15 @@ the final reply (the first that calls no tool), up to 3 replies of at most 48 to
 Difficulties 1, 2 and 3 digits of the larger operand in equal shares, half bare expressions, half
 word problems.
 """
-from pgjax.config import Experiment, ModelSection, OptimConfig, TaskSection, UpdateConfig, WarmStartSection
-from pgjax.rollout.collect import RolloutConfig
+from pgjax.config import (
+    Experiment,
+    ModelSection,
+    OptimConfig,
+    RolloutConfig,
+    TaskSection,
+    UpdateConfig,
+    WarmStartSection,
+)
 
 
 def experiment() -> Experiment:

@@ -1,11 +1,15 @@
 """The task section's parts and an experiment record of the flat task section read in them
 (``pgjax.config.upgraded``)."""
+import pathlib
+
 import pytest
 
 from pgjax.config import ConfigError, Experiment, RewardSection, TaskSection, override, upgraded, valid_keys
 from pgjax.config.keys import TASK_OPTIONS
+from pgjax.eval import saved_experiment
 from pgjax.train.run_dir import experiment_record
 
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 # the flat task section of an earlier experiment.json, every field at its default then
 FLAT = {"name": "arithmetic", "digits": 2, "ops": "+", "max_scratch": 8, "working": "before", "count": 3, "path": "",
         "prompt_field": "question", "answer_field": "answer", "extra_fields": "", "file_format": "auto",
@@ -61,3 +65,10 @@ def test_an_option_takes_its_factorys_default_unless_set():
     assert TaskSection().option("held_out", "none") == "none"
     with pytest.raises(ConfigError, match="task.name='chess'"):
         TaskSection(name="chess").resolved_options()
+
+
+def test_a_committed_run_record_of_the_flat_section_loads_for_evaluation():
+    """``experiments/results/smollm2_reward_model/experiment.json`` (written with the flat task section)
+    is read by ``pgjax.eval`` as today's sections."""
+    saved = saved_experiment(ROOT / "experiments" / "results" / "smollm2_reward_model" / "experiment.json")
+    assert saved.task == TaskSection() and saved.seed == 0

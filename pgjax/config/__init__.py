@@ -19,8 +19,10 @@ sections (``validate``: a group baseline with one sample per prompt, batches tha
 micro-batches or over the mesh, a missing checkpoint or dataset, a run whose model and batches cannot
 fit the machine's memory). The command line prints it as plain lines and exits with status 2.
 
-The modules: ``task`` (the task section), ``sections`` (the others and ``Experiment``), ``keys``
-(dotted keys, ``--set``, ``--print-config``, hints), ``files`` (experiment files), ``validate``.
+The modules: ``task`` (the task section and its parts: options, prompt, reward, tools), ``sections``
+(the other sections and ``Experiment``), ``update`` (the learner's and the optimizer's sections),
+``keys`` (dotted keys, ``--set``, ``--print-config``, hints, earlier run records read today),
+``files`` (experiment files), ``validate`` (the checks across sections).
 """
 from pgjax.checks import MAX_SECONDS, ConfigError
 from pgjax.config.files import load
