@@ -534,11 +534,11 @@ def always_nan(prompts, completions, **_):
     return np.full(len(completions), np.nan)
 
 
-def dataset_experiment(tmp_path, checkpoint_dir, lines, **task):
+def dataset_experiment(tmp_path, checkpoint_dir, lines, **options):
     data = tmp_path / "data.jsonl"
     data.write_text("".join(line + "\n" for line in lines))
     return tiny_experiment(tmp_path, model=ModelSection(path=str(checkpoint_dir)),
-                           task=TaskSection(name="jsonl_math", **task, options={"path": str(data)}))
+                           task=TaskSection(name="jsonl_math", options={"path": str(data), **options}))
 
 
 GOOD = [json.dumps({"question": f"{a}+1=", "answer": a + 1}) for a in range(6)]

@@ -12,7 +12,7 @@ from helpers import save_tiny_checkpoint, tiny_experiment
 
 import pgjax.tasks as R
 from pgjax import config as config_lib
-from pgjax.config import ConfigError, ModelSection, TaskSection
+from pgjax.config import ConfigError, ModelSection, PromptSection, TaskSection
 from pgjax.parallel.mesh import single_device_mesh
 from pgjax.rollout.collect import PLAIN, RolloutConfig
 from pgjax.tasks.tokenizer import char_tokenizer
@@ -432,11 +432,12 @@ def chat_checkpoint(tmp_path_factory):
     return save_tiny_checkpoint(tmp_path_factory.mktemp("chat_checkpoint"), TEMPLATE)
 
 
-def _train(tmp_path, checkpoint, **task):
-    """One RL step (with its evaluation, checkpoint and export) of the tiny model on ``task``, through
-    ``recording_reward``; the run's metric records."""
-    exp = tiny_experiment(tmp_path, steps=1, eval_every=1, model=ModelSection(path=str(checkpoint)),
-                          task=TaskSection(name="jsonl_math", reward="test_datasets:recording_reward", **task),
+def _train(tmp_path, checkpoint, prompt: PromptSection | None = None, **options):
+    """One RL step (with its evaluation, checkpoint and export) of the tiny model on ``jsonl_math`` with
+    ``options`` and ``prompt``, through ``recording_reward``; the run's metric records."""
+    task = TaskSection(name="jsonl_math", options=options, prompt=prompt or PromptSection(),
+                       reward="test_datasets:recording_reward")
+    exp = tiny_experiment(tmp_path, steps=1, eval_every=1, model=ModelSection(path=str(checkpoint)), task=task,
                           rollout=RolloutConfig(samples_per_prompt=2, max_prompt_tokens=40, max_new_tokens=3))
     SEEN.clear()
     run = train(exp, progress=False)
@@ -457,7 +458,8 @@ def test_a_chat_jsonl_file_trains(tmp_path, chat_checkpoint):
         assert prompt.messages[1] == _turn("user", f"{answer - 2}+1=")
     with pytest.raises(ConfigError, match=f"^task: {path}:1: field 'messages': a conversation of 4 messages needs a "
                                           "chat template"):
-        _train(tmp_path / "plain", chat_checkpoint, path=str(path), prompt_field="messages", chat_template="none")
+        _train(tmp_path / "plain", chat_checkpoint, PromptSection(chat_template="none"), path=str(path),
+               prompt_field="messages")
 
 
 @pytest.mark.slow

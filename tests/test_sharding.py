@@ -11,6 +11,7 @@ import tempfile
 
 import pytest
 
+from pgjax.checks import ConfigError
 from pgjax.models.lora import LoRAConfig
 
 MESHES = [(8, 1, 1), (2, 4, 1), (2, 2, 2), (1, 1, 8)]
@@ -157,8 +158,9 @@ def test_mesh_sizes_resolve_minus_one_and_reject_misfits():
     for bad, match in ((MeshConfig(data=3), "needs 3 devices"), (MeshConfig(data=-1, fsdp=3), "does not fit")):
         with pytest.raises(ValueError, match=match):
             bad.sizes(8)
-    for sizes in (dict(data=-1, fsdp=-1), dict(tensor=0)):     # refused when the config is made
-        with pytest.raises(ValueError, match="-1 \\(the rest\\) for at most one"):
+    for sizes, match in ((dict(data=-1, fsdp=-1), r"mesh\.fsdp=-1 is invalid: .* mesh\.data=-1 takes the rest"),
+                         (dict(tensor=0), r"mesh\.tensor=0 is invalid: an integer >= 1, or -1 \(the rest")):
+        with pytest.raises(ConfigError, match=match):     # refused when the config is made
             MeshConfig(**sizes)
 
 
@@ -187,7 +189,7 @@ def test_one_process_without_a_cluster_does_not_start_jax_distributed():
     from pgjax.parallel.multihost import DistributedConfig, initialize
     assert not initialize(DistributedConfig(), environ={})
     assert not initialize(DistributedConfig(initialize="off"), environ={"SLURM_NTASKS": "4"})
-    with pytest.raises(ValueError, match="auto, on or off"):
+    with pytest.raises(ConfigError, match="distributed.initialize='yes' is invalid: one of auto, on, off"):
         initialize(DistributedConfig(initialize="yes"), environ={})
 
 

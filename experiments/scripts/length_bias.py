@@ -1,8 +1,8 @@
 """GRPO's response-length bias in real training (the paper's "Dr. GRPO" section; Liu et al. 2025).
 
     python experiments/scripts/length_bias.py [--seeds 3] [--steps 150]      # ~15 min on 2 CPU cores
-    python experiments/scripts/length_bias.py --set task.options.working=before --out
-    experiments/results/length_bias_before
+    python experiments/scripts/length_bias.py --set task.options.working=before \\
+        --out experiments/results/length_bias_before
     python experiments/scripts/length_bias.py --smoke --runs /tmp/lb --out /tmp/lb   # seconds: the CI check
 
 Claim: dividing each response's loss by its length |o| (eq. 18) weights a token

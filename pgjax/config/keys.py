@@ -1,6 +1,7 @@
 """An experiment's settings by dotted key (``rollout.temperature``): every key (``valid_keys``), the
 values a run resolves them to (``resolved``, what ``--print-config`` lists), ``--set key=value``
-(``override``), and the hint for an unknown or renamed key (the closest valid one)."""
+(``override``), the hint for an unknown or renamed key (the closest valid one, or its new name:
+``RENAMED``), and a run's saved experiment read with today's keys (``upgraded``)."""
 from __future__ import annotations
 
 import dataclasses

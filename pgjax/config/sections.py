@@ -1,6 +1,7 @@
-"""The sections of an experiment besides the task's (``pgjax.config.task``) and the ``Experiment``
-that holds them all: each a frozen dataclass whose ``__post_init__`` checks its own fields
-(``pgjax.checks``), so a mistake is a ``ConfigError`` naming its key however the section was built."""
+"""The sections of an experiment besides the task's (``pgjax.config.task``) and the learner's and
+optimizer's (``pgjax.config.update``), and the ``Experiment`` that holds them all: each a frozen
+dataclass whose ``__post_init__`` checks its own fields (``pgjax.checks``), so a mistake is a
+``ConfigError`` naming its key however the section was built."""
 from __future__ import annotations
 
 import dataclasses
