@@ -22,7 +22,7 @@ from pgjax.rollout.collect import RolloutConfig
 
 def experiment():
     return Experiment(name="by_hand", algorithm="grpo", steps=3, prompts_per_step=4, eval_every=2, eval_prompts=16,
-                      task=TaskSection(digits=1),
+                      task=TaskSection(options={"digits": 1}),
                       model=ModelSection(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=1, head_dim=16),
                       warm_start=WarmStartSection(steps=60, batch_size=16),
