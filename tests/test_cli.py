@@ -394,6 +394,10 @@ FILE_CASES = {
                                     "experiment.py:1: NameError: name 'undefined_name' is not defined"),
     "a misspelt import": ("from pgjax.config import Experimnt\n",
                           "experiment.py:1: ImportError: cannot import name 'Experimnt' from 'pgjax.config'"),
+    "the module the configuration was in": ("from pgjax.train.experiment import Experiment\n",
+                                            "experiment.py:1: ModuleNotFoundError: No module named "
+                                            "'pgjax.train.experiment' (pgjax.train.experiment is now pgjax.config: "
+                                            "from pgjax.config import Experiment, ...)"),
     "a missing module": ("import no_such_module_xyz\n",
                          "experiment.py:1: ModuleNotFoundError: No module named 'no_such_module_xyz'"),
     "experiment() raises": ("def experiment():\n    return 1 / 0\n",
