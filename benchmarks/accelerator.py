@@ -65,11 +65,12 @@ from flax import nnx
 from logprob_memory import compile_value_and_grad, make_losses, memory, time_call
 
 from pgjax import core, markdown
+from pgjax.config import UpdateConfig
 from pgjax.models.transformer import CausalLM, ModelConfig
 from pgjax.parallel import mesh as mesh_lib
 from pgjax.rollout.batch import Rollout
 from pgjax.sample import SamplingConfig, generate
-from pgjax.train.learner import Learner, UpdateConfig
+from pgjax.train.learner import Learner
 
 MIB = 2.0 ** 20
 QWEN25_05B = {"family": "qwen2", "vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864,

@@ -85,11 +85,11 @@ def measure(experiment: str, overrides: list[str], runs: str, steps: int, warmup
     import jax
     import numpy as np
 
+    from pgjax import config as config_lib
     from pgjax.study.variants import warm_checkpoint
-    from pgjax.train import experiment as experiment_lib
     from pgjax.train.trainer import Trainer
 
-    base = experiment_lib.override(experiment_lib.load(experiment), overrides)
+    base = config_lib.override(config_lib.load(experiment), overrides)
     exp = base
     if not base.model.path or base.warm_start.steps:
         warm = warm_checkpoint(base, 0, runs)
@@ -160,7 +160,7 @@ def main(argv=None) -> None:
         return
     from readme_tables import save_table
 
-    from pgjax.train.experiment import load
+    from pgjax.config import load
     load(args.experiment)                                       # a bad file fails here, not in every row
     results = []
     for index in args.rows if args.rows is not None else range(len(ROWS)):

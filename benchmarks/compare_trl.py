@@ -125,15 +125,15 @@ from datasets import Dataset
 from readme_tables import save_table
 
 from pgjax import core, host_memory, markdown
+from pgjax.config import Experiment, ModelSection, OptimConfig, TaskSection, UpdateConfig
 from pgjax.evaluation import statistics as stats
 from pgjax.models import hf
 from pgjax.rollout.collect import PLAIN, PromptFormat, RolloutConfig, collect, encode_prompts
 from pgjax.tasks import ArithmeticTask, arithmetic_reward, is_arithmetic_answer, per_example
 from pgjax.tasks.word_math import word_math_reward
 from pgjax.train.context import task_context
-from pgjax.train.experiment import Experiment, ModelSection, TaskSection
-from pgjax.train.learner import Learner, UpdateConfig
-from pgjax.train.optim import OptimConfig, make_optimizer
+from pgjax.train.learner import Learner
+from pgjax.train.optim import make_optimizer
 
 GRPO = core.preset("grpo")
 BETA = float(GRPO.hparams.kl_coef)  # 0.04
@@ -215,7 +215,8 @@ def random_workload(directory, args, build: bool = True) -> Workload:
 
 def model_workload(directory, args) -> Workload:
     """A converted real model on ``word_math`` prompts through its chat template."""
-    context = task_context(Experiment(task=TaskSection(name="word_math"), model=ModelSection(path=str(directory))))
+    context = task_context(Experiment(task=TaskSection(name="word_math", options={"ops": "+"}),
+                                        model=ModelSection(path=str(directory))))
     tokenizer, prompt_format, eos_ids = context.tokenizer, context.prompt_format, context.eos_ids
     return Workload(directory, tokenizer, context.task.examples, word_math_reward, word_math_reward, prompt_format,
                     eos_ids, 0, args.prompts or 4, args.samples or 8, args.new_tokens or 64,

@@ -39,9 +39,9 @@ from readme_tables import save_table  # noqa: E402
 from sampler import word_math_prompts  # noqa: E402
 
 from pgjax import markdown  # noqa: E402
+from pgjax.config import ModelSection  # noqa: E402
 from pgjax.models import hf  # noqa: E402
 from pgjax.sample import SamplingConfig, generate  # noqa: E402
-from pgjax.train.experiment import ModelSection  # noqa: E402
 
 # innermost function of an operation's call stack -> the part of the decode step it belongs to
 PARTS = {"grouped_query_attention": "attention over the KV cache", "MLP.__call__": "MLP matmuls",

@@ -47,7 +47,7 @@ def main(argv=None) -> int:
         data = dataset(tmp / "data.jsonl", 2 ** 30)
         cases = {"SmolLM2-135M-Instruct checkpoint (float32)": {
                      f"model.path/{p.name}": p for p in inputs.checkpoint_files(model)},
-                 "1 GiB JSONL dataset": {"task.path": data}}
+                 "1 GiB JSONL dataset": {"task.options.path": data}}
         for name, files in cases.items():
             size = sum(p.stat().st_size for p in files.values())
             new_times = call_times(lambda files=files: inputs.fingerprints(files), args.repeats)[1]

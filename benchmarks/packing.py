@@ -34,9 +34,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from readme_tables import save_table  # noqa: E402
 
+from pgjax import config as config_lib  # noqa: E402
 from pgjax import markdown  # noqa: E402
 from pgjax.evaluation.statistics import describe_ratio, median_interval, median_ratio  # noqa: E402
-from pgjax.train import experiment as experiment_lib  # noqa: E402
 from pgjax.train.learner import build_learner  # noqa: E402
 from pgjax.train.packing import pack  # noqa: E402
 from pgjax.train.trainer import Callback, Trainer  # noqa: E402
@@ -111,7 +111,7 @@ def main(argv=None):
     parser.add_argument("--set", nargs="*", default=[], dest="overrides", help="more experiment overrides")
     parser.add_argument("--json", help="save the table and the per-step data here")
     args = parser.parse_args(argv)
-    exp = experiment_lib.override(experiment_lib.load(args.experiment),
+    exp = config_lib.override(config_lib.load(args.experiment),
                                   [f"model.path={args.model}", f"steps={args.steps}", *args.overrides])
     trainer = Trainer(exp)
     learners = {width: build_learner(trainer.policy, trainer.algorithm, exp.rollout.samples_per_prompt,

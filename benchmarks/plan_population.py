@@ -44,9 +44,9 @@ def status_gib(field: str) -> float:
 
 def experiment(model: str, steps: int):
     """``experiments/smollm2_math.py`` with ``model.path`` = ``model`` and ``steps`` RL steps."""
-    from pgjax.train import experiment as experiment_lib
-    exp = experiment_lib.load(str(ROOT / "experiments" / "smollm2_math.py"))
-    return experiment_lib.override(exp, [f"model.path={model}", f"steps={steps}"])
+    from pgjax import config as config_lib
+    exp = config_lib.load(str(ROOT / "experiments" / "smollm2_math.py"))
+    return config_lib.override(exp, [f"model.path={model}", f"steps={steps}"])
 
 
 def plan_rows(model: str, members: list[int]) -> list[dict]:

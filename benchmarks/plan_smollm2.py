@@ -63,10 +63,11 @@ def measure(model: str, rows: int, prompt_len: int, response_len: int, options: 
     import transformers  # noqa: F401  (hf.load imports it; here, so that it is in the baseline)
 
     from pgjax import core
+    from pgjax.config import OptimConfig, UpdateConfig
     from pgjax.models import hf
     from pgjax.rollout.batch import Rollout
-    from pgjax.train.learner import Learner, UpdateConfig
-    from pgjax.train.optim import OptimConfig, make_optimizer
+    from pgjax.train.learner import Learner
+    from pgjax.train.optim import make_optimizer
 
     jax.devices()
     baseline = status_kib("VmRSS")

@@ -75,7 +75,7 @@ def timed(fn):
 def compare(steps: int, experiment: str, widths: dict, seeds=SEEDS) -> dict:
     """Populations of the 2 x 2 grid x 4 seeds (one per ``widths`` entry: label -> ``vmap_width``) against
     the grid's 16 runs (see the module docstring)."""
-    from pgjax.train.experiment import load
+    from pgjax.config import load
     from pgjax.train.population import Population
     from pgjax.train.trainer import Trainer
     exp = load(experiment)
@@ -192,7 +192,7 @@ def agreement(pop_tokens, run_tokens, pop_records, run_records, steps: int) -> d
 def scaling(sizes: list[int], steps: int, experiment: str, widths: dict) -> dict:
     """Step times of populations of each size (the grid x size / 4 seeds) at each ``widths`` entry, and
     of one run, from the initial policy (no warm start)."""
-    from pgjax.train.experiment import WarmStartSection, load
+    from pgjax.config import WarmStartSection, load
     from pgjax.train.population import Population
     from pgjax.train.trainer import Trainer
     exp = dataclasses.replace(load(experiment), warm_start=WarmStartSection(steps=0))

@@ -46,11 +46,11 @@ import transformers
 from readme_tables import save_table
 
 from pgjax import markdown
+from pgjax.config import Experiment, ModelSection, TaskSection
 from pgjax.models import hf
 from pgjax.rollout.collect import encode_prompts, pad_id
 from pgjax.sample import SamplingConfig, generate
 from pgjax.train.context import task_context
-from pgjax.train.experiment import Experiment, ModelSection, TaskSection
 
 
 def timed(fn, count, repeats):
@@ -126,7 +126,9 @@ def word_math_prompts(model_dir, batches, seed):
     """``word_math`` prompts through the chat template of the checkpoint in ``model_dir``, left-padded
     to their longest: {batch: (tokens, mask, ...) of ``encode_prompts``}, the checkpoint's stop token
     ids and its pad id."""
-    context = task_context(Experiment(task=TaskSection(name="word_math"), model=ModelSection(path=model_dir)))
+    context = task_context(
+        Experiment(task=TaskSection(name="word_math", options={"ops": "+"}), model=ModelSection(path=model_dir))
+    )
     tokenizer, prompt_format = context.tokenizer, context.prompt_format
     prompts = {}
     for b in batches:

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from pgjax import core
-from pgjax.train.experiment import AlgorithmSection, Experiment
+from pgjax.config import AlgorithmSection, Experiment
 
 
 @jax.tree_util.register_dataclass

@@ -2,8 +2,7 @@
 
     python -m pgjax.run experiments/arithmetic_ppo.py
 """
-from pgjax.train.experiment import Experiment
-from pgjax.train.learner import UpdateConfig
+from pgjax.config import Experiment, UpdateConfig
 
 
 def experiment() -> Experiment:

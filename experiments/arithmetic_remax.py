@@ -2,7 +2,7 @@
 
     python -m pgjax.run experiments/arithmetic_remax.py
 """
-from pgjax.train.experiment import Experiment
+from pgjax.config import Experiment
 
 
 def experiment() -> Experiment:

@@ -10,7 +10,7 @@ reassembles (SHA-256 checked) and converts it, the next trains:
     python -m pgjax.run experiments/gemma3_math.py --set algorithm.preset=grpo --set run_dir=runs/gemma3_math_grpo
 
 Each prompt is framed as ``Question: <word_math prompt>\\nAnswer:`` and the answer ends with its
-line (``task.stop_text``: a token holding a line break ends the response, as EOS does): a base model
+line (``task.prompt.stop_text``: a token holding a line break ends the response, as EOS does): a base model
 otherwise goes on to pose the next question until the budget runs out. The verifier reads the
 ``\\boxed{}`` or, without one, the last number of the answer. 1-digit operands of + and -, half
 bare expressions, half word problems, 4 prompts x 8 samples a step: the base model's pass@1 is 0.08
@@ -22,19 +22,36 @@ normalisation favours short correct and long incorrect answers, Dr. GRPO removes
 rate is 2e-6: at 1e-5 the first run made the model worse (docs/real_models.md). Seeds and the paired
 evaluation against the base model: ``experiments/studies/gemma3_seeds.py``.
 """
-from pgjax.rollout.collect import RolloutConfig
-from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
-from pgjax.train.learner import UpdateConfig
-from pgjax.train.optim import OptimConfig
+from pgjax.config import (
+    Experiment,
+    ModelSection,
+    OptimConfig,
+    PromptSection,
+    RolloutConfig,
+    TaskSection,
+    UpdateConfig,
+    WarmStartSection,
+)
 
 
 def experiment() -> Experiment:
     return Experiment(
-        name="gemma3_math", algorithm="dr_grpo", steps=40, prompts_per_step=4, seed=0,
+        name="gemma3_math",
+        algorithm="dr_grpo",
+        steps=40,
+        prompts_per_step=4,
+        seed=0,
         model=ModelSection(path="models/gemma3-270m", param_dtype="float32", compute_dtype="float32"),
-        task=TaskSection(name="word_math", digits=1, ops="+-", chat_template="none",
-                         prompt_template="Question: {prompt}\nAnswer:", stop_text="\\n"),
+        task=TaskSection(
+            name="word_math",
+            options={"digits": 1, "ops": "+-"},
+            prompt=PromptSection(chat_template="none", template="Question: {prompt}\nAnswer:", stop_text="\\n"),
+        ),
         rollout=RolloutConfig(samples_per_prompt=8, max_prompt_tokens=96, max_new_tokens=64, temperature=0.7),
         update=UpdateConfig(epochs=1, minibatches=1, micro_batches=2, chunk_size=256, temperature=0.7),
         optim=OptimConfig(lr=2e-6, warmup_steps=3, weight_decay=0.0, max_grad_norm=1.0),
-        warm_start=WarmStartSection(steps=0), eval_every=10, eval_prompts=64, checkpoint_every=10)
+        warm_start=WarmStartSection(steps=0),
+        eval_every=10,
+        eval_prompts=64,
+        checkpoint_every=10,
+    )

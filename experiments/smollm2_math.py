@@ -21,17 +21,22 @@ gives the GRPO run to compare; ``--set model.lora.rank=16 --set model.lora.alpha
 optim.lr=1e-4`` the LoRA run. docs/real_models.md has the before/after table, the run's time and
 its peak memory.
 """
-from pgjax.rollout.collect import RolloutConfig
-from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
-from pgjax.train.learner import UpdateConfig
-from pgjax.train.optim import OptimConfig
+from pgjax.config import (
+    Experiment,
+    ModelSection,
+    OptimConfig,
+    RolloutConfig,
+    TaskSection,
+    UpdateConfig,
+    WarmStartSection,
+)
 
 
 def experiment() -> Experiment:
     return Experiment(
         name="smollm2_math", algorithm="dr_grpo", steps=40, prompts_per_step=8, seed=0,
         model=ModelSection(path="models/smollm2-135m-instruct", param_dtype="float32", compute_dtype="float32"),
-        task=TaskSection(name="word_math", digits=2, ops="+-*"),
+        task=TaskSection(name="word_math", options={"digits": 2, "ops": "+-*"}),
         rollout=RolloutConfig(samples_per_prompt=4, max_prompt_tokens=96, max_new_tokens=64, temperature=0.7),
         update=UpdateConfig(epochs=1, minibatches=1, micro_batches=2, chunk_size=256, temperature=0.7),
         optim=OptimConfig(lr=1e-5, warmup_steps=3, weight_decay=0.0, max_grad_norm=1.0),

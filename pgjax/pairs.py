@@ -116,7 +116,8 @@ def generate(args: argparse.Namespace) -> tuple[list[dict], dict]:
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, by=None,
         batch_rows=args.batch_rows))
     if settings["environment"] is not None:
-        raise ValueError("pgjax.pairs pairs single responses: the task's episodes call tools (task.tools); drop it")
+        raise ValueError("pgjax.pairs pairs single responses: the task's episodes call tools "
+                         "(task.tools.names); drop it")
     examples, tokenizer, k = settings["examples"], settings["tokenizer"], args.samples
     mesh = single_device_mesh()
     sampling = settings["decodings"][0].sampling(settings["eos_ids"], pad_id(tokenizer), n=k)

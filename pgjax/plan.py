@@ -57,13 +57,12 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from pgjax import core, markdown
+from pgjax.config import AlgorithmSection, ModelSection, UpdateConfig
 from pgjax.models import hf
 from pgjax.models.lora import LoRAConfig
 from pgjax.models.transformer import REMAT_POLICIES, ModelConfig
 from pgjax.parallel import mesh as mesh_lib
 from pgjax.rollout.batch import Rollout, placeholder_rollout
-from pgjax.train.experiment import AlgorithmSection, ModelSection
-from pgjax.train.learner import UpdateConfig
 from pgjax.train.memory import abstract_learner, human, placed, shard_bytes
 from pgjax.train.packing import Packing, most_packed_rows
 from pgjax.train.population import over_members

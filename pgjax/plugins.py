@@ -5,8 +5,8 @@ Every extension point of an experiment takes a built-in name or the import path
 (``resolve``):
 
   task.name       a task factory (``pgjax.tasks.TASKS``), its own options in ``task.options``
-  task.reward     a reward function ``fn(prompts, completions, **fields)`` (import paths only)
-  task.tools      tools (``pgjax.agents.TOOLS``): classes or factories called with no arguments
+  task.reward.function     a reward function ``fn(prompts, completions, **fields)`` (import paths only)
+  task.tools.names      tools (``pgjax.agents.TOOLS``): classes or factories called with no arguments
   logging.sinks   logging sinks (``pgjax.train.sinks.SINKS``): ``factory(directory, since)``
   model.family    a model family (``pgjax.models.transformer.FAMILIES``): a ``Family``
   algorithm.preset  an estimator (``pgjax.core.PRESETS``)

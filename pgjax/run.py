@@ -22,9 +22,10 @@ if __name__ == "__main__":      # before the imports below, which take seconds
 
 import argparse
 
+from pgjax import config as config_lib
+from pgjax.checks import ConfigError
+from pgjax.errors import RunStopped
 from pgjax.parallel import multihost
-from pgjax.train import experiment as experiment_lib
-from pgjax.train.experiment import ConfigError, RunStopped
 from pgjax.train.interrupts import DEFAULT_GRACE_PERIOD, RunInterrupted
 from pgjax.train.memory import out_of_memory
 from pgjax.train.sinks import read_records
@@ -33,7 +34,7 @@ from pgjax.train.trainer import train
 
 def _epilog() -> str:
     lines = ["sections of an experiment (--set <section>.<field>=value; --print-config lists every key):"]
-    lines += [f"  {name:<13} {summary}" for name, summary in experiment_lib.sections().items()]
+    lines += [f"  {name:<13} {summary}" for name, summary in config_lib.sections().items()]
     lines += ["  (the algorithm's traced hyperparameters, core.HParams: e.g. algorithm.hparams.kl_coef=0.01)",
               "", "exit status: 0 done, 1 stopped by a non-finite reward or update, a failing environment or "
               "running out of",
@@ -76,14 +77,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if not 0 <= args.grace_period <= experiment_lib.MAX_SECONDS:
+    if not 0 <= args.grace_period <= config_lib.MAX_SECONDS:
         print(f"pgjax.run: error: --grace-period={args.grace_period} is invalid: seconds >= 0, at most "
-              f"{experiment_lib.MAX_SECONDS:.0f}", file=sys.stderr)
+              f"{config_lib.MAX_SECONDS:.0f}", file=sys.stderr)
         return 2
     try:
-        exp = experiment_lib.override(experiment_lib.load(args.experiment), args.set)
+        exp = config_lib.override(config_lib.load(args.experiment), args.set)
         if args.print_config:
-            print("\n".join(f"{key} = {value!r}" for key, value in experiment_lib.resolved(exp).items()))
+            print("\n".join(f"{key} = {value!r}" for key, value in config_lib.resolved(exp).items()))
             return 0
         directory = train(exp, resume=args.resume, progress=not args.no_progress,
                           accept_changes=args.resume_with_changes, fallback=not args.no_fallback,

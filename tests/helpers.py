@@ -29,6 +29,7 @@ from flax import nnx
 
 from pgjax import core
 from pgjax.agents import Step
+from pgjax.config import Experiment, ModelSection, OptimConfig, TaskSection, WarmStartSection
 from pgjax.core import Batch, token_logprobs
 from pgjax.models import hf
 from pgjax.models.transformer import CausalLM, ModelConfig
@@ -36,9 +37,8 @@ from pgjax.rollout.batch import Rollout
 from pgjax.rollout.collect import RolloutConfig, encode_prompts
 from pgjax.sample import SamplingConfig, generate
 from pgjax.tasks import char_tokenizer, per_example
-from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
 from pgjax.train.learner import Learner
-from pgjax.train.optim import OptimConfig, make_optimizer
+from pgjax.train.optim import make_optimizer
 from pgjax.train.records import TIMING_KEYS
 from pgjax.train.trainer import Callback
 
@@ -267,7 +267,7 @@ TOOL_ALPHABET = "0123456789+-*/^()[]=<>.:,;'?!_ abcdefghijklmnopqrstuvwxyzABCDEF
 
 @dataclasses.dataclass(frozen=True)
 class SumWithCalculator:
-    """Sums of two digits (``"3+4"`` -> ``"7"``) for episodes with ``task.tools=calculator``: each
+    """Sums of two digits (``"3+4"`` -> ``"7"``) for episodes with ``task.tools.names=calculator``: each
     example's worked episode calls the calculator on the sum (``tool_calls``), then answers its result."""
     name: str = "sum_with_calculator"
     format_pattern: str = r"-?\d+"
@@ -427,7 +427,7 @@ def experiment_file(tmp_path, **changes) -> pathlib.Path:
     file = tmp_path / "faulty.py"
     extra = "".join(f", {k}={v}" for k, v in changes.items())
     file.write_text("import pathlib\nfrom helpers import EMIT_X, tiny_experiment\n"
-                    "from pgjax.train.learner import UpdateConfig\nfrom pgjax.train.optim import OptimConfig\n\n"
+                    "from pgjax.config import OptimConfig, UpdateConfig\n\n"
                     "def experiment():\n"
                     f"    return tiny_experiment(pathlib.Path({str(tmp_path)!r}), task=EMIT_X{extra})\n")
     return file
@@ -534,11 +534,11 @@ def always_nan(prompts, completions, **_):
     return np.full(len(completions), np.nan)
 
 
-def dataset_experiment(tmp_path, checkpoint_dir, lines, **task):
+def dataset_experiment(tmp_path, checkpoint_dir, lines, **options):
     data = tmp_path / "data.jsonl"
     data.write_text("".join(line + "\n" for line in lines))
     return tiny_experiment(tmp_path, model=ModelSection(path=str(checkpoint_dir)),
-                           task=TaskSection(name="jsonl_math", path=str(data), **task))
+                           task=TaskSection(name="jsonl_math", options={"path": str(data), **options}))
 
 
 GOOD = [json.dumps({"question": f"{a}+1=", "answer": a + 1}) for a in range(6)]

@@ -17,12 +17,12 @@ async_overlap = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(async_overlap)
 
 TINY = """
-from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
+from pgjax.config import Experiment, ModelSection, TaskSection, WarmStartSection
 from pgjax.rollout.collect import RolloutConfig
 
 def experiment():
     return Experiment(name="tiny_overlap", steps=10, prompts_per_step=4, eval_every=100, eval_prompts=8,
-                      task=TaskSection(digits=1),
+                      task=TaskSection(options={"digits": 1}),
                       model=ModelSection(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=1, head_dim=16),
                       warm_start=WarmStartSection(steps=3, batch_size=8),

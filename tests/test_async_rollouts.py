@@ -13,11 +13,10 @@ import pytest
 from flax import nnx
 from helpers import EMIT_X, XLA_COLLECTIVE_HANG, comparable, simulated_devices, tiny_experiment
 
+from pgjax import config as config_lib
+from pgjax.config import AlgorithmSection, ConfigError, UpdateConfig
 from pgjax.models import hf
 from pgjax.rollout.collect import keep_columns, pad_columns
-from pgjax.train import experiment as experiment_lib
-from pgjax.train.experiment import AlgorithmSection, ConfigError
-from pgjax.train.learner import UpdateConfig
 from pgjax.train.records import MISMATCH_KEYS
 from pgjax.train.sinks import read_records
 from pgjax.train.trainer import Trainer, train
@@ -105,18 +104,18 @@ def test_a_batch_widened_for_a_checkpoint_is_cut_back_exactly(tmp_path):
 
 
 @pytest.mark.parametrize("assignments, message", [
-    (["rollout.staleness=-1"], "staleness must be an integer >= 0"),
-    (["rollout.compute_dtype=float16"], "compute_dtype must be float32, bfloat16"),
+    (["rollout.staleness=-1"], "rollout.staleness=-1 is invalid: an integer >= 0"),
+    (["rollout.compute_dtype=float16"], "rollout.compute_dtype='float16' is invalid: float32, bfloat16"),
     (["algorithm.correction=tis"], "algorithm.correction='tis' is invalid: one of ignore, token"),
     (["algorithm.preset=rloo", "algorithm.correction=behaviour_ratio"], "ratio 'on_policy' has none"),
 ])
 def test_bad_asynchronous_settings_are_config_errors(tmp_path, assignments, message):
     with pytest.raises(ConfigError, match=message):
-        experiment_lib.override(tiny_experiment(tmp_path), assignments).algorithm.build()
+        config_lib.override(tiny_experiment(tmp_path), assignments).algorithm.build()
 
 
 def test_the_switches_are_experiment_keys(tmp_path):
-    exp = experiment_lib.override(tiny_experiment(tmp_path), [
+    exp = config_lib.override(tiny_experiment(tmp_path), [
         "rollout.staleness=2", "rollout.compute_dtype=bfloat16", "algorithm.correction=sequence",
         "algorithm.correction_mode=mask", "algorithm.hparams.is_cap=3", "algorithm.hparams.is_floor=0.2"])
     algo = exp.algorithm.build()

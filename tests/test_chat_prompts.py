@@ -11,6 +11,8 @@ import transformers
 from flax import nnx
 from helpers import tiny_experiment
 
+from pgjax import config as config_lib
+from pgjax.config import ConfigError, PromptSection, TaskSection
 from pgjax.models import hf
 from pgjax.models.transformer import CausalLM, ModelConfig
 from pgjax.rollout.collect import (
@@ -23,8 +25,6 @@ from pgjax.rollout.collect import (
     stop_tokens,
 )
 from pgjax.tasks import Conversation, per_example
-from pgjax.train import experiment as experiment_lib
-from pgjax.train.experiment import ConfigError, TaskSection
 from pgjax.train.trainer import Trainer
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -142,9 +142,14 @@ def test_the_trainer_renders_prompts_and_stops_at_the_end_of_turn(tmp_path):
     model = checkpoint_with_chat_template(tmp_path / "model", tokenizer)
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"question": f"{a}+1=?", "answer": a + 1}) + "\n" for a in range(8)))
-    base = tiny_experiment(tmp_path, model=experiment_lib.ModelSection(path=str(model)),
-                           task=TaskSection(name="jsonl_math", path=str(data), system_prompt="be brief"),
-                           rollout=RolloutConfig(samples_per_prompt=2, max_prompt_tokens=48, max_new_tokens=4))
+    base = tiny_experiment(
+        tmp_path,
+        model=config_lib.ModelSection(path=str(model)),
+        task=TaskSection(
+            name="jsonl_math", options={"path": str(data)}, prompt=PromptSection(system_prompt="be brief")
+        ),
+        rollout=RolloutConfig(samples_per_prompt=2, max_prompt_tokens=48, max_new_tokens=4),
+    )
     trainer = Trainer(base)
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert trainer.context.prompt_format == PromptFormat(chat=True, system_prompt="be brief")
@@ -152,15 +157,15 @@ def test_the_trainer_renders_prompts_and_stops_at_the_end_of_turn(tmp_path):
             and trainer.context.end_id == end)
     record = trainer.step()
     assert record["step"] == 1 and record["skipped_updates"] == 0
-    plain = Trainer(experiment_lib.override(base, ["task.chat_template=none", "task.system_prompt="]))
+    plain = Trainer(config_lib.override(base, ["task.prompt.chat_template=none", "task.prompt.system_prompt="]))
     assert plain.context.prompt_format == PLAIN and plain.context.eos_ids == (tokenizer.eos_token_id,)
-    with pytest.raises(ConfigError, match=r"task.system_prompt is set but the prompts are plain text "
-                                          r"\(task.chat_template='none'\)"):
-        Trainer(experiment_lib.override(base, ["task.chat_template=none"]))
+    with pytest.raises(ConfigError, match=r"task.prompt.system_prompt is set but the prompts are plain text "
+                                          r"\(task.prompt.chat_template='none'\)"):
+        Trainer(config_lib.override(base, ["task.prompt.chat_template=none"]))
     with pytest.raises(ConfigError, match="rollout.max_prompt_tokens=20"):   # the template's tokens count
-        Trainer(experiment_lib.override(base, ["rollout.max_prompt_tokens=20"]))
-    with pytest.raises(ConfigError, match="task.chat_template='chatml' is invalid: one of auto, none"):
-        experiment_lib.override(base, ["task.chat_template=chatml"])
+        Trainer(config_lib.override(base, ["rollout.max_prompt_tokens=20"]))
+    with pytest.raises(ConfigError, match="task.prompt.chat_template='chatml' is invalid: one of auto, none"):
+        config_lib.override(base, ["task.prompt.chat_template=chatml"])
 
 
 def test_plain_prompts_get_the_tokenizers_bos_and_templated_ones_only_the_templates():
@@ -191,25 +196,25 @@ def test_a_prompt_template_writes_the_prompt_plain_or_as_the_user_turn():
     assert PromptFormat(chat=True, template=template).render(tokenizer, [chat])[0].count("q: ") == 1   # the last turn
     assert prompt_format_for(tokenizer, "none", prompt_template=template) == PromptFormat(template=template)
     for bad in ("no placeholder", "{prompt} {prompt}"):
-        with pytest.raises(ConfigError, match="task.prompt_template=.* is invalid: a text holding {prompt} once"):
-            TaskSection(prompt_template=bad)
+        with pytest.raises(ConfigError, match="task.prompt.template=.* is invalid: a text holding {prompt} once"):
+            TaskSection(prompt=PromptSection(template=bad))
 
 
 def test_stop_text_ends_a_response_at_every_token_that_holds_it():
     from pgjax.rollout.collect import text_tokens
     tokenizer = chatml_tokenizer()
     newline = tokenizer.convert_tokens_to_ids("\n")
-    assert TaskSection(stop_text="\\n,=").stop_texts == ("\n", "=")
+    assert PromptSection(stop_text="\\n,=").stop_texts == ("\n", "=")
     assert text_tokens(tokenizer, ("\n", "=")) == (newline, tokenizer.convert_tokens_to_ids("="))
     eos_ids, end_id = stop_tokens(tokenizer, PLAIN, stop_texts=("\n",))
     assert eos_ids == (tokenizer.eos_token_id, newline) and end_id == tokenizer.eos_token_id
     with pytest.raises(ValueError, match="no token of the tokenizer holds '#'"):
         text_tokens(tokenizer, ("#",))
-    with pytest.raises(ConfigError, match="task.stop_text='a,,b' is invalid: comma-separated texts, none empty"):
-        TaskSection(stop_text="a,,b")
+    with pytest.raises(ConfigError, match="task.prompt.stop_text='a,,b' is invalid: comma-separated texts, none empty"):
+        TaskSection(prompt=PromptSection(stop_text="a,,b"))
 
 
 def test_the_command_lines_escapes_are_read_in_the_prompt_template_and_stop_text(tmp_path):
-    sets = ["task.prompt_template=Q: {prompt}\\nA:", "task.stop_text=\\n"]
-    task = experiment_lib.override(tiny_experiment(tmp_path), sets).task
-    assert task.prompt_frame == "Q: {prompt}\nA:" and task.stop_texts == ("\n",)
+    sets = ["task.prompt.template=Q: {prompt}\\nA:", "task.prompt.stop_text=\\n"]
+    task = config_lib.override(tiny_experiment(tmp_path), sets).task
+    assert task.prompt.frame == "Q: {prompt}\nA:" and task.prompt.stop_texts == ("\n",)

@@ -15,9 +15,9 @@ from helpers import (
     snapshot,
 )
 
+from pgjax.config import ConfigError
 from pgjax.models import hf
 from pgjax.train.checkpoints import Checkpoints
-from pgjax.train.experiment import ConfigError
 from pgjax.train.sinks import read_records
 from pgjax.train.trainer import train
 

@@ -11,8 +11,8 @@ import sys
 import pytest
 from helpers import tiny_hf_config
 
+from pgjax import config as config_lib
 from pgjax import run
-from pgjax.train import experiment as experiment_lib
 
 ROOT = pathlib.Path(__file__).parent.parent
 MAIN_JOB = str(ROOT / "experiments" / "arithmetic_dr_grpo.py")
@@ -39,7 +39,7 @@ CASES = {
     "wrong type": (["--set", "prompts_per_step=lots"], "prompts_per_step='lots' is invalid: an int is expected"),
     "negative steps": (["--set", "steps=-5"], "steps=-5 is invalid: an integer >= 0"),
     "zero batch": (["--set", "prompts_per_step=0"], "prompts_per_step=0 is invalid: an integer >= 1"),
-    "non-positive learning rate": (["--set", "optim.lr=0"], "optim.lr='0' is invalid: lr must be finite and > 0"),
+    "non-positive learning rate": (["--set", "optim.lr=0"], "optim.lr=0.0 is invalid: a finite number > 0"),
     "bad hyperparameter": (["--set", "algorithm.hparams.clip_eps_low=1.5"],
                            "hyperparameter clip_eps_low=1.5 must be in [0, 1)"),
     "unknown algorithm": (["--set", "algorithm.preset=trpo"], "algorithm.preset='trpo' is invalid: one of reinforce"),
@@ -52,8 +52,8 @@ CASES = {
                                          "update.minibatches=1 x update.micro_batches=3"),
     "missing model": (["--set", "model.path=/no/such/checkpoint"],
                       "model.path='/no/such/checkpoint': no Hugging Face checkpoint there"),
-    "missing dataset": (["--set", "task.name=jsonl_math", "--set", "task.path=/no/such.jsonl"],
-                        "task.path='/no/such.jsonl': no such dataset file"),
+    "missing dataset": (["--set", "task.name=jsonl_math", "--set", "task.options.path=/no/such.jsonl"],
+                        "task.options.path='/no/such.jsonl': no such dataset file"),
     "negative seed": (["--set", "seed=-1"], "seed=-1 is invalid: an integer in [0, 2**32)"),
     "prompts longer than the prompt budget": (["--set", "rollout.max_prompt_tokens=3"],
                                               "rollout.max_prompt_tokens=3: prompts must have 1..3 tokens"),
@@ -68,12 +68,13 @@ CASES = {
                                                    "hparams.kl_coef=0.01 does nothing for dr_grpo"),
     "sampling and scoring temperatures that differ": (["--set", "rollout.temperature=0.8"],
                                                       "update.temperature=1.0 differs from rollout.temperature=0.8"),
-    "a task option the task does not take": (["--set", "task.count=4"],
-                                             "task.count=4 does nothing for task 'arithmetic', which takes "
+    "a task option the task does not take": (["--set", "task.options.count=4"],
+                                             "task.options.count=4 does nothing for task 'arithmetic', which takes "
                                              "digits, ops"),
-    "a reward that is not a function": (["--set", "task.reward=pgjax.tasks:TASKS"], "is not callable"),
+    "a reward that is not a function": (["--set", "task.reward.function=pgjax.tasks:TASKS"], "is not callable"),
     "distributed ids out of range": (["--set", "distributed.num_processes=2", "--set", "distributed.process_id=2"],
-                                     "process_id in [0, num_processes)"),
+                                     "distributed.process_id=2 "
+                                     "is invalid: in [0, num_processes=2), or -1 (from the environment)"),
     "resume with nothing to resume": (["--resume"], "--resume: no checkpoint to resume in runs/arithmetic_dr_grpo"),
     # seeds: jax.random.PRNGKey keeps 32 bits (2**32 would be seed 0) and overflows from 2**63
     "a seed of 2**32": (["--set", f"seed={2**32}"], "seed=4294967296 is invalid: an integer in [0, 2**32)"),
@@ -112,67 +113,97 @@ CASES = {
     "a negative rope theta": (["--set", "model.rope_theta=-1"], "model.rope_theta=-1.0 is invalid: > 0"),
     "a negative LoRA rank": (["--set", "model.lora.rank=-1"], "model.lora.rank=-1 is invalid: an integer >= 0"),
     "unknown LoRA targets": (["--set", "model.lora.rank=4", "--set", "model.lora.targets=foo"],
-                             "model.lora: LoRA targets ['foo'] invalid"),
-    "a LoRA dropout of 1.5": (["--set", "model.lora.dropout=1.5"], "model.lora: LoRA dropout must be in [0, 1)"),
+                             "model.lora.targets=('foo',) is invalid: a non-empty subset of ('q_proj', 'k_proj', "
+                             "'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj') (foo unknown)"),
+    "a LoRA dropout of 1.5": (["--set", "model.lora.dropout=1.5"], "model.lora.dropout=1.5 is invalid: in [0, 1)"),
     "a NaN LoRA alpha": (["--set", "model.lora.alpha=nan"], "model.lora.alpha='nan' is invalid: a finite number"),
     # task
-    "a dataset that is a directory": (["--set", "task.name=jsonl_math", "--set", "task.path={files}/data.jsonl"],
+    "a dataset that is a directory": (["--set", "task.name=jsonl_math",
+                                       "--set", "task.options.path={files}/data.jsonl"],
                                       "data.jsonl': no such dataset file"),
-    "an empty dataset": (["--set", "task.name=jsonl_math", "--set", "task.path={files}/empty.jsonl"],
+    "an empty dataset": (["--set", "task.name=jsonl_math", "--set", "task.options.path={files}/empty.jsonl"],
                          "empty.jsonl' holds no records"),
-    "a dataset that is not text": (["--set", "task.name=jsonl_math", "--set", "task.path={files}/binary.jsonl"],
+    "a dataset that is not text": (["--set", "task.name=jsonl_math", "--set", "task.options.path={files}/binary.jsonl"],
                                    "binary.jsonl:1: not UTF-8 text: byte 0xff at column 1"),
-    "a dataset that is one JSON array": (["--set", "task.name=jsonl_math", "--set", "task.path={files}/array.jsonl"],
+    "a dataset that is one JSON array": (["--set", "task.name=jsonl_math",
+                                          "--set", "task.options.path={files}/array.jsonl"],
                                          "array.jsonl:1: expected a JSON object, got list"),
     "a dataset whose prompts are numbers": (["--set", "task.name=jsonl_math", "--set",
-                                             "task.path={files}/numbers.jsonl"],
+                                             "task.options.path={files}/numbers.jsonl"],
                                             "numbers.jsonl:1: field 'question': the prompt must be a string or a "
                                             "list of chat messages, got int"),
-    "a dataset without the prompt field": (["--set", "task.name=jsonl_math", "--set", "task.path={files}/good.jsonl",
-                                            "--set", "task.prompt_field=q"],
+    "a dataset without the prompt field": (["--set", "task.name=jsonl_math",
+                                            "--set", "task.options.path={files}/good.jsonl",
+                                            "--set", "task.options.prompt_field=q"],
                                            "good.jsonl:1: record lacks field(s) ['q']"),
-    "a dataset task without a tokenizer": (["--set", "task.name=jsonl_math", "--set", "task.path={files}/good.jsonl"],
+    "a dataset task without a tokenizer": (["--set", "task.name=jsonl_math",
+                                            "--set", "task.options.path={files}/good.jsonl"],
                                            "task.name='jsonl_math' has no tokenizer of its own: set model.path"),
-    "zero digits": (["--set", "task.digits=0"], "task: digits must be an int in [1, 18], got 0"),
-    "negative digits": (["--set", "task.digits=-1"], "task: digits must be an int in [1, 18], got -1"),
-    "too many digits": (["--set", "task.digits=30"], "task: digits must be an int in [1, 18], got 30"),
-    "an unknown operator": (["--set", "task.ops=^"], "task: ops must be distinct characters from '+-*', got '^'"),
-    "no operator": (["--set", "task.ops="], "task: ops must be distinct characters from '+-*', got ''"),
-    "too few countdown numbers": (["--set", "task.name=countdown", "--set", "task.count=0"],
-                                  "task: count must be in [2, 8], got 0"),
-    "a word share above 1": (["--set", "task.name=word_math", "--set", "task.word_share=2"],
-                             "task: word_share must be in [0, 1], got 2.0"),
-    "an unknown answer_from": (["--set", "task.name=word_math", "--set", "task.answer_from=foo"],
-                               "task: answer_from must be one of"),
-    "an unknown scratchpad placement": (["--set", "task.name=scratchpad_arithmetic", "--set", "task.working=middle"],
-                                        "task: working must be 'before' or 'after' the answer, got 'middle'"),
-    "a negative scratchpad": (["--set", "task.name=scratchpad_arithmetic", "--set", "task.max_scratch=-1"],
-                              "task: max_scratch must be an int >= 0, got -1"),
-    "a NaN format weight": (["--set", "task.format_weight=nan"], "task.format_weight='nan' is invalid: a finite"),
-    "an unknown chat template mode": (["--set", "task.chat_template=yes"], "task.chat_template='yes' is invalid"),
-    "a system prompt without a chat template": (["--set", "task.system_prompt=hi"],
-                                                "task: task.system_prompt is set but the prompts are plain text"),
-    "a negative reward timeout": (["--set", "task.reward_timeout=-1"],
-                                  "task.reward_timeout=-1.0 is invalid: finite seconds >= 0 (0: no limit)"),
-    "an infinite reward timeout": (["--set", "task.reward_timeout=inf"], "task.reward_timeout='inf' is invalid"),
+    "zero digits": (["--set", "task.options.digits=0"],
+                    "task.options={'digits': 0} for task 'arithmetic': ValueError: digits must be an int in [1, 18], "
+                    "got 0"),
+    "negative digits": (["--set", "task.options.digits=-1"],
+                        "task.options={'digits': -1} for task 'arithmetic': ValueError: digits must be an int in "
+                        "[1, 18], got -1"),
+    "too many digits": (["--set", "task.options.digits=30"],
+                        "task.options={'digits': 30} for task 'arithmetic': ValueError: digits must be an int in "
+                        "[1, 18], got 30"),
+    "an unknown operator": (["--set", "task.options.ops=^"],
+                            "task.options={'ops': '^'} for task 'arithmetic': ValueError: ops must be distinct "
+                            "characters from '+-*', got '^'"),
+    "no operator": (["--set", "task.options.ops="],
+                    "task.options={'ops': ''} for task 'arithmetic': ValueError: ops must be distinct characters "
+                    "from '+-*', got ''"),
+    "too few countdown numbers": (["--set", "task.name=countdown", "--set", "task.options.count=0"],
+                                  "task.options={'count': 0} for task 'countdown': ValueError: count must be in "
+                                  "[2, 8], got 0"),
+    "a word share above 1": (["--set", "task.name=word_math", "--set", "task.options.word_share=2"],
+                             "task.options={'word_share': 2} for task 'word_math': ValueError: word_share must be in "
+                             "[0, 1], got 2"),
+    "an unknown answer_from": (["--set", "task.name=word_math", "--set", "task.options.answer_from=foo"],
+                               "task.options={'answer_from': 'foo'} for task 'word_math': ValueError: answer_from "
+                               "must be one of"),
+    "an unknown scratchpad placement": (["--set", "task.name=scratchpad_arithmetic",
+                                         "--set", "task.options.working=middle"],
+                                        "task.options={'working': 'middle'} for task 'scratchpad_arithmetic': "
+                                        "ValueError: working must be 'before' or 'after' the answer, got 'middle'"),
+    "a negative scratchpad": (["--set", "task.name=scratchpad_arithmetic", "--set", "task.options.max_scratch=-1"],
+                              "task.options={'max_scratch': -1} for task 'scratchpad_arithmetic': ValueError: "
+                              "max_scratch must be an int >= 0, got -1"),
+    "an old task key": (["--set", "task.digits=3"],
+                        "unknown config key 'task.digits'; did you mean task.options.digits?"),
+    "an old reward key": (["--set", "task.reward_timeout=5"],
+                          "unknown config key 'task.reward_timeout'; did you mean task.reward.timeout?"),
+    "a NaN format weight": (["--set", "task.reward.format_weight=nan"], "task.reward.format_weight='nan' is "
+                                                                        "invalid: a finite"),
+    "an unknown chat template mode": (["--set", "task.prompt.chat_template=yes"],
+                                      "task.prompt.chat_template='yes' is invalid"),
+    "a system prompt without a chat template": (["--set", "task.prompt.system_prompt=hi"],
+                                                "task: task.prompt.system_prompt is set but the prompts are "
+                                                "plain text"),
+    "a negative reward timeout": (["--set", "task.reward.timeout=-1"],
+                                  "task.reward.timeout=-1.0 is invalid: finite seconds >= 0 (0: no limit)"),
+    "an infinite reward timeout": (["--set", "task.reward.timeout=inf"], "task.reward.timeout='inf' is invalid"),
     # a user's task or reward function by import path
     "a task module with a syntax error": (["--set", "task.name=cli_mistake_syntax:make"],
                                           "task.name='cli_mistake_syntax:make' cannot be imported: "),
-    "a reward module with a syntax error": (["--set", "task.reward=cli_mistake_syntax:reward"],
+    "a reward module with a syntax error": (["--set", "task.reward.function=cli_mistake_syntax:reward"],
                                             "cli_mistake_syntax.py:1: SyntaxError: invalid syntax"),
-    "a reward module that raises on import": (["--set", "task.reward=cli_mistake_import:reward"],
+    "a reward module that raises on import": (["--set", "task.reward.function=cli_mistake_import:reward"],
                                               "cli_mistake_import.py:2: ZeroDivisionError: division by zero"),
-    "a reward module that does not exist": (["--set", "task.reward=cli_no_such_module:reward"],
+    "a reward module that does not exist": (["--set", "task.reward.function=cli_no_such_module:reward"],
                                             "cannot be imported: ModuleNotFoundError: No module named"),
-    "a reward function that does not exist": (["--set", "task.reward=cli_mistake_tasks:nope"],
+    "a reward function that does not exist": (["--set", "task.reward.function=cli_mistake_tasks:nope"],
                                               "module 'cli_mistake_tasks' has no attribute 'nope'"),
-    "a reward path without a name": (["--set", "task.reward=cli_mistake_tasks:"], "is not an import path"),
-    "a reward that is a module": (["--set", "task.reward=pgjax:tasks"], "is not callable: it must be a reward"),
-    "a reward that is a class": (["--set", "task.reward=cli_mistake_tasks:NotATask"],
-                                 "task.reward='cli_mistake_tasks:NotATask' is a class, not a reward function"),
-    "a reward of one argument": (["--set", "task.reward=cli_mistake_tasks:one_argument"],
+    "a reward path without a name": (["--set", "task.reward.function=cli_mistake_tasks:"], "is not an import path"),
+    "a reward that is a module": (["--set", "task.reward.function=pgjax:tasks"], "is not callable: it must be a "
+                                                                                 "reward"),
+    "a reward that is a class": (["--set", "task.reward.function=cli_mistake_tasks:NotATask"],
+                                 "task.reward.function='cli_mistake_tasks:NotATask' is a class, not a reward function"),
+    "a reward of one argument": (["--set", "task.reward.function=cli_mistake_tasks:one_argument"],
                                  "cannot be called as fn(prompts, completions, **fields): too many positional"),
-    "a builtin as the reward": (["--set", "task.reward=builtins:len"], "cannot be called as fn(prompts, completions"),
+    "a builtin as the reward": (["--set", "task.reward.function=builtins:len"], "cannot be called as "
+                                                                                "fn(prompts, completions"),
     "a task factory that raises": (["--set", "task.name=cli_mistake_tasks:raises"],
                                    "cli_mistake_tasks.py:4: RuntimeError: boom"),
     "a task factory that divides by zero": (["--set", "task.name=cli_mistake_tasks:divides"],
@@ -206,24 +237,33 @@ CASES = {
     "an unknown task without a path": (["--set", "task.name=cli_mistake_tasks"], "task.name='cli_mistake_tasks' is "
                                                                                  "unknown; valid: arithmetic"),
     # rollout, update, optimizers, algorithm
-    "a top_p of 0": (["--set", "rollout.top_p=0"], "top_p must be in (0, 1], got 0.0"),
-    "a negative top_k": (["--set", "rollout.top_k=-1"], "top_k must be >= 0 (0 = off), got -1"),
+    "a top_p of 0": (["--set", "rollout.top_p=0"], "rollout.top_p=0.0 is invalid: in (0, 1] (1: off)"),
+    "a negative top_k": (["--set", "rollout.top_k=-1"], "rollout.top_k=-1 is invalid: an integer >= 0 (0: off)"),
     "a zero temperature": (["--set", "rollout.temperature=0", "--set", "update.temperature=0"],
-                           "temperature must be finite and > 0"),
-    "a zero prompt budget": (["--set", "rollout.max_prompt_tokens=0"], "max_prompt_tokens must be >= 1, got 0"),
-    "negative staleness": (["--set", "rollout.staleness=-1"], "staleness must be an integer >= 0"),
+                           "rollout.temperature=0.0 is invalid: a finite number > 0 (greedy=True for argmax)"),
+    "a zero prompt budget": (["--set", "rollout.max_prompt_tokens=0"],
+                             "rollout.max_prompt_tokens=0 is invalid: an integer >= 1"),
+    "negative staleness": (["--set", "rollout.staleness=-1"],
+                           "rollout.staleness=-1 is invalid: an integer >= 0 (0: on-policy)"),
     "an overlong buffer as long as the budget": (["--set", "rollout.overlong_buffer=6"],
-                                                 "overlong_buffer must be in [0, max_new_tokens=6)"),
-    "an unknown sampler dtype": (["--set", "rollout.compute_dtype=float16"], "compute_dtype must be float32, bfloat16"),
+                                                 "rollout.overlong_buffer=6 "
+                                                 "is invalid: an integer in [0, max_new_tokens=6) (0: off)"),
+    "an unknown sampler dtype": (["--set", "rollout.compute_dtype=float16"],
+                                 "rollout.compute_dtype='float16' is invalid: float32, bfloat16 or empty "
+                                 "(the model's)"),
     "an unknown non-finite reward policy": (["--set", "rollout.nonfinite_rewards=skip"],
-                                            "nonfinite_rewards must be one of ('error', 'mask'), got 'skip'"),
-    "negative sampler devices": (["--set", "rollout.sampler_devices=-1"], "sampler_devices must be an integer >= 0"),
-    "zero epochs": (["--set", "update.epochs=0"], "update.epochs='0' is invalid: epochs must be >= 1, got 0"),
-    "a zero chunk size": (["--set", "update.chunk_size=0"], "chunk_size must be >= 1, got 0"),
-    "a b1 of 1": (["--set", "optim.b1=1"], "optim.b1='1' is invalid: b1 must be finite and in [0, 1)"),
-    "a negative critic learning rate": (["--set", "critic_optim.lr=-1"], "critic_optim.lr='-1' is invalid"),
+                                            "rollout.nonfinite_rewards='skip' is invalid: one of error, mask"),
+    "negative sampler devices": (["--set", "rollout.sampler_devices=-1"],
+                                 "rollout.sampler_devices=-1 is invalid: an integer >= 0 "
+                                 "(0: the learner's devices)"),
+    "zero epochs": (["--set", "update.epochs=0"], "update.epochs=0 is invalid: an integer >= 1"),
+    "a zero chunk size": (["--set", "update.chunk_size=0"], "update.chunk_size=0 is invalid: an integer >= 1"),
+    "a b1 of 1": (["--set", "optim.b1=1"], "optim.b1=1.0 is invalid: a finite number in [0, 1)"),
+    "a negative critic learning rate": (["--set", "critic_optim.lr=-1"],
+                                        "critic_optim.lr=-1.0 is invalid: a finite number > 0"),
     "a NaN gradient clip": (["--set", "optim.max_grad_norm=nan"], "optim.max_grad_norm='nan' is invalid"),
-    "a zero warm-start learning rate": (["--set", "warm_start.optim.lr=0"], "warm_start.optim.lr='0' is invalid"),
+    "a zero warm-start learning rate": (["--set", "warm_start.optim.lr=0"],
+                                        "warm_start.optim.lr=0.0 is invalid: a finite number > 0"),
     "a zero warm-start batch": (["--set", "warm_start.batch_size=0"], "warm_start.batch_size=0 is invalid"),
     "zero eval_every": (["--set", "eval_every=0"], "eval_every=0 is invalid: an integer >= 1"),
     "zero checkpoint_every": (["--set", "checkpoint_every=0"], "checkpoint_every=0 is invalid: an integer >= 1"),
@@ -239,11 +279,15 @@ CASES = {
                                      "logging.progress_every=-1.0 is invalid: >= 0 seconds"),
     "a NaN progress interval": (["--set", "logging.progress_every=nan"], "logging.progress_every='nan' is invalid"),
     "an infinite progress interval": (["--set", "logging.progress_every=inf"], "logging.progress_every='inf' is"),
-    "a mesh axis of -2": (["--set", "mesh.data=-2"], "mesh sizes (data, fsdp, tensor) = [-2, 1, 1]: each >= 1, or -1"),
-    "two mesh axes of -1": (["--set", "mesh.fsdp=-1"], "mesh sizes (data, fsdp, tensor) = [-1, -1, 1]"),
-    "a mesh axis of 0": (["--set", "mesh.tensor=0"], "mesh sizes (data, fsdp, tensor) = [-1, 1, 0]"),
+    "a mesh axis of -2": (["--set", "mesh.data=-2"],
+                          "mesh.data=-2 is invalid: an integer >= 1, or -1 (the rest of the devices)"),
+    "two mesh axes of -1": (["--set", "mesh.fsdp=-1"],
+                            "mesh.fsdp=-1 "
+                            "is invalid: an integer >= 1 here: mesh.data=-1 takes the rest of the devices already"),
+    "a mesh axis of 0": (["--set", "mesh.tensor=0"],
+                         "mesh.tensor=0 is invalid: an integer >= 1, or -1 (the rest of the devices)"),
     "an unknown distributed mode": (["--set", "distributed.initialize=maybe"],
-                                    "distributed.initialize must be auto, on or off; got 'maybe'"),
+                                    "distributed.initialize='maybe' is invalid: one of auto, on, off"),
 }
 
 MISTAKE_MODULES = {
@@ -332,8 +376,8 @@ def test_each_configuration_mistake_exits_2_with_a_plain_message_and_writes_noth
     assert message in fails(capsys, tmp_path, monkeypatch, *[a.replace("{files}", str(files)) for a in argv])
 
 
-IMPORTS = ("from pgjax.train.experiment import (AlgorithmSection, Experiment, LoggingSection, LoRASection, "
-           "MeshConfig, ModelSection, OptimConfig, RolloutConfig, TaskSection, UpdateConfig, WarmStartSection)\n")
+IMPORTS = ("from pgjax.config import (AlgorithmSection, Experiment, LoggingSection, LoRASection, MeshConfig, "
+           "ModelSection, OptimConfig, RewardSection, RolloutConfig, TaskSection, UpdateConfig, WarmStartSection)\n")
 
 
 def returns(expression: str) -> str:
@@ -348,8 +392,12 @@ FILE_CASES = {
                              "on line 1"),
     "an undefined name at import": ("x = undefined_name\n",
                                     "experiment.py:1: NameError: name 'undefined_name' is not defined"),
-    "a misspelt import": ("from pgjax.train.experiment import Experimnt\n",
-                          "experiment.py:1: ImportError: cannot import name 'Experimnt' from 'pgjax.train.experiment'"),
+    "a misspelt import": ("from pgjax.config import Experimnt\n",
+                          "experiment.py:1: ImportError: cannot import name 'Experimnt' from 'pgjax.config'"),
+    "the module the configuration was in": ("from pgjax.train.experiment import Experiment\n",
+                                            "experiment.py:1: ModuleNotFoundError: No module named "
+                                            "'pgjax.train.experiment' (pgjax.train.experiment is now pgjax.config: "
+                                            "from pgjax.config import Experiment, ...)"),
     "a missing module": ("import no_such_module_xyz\n",
                          "experiment.py:1: ModuleNotFoundError: No module named 'no_such_module_xyz'"),
     "experiment() raises": ("def experiment():\n    return 1 / 0\n",
@@ -395,16 +443,19 @@ FILE_CASES = {
                             "update.epochs=1.0 is invalid: an int is expected"),
     "a float mesh size": (returns("Experiment(mesh=MeshConfig(data=1.0))"),
                           "mesh.data=1.0 is invalid: an int is expected"),
-    "digits as a string": (returns('Experiment(task=TaskSection(digits="2"))'),
-                           "task.digits='2' is invalid: an int is expected"),
-    "digits as a float": (returns("Experiment(task=TaskSection(digits=2.0))"),
-                          "task.digits=2.0 is invalid: an int is expected"),
-    "operators as a list": (returns('Experiment(task=TaskSection(ops=["+"]))'),
-                            "task.ops=['+'] is invalid: a str is expected"),
+    "a task option as a field": (returns('Experiment(task=TaskSection(digits=2))'),
+                                 "experiment.py:3: TaskSection.__init__() got an unexpected keyword argument 'digits' "
+                                 "(digits is now task.options.digits)"),
+    "digits as a string": (returns('Experiment(task=TaskSection(options={"digits": "2"}))'),
+                           "task.options.digits='2' is invalid: an int is expected"),
+    "digits as a float": (returns('Experiment(task=TaskSection(options={"digits": 2.0}))'),
+                          "task.options.digits=2.0 is invalid: an int is expected"),
+    "operators as a list": (returns('Experiment(task=TaskSection(options={"ops": ["+"]}))'),
+                            "task.options.ops=['+'] is invalid: a str is expected"),
     "a reward function object instead of its path": (returns("Experiment(task=TaskSection(reward=len))"),
-                                                     "task.reward=<built-in function len> is invalid: a str"),
-    "a format weight as a string": (returns('Experiment(task=TaskSection(format_weight="0.1"))'),
-                                    "task.format_weight='0.1' is invalid: a number is expected"),
+                                                     "task.reward.function=<built-in function len> is invalid: a str"),
+    "a format weight as a string": (returns('Experiment(task=TaskSection(reward=RewardSection(format_weight="0.1")))'),
+                                    "task.reward.format_weight='0.1' is invalid: a number is expected"),
     "a bool as a string": (returns('Experiment(logging=LoggingSection(tensorboard="false"))'),
                            "logging.tensorboard='false' is invalid: a bool, true or false"),
     "a bool as 0": (returns("Experiment(logging=LoggingSection(tensorboard=0))"),
@@ -476,7 +527,7 @@ def test_the_real_command_prints_no_traceback(tmp_path):
 
 
 def test_a_syntax_error_in_the_experiment_file_is_one_line_from_the_real_command(tmp_path):
-    (tmp_path / "broken.py").write_text("from pgjax.train.experiment import Experiment\n\ndef experiment(:\n")
+    (tmp_path / "broken.py").write_text("from pgjax.config import Experiment\n\ndef experiment(:\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-m", "pgjax.run", "broken.py"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
@@ -489,9 +540,10 @@ def test_print_config_lists_every_key_with_its_resolved_value(capsys):
     assert run.main([GRPO, "--set", "rollout.temperature=0.8", "--print-config"]) == 0
     lines = capsys.readouterr().out.splitlines()
     values = dict(line.split(" = ", 1) for line in lines)
-    keys = [k for k in experiment_lib.valid_keys()]
+    keys = [*config_lib.valid_keys(), "task.options.digits", "task.options.ops"]    # and the task's own options
     assert sorted(values) == sorted(keys)
     assert values["rollout.temperature"] == "0.8" and values["algorithm.preset"] == "'grpo'"
+    assert values["task.options.digits"] == "2" and values["task.options.ops"] == "'+'"    # its factory's defaults
     # the preset's
     assert values["algorithm.hparams.kl_coef"] == "0.04" and values["algorithm.hparams.divide_by_std"] == "1.0"
 

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from helpers import EMIT_X, EmitX, read_texts, read_wandb_history, tiny_experiment
 
-from pgjax.train import experiment as experiment_lib
+from pgjax import config as config_lib
+from pgjax.config import ConfigError, Experiment, LoggingSection, RewardSection
 from pgjax.train.completions import clip, logged_at, pick_rows
-from pgjax.train.experiment import ConfigError, Experiment, LoggingSection
 from pgjax.train.run_dir import RunDirectory
 from pgjax.train.sinks import markdown_table, read_completions, read_records, table_columns
 from pgjax.train.trainer import train
@@ -41,7 +41,7 @@ def every_row(tmp_path_factory):
     and DAPO's overlong penalty (the last of the 3 tokens costs 1)."""
     tmp = tmp_path_factory.mktemp("every_row")
     exp = logging_experiment(tmp, LoggingSection(completions_every=1, completions_per_step=16))
-    exp = dataclasses.replace(exp, task=dataclasses.replace(exp.task, format_weight=0.5),
+    exp = dataclasses.replace(exp, task=dataclasses.replace(exp.task, reward=RewardSection(format_weight=0.5)),
                               rollout=dataclasses.replace(exp.rollout, overlong_buffer=1))
     return exp, train(exp, progress=False)
 
@@ -217,7 +217,7 @@ def test_completions_every_0_logs_no_completion(tmp_path):
 ])
 def test_a_bad_completions_setting_is_a_config_error(setting, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
-        experiment_lib.override(Experiment(), [setting])
+        config_lib.override(Experiment(), [setting])
 
 
 def test_a_completions_setting_of_the_wrong_type_in_a_file_is_a_config_error():

@@ -13,15 +13,15 @@ import jax
 import pytest
 from helpers import save_tiny_checkpoint
 
+from pgjax import config as config_lib
 from pgjax import run
+from pgjax.config import ConfigError
 from pgjax.models import hf
 from pgjax.parallel.mesh import make_mesh
 from pgjax.tasks import RewardError, call_reward, with_timeout
 from pgjax.tasks.data import load_jsonl
 from pgjax.tasks.preferences import load_preferences
-from pgjax.train import experiment as experiment_lib
 from pgjax.train import memory
-from pgjax.train.experiment import ConfigError
 from pgjax.train.trainer import Trainer
 
 ROOT = pathlib.Path(__file__).parent.parent
@@ -47,8 +47,8 @@ def experiment_file(tmp_path, body: str) -> str:
     """An experiment file whose ``experiment()`` returns ``body`` (with the sections imported)."""
     file = tmp_path / "exp" / "experiment.py"
     file.parent.mkdir()
-    file.write_text("from pgjax.train.experiment import Experiment, RolloutConfig, TaskSection, WarmStartSection\n"
-                    "from pgjax.train.optim import OptimConfig\n\n"
+    file.write_text("from pgjax.config import Experiment, RolloutConfig, TaskSection, WarmStartSection\n"
+                    "from pgjax.config import OptimConfig\n\n"
                     f"def experiment():\n    return {body}\n")
     return str(file)
 
@@ -73,22 +73,22 @@ def test_a_model_larger_than_the_machine_is_refused_before_it_is_built(setting, 
 
 
 def test_the_memory_check_can_be_skipped_and_counts_a_device_of_its_own(monkeypatch):
-    exp = experiment_lib.override(experiment_lib.load(MAIN_JOB), ["model.hidden_size=1048576"])
+    exp = config_lib.override(config_lib.load(MAIN_JOB), ["model.hidden_size=1048576"])
     mesh = make_mesh(exp.mesh)
     monkeypatch.setattr(memory, "host_memory", lambda: 16 * GIB)
     with pytest.raises(ConfigError, match="more than this machine's 16.00 GiB"):
-        experiment_lib.validate(exp, mesh)
+        memory.check_memory(exp, mesh)
     monkeypatch.setenv(memory.SKIP_MEMORY_CHECK, "1")
-    experiment_lib.validate(exp, mesh)
+    memory.check_memory(exp, mesh)
     monkeypatch.delenv(memory.SKIP_MEMORY_CHECK)
     monkeypatch.setattr(memory, "device_memory", lambda device: GIB)    # an accelerator of 1 GiB
     with pytest.raises(ConfigError, match=r"on a cpu device \(training state .*\), more than its 1.00 GiB"):
-        experiment_lib.validate(exp, mesh)
+        memory.check_memory(exp, mesh)
 
 
 @pytest.mark.parametrize("preset", ["dr_grpo", "ppo"])        # a critic's state grows with the layers too
 def test_the_state_of_a_deep_model_is_its_shallow_states_extrapolated_exactly(preset):
-    exp = experiment_lib.override(experiment_lib.load(MAIN_JOB), ["model.num_hidden_layers=3",
+    exp = config_lib.override(config_lib.load(MAIN_JOB), ["model.num_hidden_layers=3",
                                                                    f"algorithm.preset={preset}"])
     mesh, model = make_mesh(exp.mesh), exp.model.config(vocab_size=50)
     _, state = memory.abstract_learner(model, exp.algorithm.build(), 8, exp.update, mesh)
@@ -170,7 +170,7 @@ def test_a_file_name_too_long_is_refused(key, capsys, tmp_path, monkeypatch):
 
 def test_a_run_dir_holding_a_nul_is_refused():
     with pytest.raises(ConfigError, match="run_dir='a\\\\x00b' is invalid: a path without NUL"):
-        experiment_lib.override(experiment_lib.load(MAIN_JOB), ["run_dir=a\0b"])
+        config_lib.override(config_lib.load(MAIN_JOB), ["run_dir=a\0b"])
 
 
 # ---------------------------------------------------------------- data files
@@ -252,7 +252,7 @@ def test_sys_exit_in_a_reward_function_stops_the_run_in_one_line_with_status_1(c
     file.write_text("import pathlib\nfrom helpers import EMIT_X, tiny_experiment\n\ndef experiment():\n"
                     f"    return tiny_experiment(pathlib.Path({str(tmp_path)!r}), task=EMIT_X)\n")
     monkeypatch.setattr(sys, "dont_write_bytecode", True)
-    err = refused(capsys, tmp_path, monkeypatch, "--set", "task.reward=test_config_errors:exits",
+    err = refused(capsys, tmp_path, monkeypatch, "--set", "task.reward.function=test_config_errors:exits",
                   experiment=str(file), status=1, kind="stopped")
     assert without_exit_hook(err) == (f"pgjax.run: stopped: step 1: reward function exits called sys.exit() "
                                       f"(SystemExit), which would end the run ({line_of(exits)})")
@@ -262,9 +262,9 @@ def test_sys_exit_in_a_reward_function_stops_the_run_in_one_line_with_status_1(c
 @pytest.mark.parametrize("argv, line", [
     (["--grace-period", "inf"], "pgjax.run: error: --grace-period=inf is invalid: seconds >= 0, at most {max}"),
     (["--grace-period", "1e300"], "pgjax.run: error: --grace-period=1e+300 is invalid: seconds >= 0, at most {max}"),
-    (["--set", "task.reward_timeout=1e300"], "pgjax.run: error: task.reward_timeout=1e+300 is invalid: finite "
+    (["--set", "task.reward.timeout=1e300"], "pgjax.run: error: task.reward.timeout=1e+300 is invalid: finite "
                                              "seconds >= 0 (0: no limit), at most {max}"),
 ])
 def test_a_wait_longer_than_a_timer_takes_is_refused(argv, line, capsys, tmp_path, monkeypatch):
     """The limit is ``threading.TIMEOUT_MAX`` (9223372036 s on Linux): a longer wait overflows."""
-    assert refused(capsys, tmp_path, monkeypatch, *argv) == line.format(max=f"{experiment_lib.MAX_SECONDS:.0f}")
+    assert refused(capsys, tmp_path, monkeypatch, *argv) == line.format(max=f"{config_lib.MAX_SECONDS:.0f}")

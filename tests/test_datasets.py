@@ -11,11 +11,11 @@ import pytest
 from helpers import save_tiny_checkpoint, tiny_experiment
 
 import pgjax.tasks as R
+from pgjax import config as config_lib
+from pgjax.config import ConfigError, ModelSection, PromptSection, TaskSection
 from pgjax.parallel.mesh import single_device_mesh
 from pgjax.rollout.collect import PLAIN, RolloutConfig
 from pgjax.tasks.tokenizer import char_tokenizer
-from pgjax.train import experiment as experiment_lib
-from pgjax.train.experiment import ConfigError, ModelSection, TaskSection
 from pgjax.train.trainer import train
 
 GOOD = json.dumps({"question": "1+1?", "answer": "2"})
@@ -249,11 +249,11 @@ def test_a_prompt_field_of_another_type_is_neither_a_prompt_nor_a_conversation(t
 def test_a_conversation_of_several_messages_needs_a_chat_template(tmp_path):
     path = _write(tmp_path / "chat.jsonl", [_chat(("user", "1+1?")), _chat(("system", "be brief"), ("user", "2+2?")),
                                             _chat(("user", "3+3?"), ("assistant", "6"))])
-    plain = lambda prompts: PLAIN.render(None, prompts)      # noqa: E731 (task.chat_template=none)
+    plain = lambda prompts: PLAIN.render(None, prompts)      # noqa: E731 (task.prompt.chat_template=none)
     with pytest.raises(ValueError) as err:
         R.JsonlMathTask(str(path), prompt_field="messages").fit_prompts(char_tokenizer(ALPHABET), 8, plain)
     assert str(err.value) == (f"{path}:2: field 'messages': a conversation of 2 messages needs a chat template, but "
-                              "the prompts are plain text (task.chat_template='none', or the tokenizer has no "
+                              "the prompts are plain text (task.prompt.chat_template='none', or the tokenizer has no "
                               "template); only a single user message can be given as plain text")
     task = R.JsonlMathTask(str(path), prompt_field="messages", skip_invalid=True)
     task.fit_prompts(char_tokenizer(ALPHABET), 8, plain)
@@ -389,8 +389,11 @@ def test_a_missing_unreadable_or_unknown_file_is_named(tmp_path):
     assert R.load_jsonl(text, file_format="jsonl") == [{"prompt": "1+1?", "answer": "2"}]     # the override wins
     with pytest.raises(ValueError, match="file_format='xml' is unknown; valid: auto, jsonl, json, parquet, arrow, csv"):
         R.load_jsonl(text, file_format="xml")
-    with pytest.raises(ConfigError, match="task.file_format='xml' is invalid: one of auto, jsonl"):
-        TaskSection(name="jsonl_math", path=str(text), file_format="xml")
+    exp = tiny_experiment(
+        tmp_path, task=TaskSection(name="jsonl_math", options={"path": str(text), "file_format": "xml"})
+    )
+    with pytest.raises(ConfigError, match="task.options.file_format='xml' is invalid: one of auto, jsonl"):
+        config_lib.validate(exp, single_device_mesh())
 
 
 def test_a_format_that_needs_datasets_names_the_extra_to_install(tmp_path, monkeypatch):
@@ -403,10 +406,10 @@ def test_a_format_that_needs_datasets_names_the_extra_to_install(tmp_path, monke
         R.load_jsonl(path)
     assert str(err.value) == message
     assert R.reader_format(tmp_path / "data.txt") == "jsonl"        # JSON Lines never needs it
-    exp = tiny_experiment(tmp_path, task=TaskSection(name="jsonl_math", path=str(path)))
+    exp = tiny_experiment(tmp_path, task=TaskSection(name="jsonl_math", options={"path": str(path)}))
     with pytest.raises(ConfigError) as err:
-        experiment_lib.validate(exp, single_device_mesh())
-    assert str(err.value) == f"task.path={str(path)!r}: {message}"
+        config_lib.validate(exp, single_device_mesh())
+    assert str(err.value) == f"task.options.path={str(path)!r}: {message}"
 
 
 # ---------------------------------------------------------------- training on a user's files
@@ -418,7 +421,7 @@ SEEN = []       # what recording_reward was called with
 
 
 def recording_reward(prompts, completions, **fields):
-    """A custom reward (``task.reward=test_datasets:recording_reward``) that records its arguments."""
+    """A custom reward (``task.reward.function=test_datasets:recording_reward``) that records its arguments."""
     SEEN.append({"prompts": list(prompts), **{name: list(column) for name, column in fields.items()}})
     return np.zeros(len(completions), np.float32)
 
@@ -429,11 +432,12 @@ def chat_checkpoint(tmp_path_factory):
     return save_tiny_checkpoint(tmp_path_factory.mktemp("chat_checkpoint"), TEMPLATE)
 
 
-def _train(tmp_path, checkpoint, **task):
-    """One RL step (with its evaluation, checkpoint and export) of the tiny model on ``task``, through
-    ``recording_reward``; the run's metric records."""
-    exp = tiny_experiment(tmp_path, steps=1, eval_every=1, model=ModelSection(path=str(checkpoint)),
-                          task=TaskSection(name="jsonl_math", reward="test_datasets:recording_reward", **task),
+def _train(tmp_path, checkpoint, prompt: PromptSection | None = None, **options):
+    """One RL step (with its evaluation, checkpoint and export) of the tiny model on ``jsonl_math`` with
+    ``options`` and ``prompt``, through ``recording_reward``; the run's metric records."""
+    task = TaskSection(name="jsonl_math", options=options, prompt=prompt or PromptSection(),
+                       reward="test_datasets:recording_reward")
+    exp = tiny_experiment(tmp_path, steps=1, eval_every=1, model=ModelSection(path=str(checkpoint)), task=task,
                           rollout=RolloutConfig(samples_per_prompt=2, max_prompt_tokens=40, max_new_tokens=3))
     SEEN.clear()
     run = train(exp, progress=False)
@@ -454,7 +458,8 @@ def test_a_chat_jsonl_file_trains(tmp_path, chat_checkpoint):
         assert prompt.messages[1] == _turn("user", f"{answer - 2}+1=")
     with pytest.raises(ConfigError, match=f"^task: {path}:1: field 'messages': a conversation of 4 messages needs a "
                                           "chat template"):
-        _train(tmp_path / "plain", chat_checkpoint, path=str(path), prompt_field="messages", chat_template="none")
+        _train(tmp_path / "plain", chat_checkpoint, PromptSection(chat_template="none"), path=str(path),
+               prompt_field="messages")
 
 
 @pytest.mark.slow

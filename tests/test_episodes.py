@@ -332,7 +332,7 @@ def test_a_tool_that_raises_or_returns_no_result_is_an_environment_error(setup):
 
 
 def test_a_step_that_never_returns_ends_its_episode_at_the_timeout(setup):
-    """``task.reward_timeout`` covers environments (``context.TimedEnvironment``): a step that hangs
+    """``task.reward.timeout`` covers environments (``context.TimedEnvironment``): a step that hangs
     ends its episode with the timeout named; the others play on; demonstrations pass through."""
     import time
 
@@ -355,7 +355,7 @@ def test_a_step_that_never_returns_ends_its_episode_at_the_timeout(setup):
     start = time.monotonic()
     episodes = play(setup, lambda: TimedEnvironment(Sleepy(), 0.2), n=2)
     assert time.monotonic() - start < 10
-    assert episodes.errors[0::2] == ["Sleepy.step did not return within task.reward_timeout=0.2 s"] * 2
+    assert episodes.errors[0::2] == ["Sleepy.step did not return within task.reward.timeout=0.2 s"] * 2
     assert episodes.errors[1::2] == [None, None] and episodes.ended[1::2] == ["done", "done"]
     assert TimedEnvironment(Sleepy(), 0.2).demonstration({}) == ["1"]
 
@@ -363,7 +363,7 @@ def test_a_step_that_never_returns_ends_its_episode_at_the_timeout(setup):
 def test_the_same_environment_error_step_after_step_stops_the_run():
     """``EnvironmentErrors``: an error id present in 3 steps in a row stops the run, naming the
     message; a step without it resets its streak."""
-    from pgjax.train.experiment import RunStopped
+    from pgjax.errors import RunStopped
     from pgjax.train.pipeline import EnvironmentErrors
     tracker, message = EnvironmentErrors(), "Env.step raised KeyError: 'x' (env.py:3)"
     ids = lambda *messages: {"environment_error_ids": np.array([error_id(m) for m in messages])}     # noqa: E731
@@ -451,13 +451,12 @@ def test_a_demonstration_that_does_not_play_out_is_an_error():
 
 @pytest.mark.slow
 def test_a_warm_start_on_worked_episodes_teaches_the_tool_convention(tmp_path):
-    """task.tools=calculator with a warm start: the Trainer's supervised steps run on worked episodes, and
+    """task.tools.names=calculator with a warm start: the Trainer's supervised steps run on worked episodes, and
     the tiny model, which never calls the calculator before, calls it (validly) in every greedy episode
     after 60 steps; a budget too small for the demonstrations is a configuration error up front."""
     from helpers import tiny_experiment
 
-    from pgjax.train.experiment import ConfigError, TaskSection, WarmStartSection
-    from pgjax.train.optim import OptimConfig
+    from pgjax.config import ConfigError, OptimConfig, TaskSection, WarmStartSection
     from pgjax.train.trainer import Trainer
     exp = tiny_experiment(tmp_path, task=TaskSection(name="helpers:SumWithCalculator", tools="calculator"),
                           warm_start=WarmStartSection(steps=60, batch_size=8, optim=OptimConfig(lr=1e-2)))
@@ -542,8 +541,11 @@ def test_episodes_on_a_simulated_mesh_equal_the_single_device_ones():
 def episode_experiment(tmp_path, task: str, **rollout):
     from helpers import tiny_experiment
 
-    from pgjax.train.experiment import TaskSection
-    exp = tiny_experiment(tmp_path, task=TaskSection(name=f"helpers:{task}", stop_text="a"), steps=3)
+    from pgjax.config import PromptSection, TaskSection
+
+    exp = tiny_experiment(
+        tmp_path, task=TaskSection(name=f"helpers:{task}", prompt=PromptSection(stop_text="a")), steps=3
+    )
     return dataclasses.replace(exp, rollout=dataclasses.replace(exp.rollout, **rollout))
 
 
@@ -567,7 +569,7 @@ def test_a_run_goes_on_past_an_environment_error_until_it_repeats(tmp_path):
     episodes in 3 steps in a row: then one line stops it. One that raises on every reply stops the run
     at the first step (its every episode failed alike on different replies; the greedy evaluation's
     replies to one prompt are all the same, so it does not count), nothing trained on it."""
-    from pgjax.train.experiment import RunStopped
+    from pgjax.errors import RunStopped
     from pgjax.train.sinks import read_records
     from pgjax.train.trainer import train
     exp = episode_experiment(tmp_path / "flaky", "EmitXFlaky", max_turns=2, max_observation_tokens=4)
@@ -588,7 +590,7 @@ def test_a_run_goes_on_past_an_environment_error_until_it_repeats(tmp_path):
 
 
 def test_an_environment_whose_reset_fails_is_a_configuration_error_before_anything_is_written(tmp_path):
-    from pgjax.train.experiment import ConfigError
+    from pgjax.config import ConfigError
     from pgjax.train.trainer import Trainer
     exp = episode_experiment(tmp_path, "EmitXUnopened", max_turns=2, max_observation_tokens=4)
     with pytest.raises(ConfigError, match=r"task.name='helpers:EmitXUnopened': tests/helpers.py:\d+: LookupError: "
@@ -634,34 +636,37 @@ def test_stale_episodes_resume_exactly(tmp_path):
 def test_episode_settings_are_checked():
     from helpers import tiny_experiment
 
+    from pgjax.config import AlgorithmSection, ConfigError, TaskSection, validate
     from pgjax.parallel.mesh import single_device_mesh
     from pgjax.train.context import task_context
-    from pgjax.train.experiment import AlgorithmSection, ConfigError, TaskSection, validate
     exp = tiny_experiment(pathlib.Path("/nonexistent"), task=TaskSection(name="helpers:EmitX"))
     with pytest.raises(ConfigError, match="rollout.max_turns=3 needs an environment"):
         task_context(dataclasses.replace(exp, rollout=dataclasses.replace(exp.rollout, max_turns=3)))
-    with pytest.raises(ValueError, match="task.tools"):
+    with pytest.raises(ValueError, match="task.tools.names"):
         TaskSection(tools="shell")
     tools = dataclasses.replace(exp, task=TaskSection(name="word_math", tools="calculator"),
                                 algorithm=AlgorithmSection(preset="remax"))
-    with pytest.raises(ConfigError, match="remax \\(a greedy baseline\\) is not supported with task.tools"):
+    with pytest.raises(ConfigError, match="remax \\(a greedy baseline\\) is not supported with task.tools.names"):
         validate(tools, single_device_mesh())
-    with pytest.raises(ValueError, match="max_turns must be an integer >= 1"):
+    with pytest.raises(ValueError, match="rollout.max_turns=0 is invalid: an integer >= 1"):
         dataclasses.replace(exp.rollout, max_turns=0)
 
 
 def test_task_tools_make_a_calculator_environment_scored_by_the_tasks_verifier(tmp_path):
-    """task.tools=calculator on word_math: the context's environment answers calls with the calculator
+    """task.tools.names=calculator on word_math: the context's environment answers calls with the calculator
     and scores the final reply with word_math's own verifier; a template without tools gets the
     plain-text convention; the same with a template that takes tools gets JSON calls and schemas."""
     from helpers import save_tiny_checkpoint, tiny_experiment
 
     from pgjax.agents import JsonCalls, TaggedCalls
+    from pgjax.config import ConfigError, ModelSection, TaskSection
     from pgjax.train.context import task_context
-    from pgjax.train.experiment import ConfigError, ModelSection, TaskSection
     plain = save_tiny_checkpoint(tmp_path / "plain")
-    exp = tiny_experiment(tmp_path, task=TaskSection(name="word_math", tools="calculator", digits=1),
-                          model=ModelSection(path=str(plain)))
+    exp = tiny_experiment(
+        tmp_path,
+        task=TaskSection(name="word_math", tools="calculator", options={"digits": 1, "ops": "+"}),
+        model=ModelSection(path=str(plain)),
+    )
     exp = dataclasses.replace(exp, rollout=dataclasses.replace(exp.rollout, max_prompt_tokens=400))
     context = task_context(exp)
     environment = context.environment()
@@ -706,17 +711,31 @@ def test_evaluation_plays_episodes_and_reports_their_counts(setup):
 
 
 def test_the_evaluation_command_plays_tool_episodes(tmp_path, capsys):
-    """python -m pgjax.eval on a checkpoint with --set task.tools and the episode limits: the report
+    """python -m pgjax.eval on a checkpoint with --set task.tools.names and the episode limits: the report
     holds the episodes' settings and metrics; other rollout settings are refused."""
     import json
 
     from helpers import save_tiny_checkpoint
 
     from pgjax import eval as eval_cli
+
     checkpoint = save_tiny_checkpoint(tmp_path / "model")
     out = tmp_path / "report.json"
-    common = [str(checkpoint), "--task", "word_math", "--set", "task.digits=1", "--set", "task.tools=calculator",
-              "--prompts", "4", "--samples", "2", "--max-new-tokens", "6"]
+    common = [
+        str(checkpoint),
+        "--task",
+        "word_math",
+        "--set",
+        "task.options.digits=1",
+        "--set",
+        "task.tools.names=calculator",
+        "--prompts",
+        "4",
+        "--samples",
+        "2",
+        "--max-new-tokens",
+        "6",
+    ]
     assert eval_cli.main([*common, "--set", "rollout.max_turns=2", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["episodes"] == {"tools": "calculator", "max_turns": 2, "max_tokens": 2 * 6 + 64,

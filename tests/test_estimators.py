@@ -18,22 +18,22 @@ import pytest
 from helpers import EMIT_X, FAST_COMPILE, make_batch, tiny_experiment
 
 from pgjax import core
-from pgjax.parallel.mesh import MeshConfig, single_device_mesh
-from pgjax.plan import Planner
-from pgjax.theory import mdp as mdp_lib
-from pgjax.theory.audit import audit
-from pgjax.train.experiment import (
+from pgjax.config import (
     AlgorithmSection,
     ConfigError,
     Experiment,
     ModelSection,
+    UpdateConfig,
     load,
     override,
     resolved,
     validate,
 )
+from pgjax.parallel.mesh import MeshConfig, single_device_mesh
+from pgjax.plan import Planner
+from pgjax.theory import mdp as mdp_lib
+from pgjax.theory.audit import audit
 from pgjax.train.inputs import input_files
-from pgjax.train.learner import UpdateConfig
 from pgjax.train.run_dir import experiment_record
 from pgjax.train.trainer import Trainer
 

@@ -9,11 +9,11 @@ import pytest
 from helpers import EMIT_X, EmitX, hand_percentile, slow_bootstrap_means, tiny_experiment
 
 from pgjax import eval as eval_cli
+from pgjax.config import TaskSection
 from pgjax.evaluation import held_out as evaluation
 from pgjax.evaluation import paired, statistics
 from pgjax.rollout.collect import pad_id, sample_and_score
 from pgjax.train.checkpoints import Checkpoints
-from pgjax.train.experiment import TaskSection
 from pgjax.train.sinks import read_records
 from pgjax.train.trainer import Trainer, train
 
@@ -200,9 +200,9 @@ def test_command_line_on_a_run_prints_the_table_and_writes_json(run, tmp_path, c
             assert low <= metric["value"] <= high, name
     assert report["metrics"]["greedy_accuracy"]["value"] == read_records(directory)[-1]["eval_accuracy"]
     assert report["decoding"]["max_new_tokens"] == exp.rollout.max_new_tokens       # the run's budget
-    assert report["task_options"] == exp.task.factory_fields()                        # what the prompts were
-    assert report["prompt_format"] == {"chat_template": exp.task.chat_template, "system_prompt": "",
-                                       "prompt_template": "{prompt}", "stop_text": ""}
+    assert report["task_options"] == exp.task.resolved_options()                      # what the prompts were
+    assert report["prompt_format"] == {"chat_template": exp.task.prompt.chat_template, "system_prompt": "",
+                                       "template": "{prompt}", "stop_text": ""}
     per_prompt = report["per_prompt"]                                                  # each prompt's outcomes
     assert per_prompt["prompt"] == ["ab"] * exp.eval_prompts
     assert len(per_prompt["greedy_correct"]) == len(per_prompt["sampled_correct"]) == exp.eval_prompts

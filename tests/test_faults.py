@@ -37,15 +37,15 @@ from helpers import (
     tiny_learner,
 )
 
+from pgjax import config as config_lib
 from pgjax import run as cli
+from pgjax.config import ConfigError, UpdateConfig
+from pgjax.errors import RunStopped
 from pgjax.models import hf
 from pgjax.rollout.collect import RolloutConfig
-from pgjax.train import experiment as experiment_lib
 from pgjax.train import run_dir as run_dir_lib
 from pgjax.train.checkpoints import Checkpoints
-from pgjax.train.experiment import ConfigError, RunStopped
 from pgjax.train.interrupts import RunInterrupted
-from pgjax.train.learner import UpdateConfig
 from pgjax.train.run_dir import RunDirectory, RunLock
 from pgjax.train.sinks import read_completions, read_records
 from pgjax.train.trainer import Trainer, train
@@ -71,7 +71,7 @@ def test_a_nan_reward_stops_the_run_naming_the_function_and_row_and_keeps_the_la
     global CALLS
     CALLS = itertools.count()
     file = experiment_file(tmp_path)
-    code = cli.main([str(file), "--no-progress", "--set", "task.reward=test_faults:nan_from_the_third_call"])
+    code = cli.main([str(file), "--no-progress", "--set", "task.reward.function=test_faults:nan_from_the_third_call"])
     assert code == 1
     err = capsys.readouterr().err
     assert ("pgjax.run: stopped: step 3: reward function nan_from_the_third_call returned nan for row 3 of 16 "
@@ -84,8 +84,17 @@ def test_a_nan_reward_stops_the_run_naming_the_function_and_row_and_keeps_the_la
     assert_no_nan_on_disk(run)
 
     # the user opts in to masking: a changed experiment, so --resume-with-changes, and it is recorded
-    code = cli.main([str(file), "--no-progress", "--resume-with-changes", "--set",
-                     "task.reward=test_faults:nan_from_the_third_call", "--set", "rollout.nonfinite_rewards=mask"])
+    code = cli.main(
+        [
+            str(file),
+            "--no-progress",
+            "--resume-with-changes",
+            "--set",
+            "task.reward.function=test_faults:nan_from_the_third_call",
+            "--set",
+            "rollout.nonfinite_rewards=mask",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     records = read_records(run)
     assert [r["step"] for r in records] == [0, 1, 2, 3, 4]
@@ -126,7 +135,7 @@ def huge_rewards(prompts, completions, **_):
 @pytest.mark.filterwarnings("ignore:overflow encountered")       # the step's mean reward: written as null
 def test_consecutive_non_finite_updates_stop_the_run_with_the_parameters_of_the_last_good_step(tmp_path, capsys):
     file = experiment_file(tmp_path, algorithm='"reinforce"', update="UpdateConfig(max_skipped_steps=2)")
-    code = cli.main([str(file), "--no-progress", "--set", "task.reward=test_faults:huge_rewards"])
+    code = cli.main([str(file), "--no-progress", "--set", "task.reward.function=test_faults:huge_rewards"])
     assert code == 1
     err = capsys.readouterr().err
     assert ("pgjax.run: stopped: steps 1..2: every update had a non-finite loss, gradient or result (or no finite "
@@ -138,7 +147,7 @@ def test_consecutive_non_finite_updates_stop_the_run_with_the_parameters_of_the_
                for r in records[1:])
     assert_no_nan_on_disk(run)
     assert not (run / "final").exists()
-    exp = experiment_lib.override(experiment_lib.load(file), ["task.reward=test_faults:huge_rewards"])
+    exp = config_lib.override(config_lib.load(file), ["task.reward.function=test_faults:huge_rewards"])
     fresh = Trainer(exp)
     saved, record = Checkpoints(run / "checkpoints").restore(fresh.state)
     assert record["step"] == 2
@@ -186,7 +195,7 @@ def test_a_bad_dataset_record_is_named_before_anything_is_written(tmp_path, chec
 
 def test_a_prompt_and_response_longer_than_the_models_context_is_refused(tmp_path, checkpoint_dir):
     exp = dataset_experiment(tmp_path, checkpoint_dir, GOOD)
-    exp = experiment_lib.override(exp, ["rollout.max_prompt_tokens=24", "rollout.max_new_tokens=9"])
+    exp = config_lib.override(exp, ["rollout.max_prompt_tokens=24", "rollout.max_new_tokens=9"])
     with pytest.raises(ConfigError, match=r"max_new_tokens = 33 exceeds the model's context of 32 tokens"):
         train(exp, progress=False)
     assert not (tmp_path / "run").exists()
@@ -195,7 +204,7 @@ def test_a_prompt_and_response_longer_than_the_models_context_is_refused(tmp_pat
 # ---------------------------------------------------------------- SIGKILL
 
 RESUME_EXPERIMENT = """
-from pgjax.train.experiment import Experiment, ModelSection, WarmStartSection
+from pgjax.config import Experiment, ModelSection, WarmStartSection
 from pgjax.rollout.collect import RolloutConfig
 
 def experiment():
@@ -248,7 +257,7 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_metrics_and_parameters(tm
 
 def test_every_reward_masked_warns_and_stops(tmp_path, capsys):
     file = experiment_file(tmp_path, update="UpdateConfig(max_skipped_steps=2)")
-    code = cli.main([str(file), "--no-progress", "--set", "task.reward=helpers:always_nan", "--set",
+    code = cli.main([str(file), "--no-progress", "--set", "task.reward.function=helpers:always_nan", "--set",
                      "rollout.nonfinite_rewards=mask"])
     assert code == 1
     err = capsys.readouterr().err
@@ -379,7 +388,7 @@ def test_a_signal_in_the_warm_start_stops_it_leaving_no_results_so_the_run_simpl
         return real_step(*args, **kwargs)
 
     monkeypatch.setattr(trainer_lib, "sft_step", signalled_step)
-    exp = tiny_experiment(tmp_path, steps=2, warm_start=experiment_lib.WarmStartSection(steps=3, batch_size=4),
+    exp = tiny_experiment(tmp_path, steps=2, warm_start=config_lib.WarmStartSection(steps=3, batch_size=4),
                           rollout=RolloutConfig(samples_per_prompt=4, max_prompt_tokens=8, max_new_tokens=6))
     with pytest.raises(RunInterrupted, match=r"interrupted by SIGTERM during the warm start \(2 of 3 steps\), before "
                                              "the first checkpoint: nothing to resume"):

@@ -758,10 +758,10 @@ def test_smollm_rollouts_stop_at_the_end_of_turn_and_rewards_see_only_the_assist
 
 @pytest.mark.slow
 def test_smollm_one_rl_step_end_to_end(smollm):
-    from pgjax.train import experiment as experiment_lib
+    from pgjax import config as config_lib
     from pgjax.train.trainer import Trainer
     root = pathlib.Path(__file__).parent.parent
-    exp = experiment_lib.override(experiment_lib.load(root / "experiments" / "smollm2_math.py"), [
+    exp = config_lib.override(config_lib.load(root / "experiments" / "smollm2_math.py"), [
         f"model.path={smollm[0]}", "prompts_per_step=2", "rollout.samples_per_prompt=2", "rollout.max_new_tokens=12",
         "update.micro_batches=1", "eval_prompts=2", "steps=1"])
     trainer = Trainer(exp)
@@ -775,10 +775,10 @@ def test_smollm_tool_experiment_warm_starts_and_plays_calculator_episodes(smollm
     """experiments/smollm2_tools.py on the real model and tokenizer: its worked episodes fit its limits
     (the Trainer plays the held-out ones before anything runs), a warm-start step and an RL step on
     calculator episodes give finite losses, and the records count the episodes' turns and calls."""
-    from pgjax.train import experiment as experiment_lib
+    from pgjax import config as config_lib
     from pgjax.train.trainer import Trainer
     root = pathlib.Path(__file__).parent.parent
-    exp = experiment_lib.override(experiment_lib.load(root / "experiments" / "smollm2_tools.py"), [
+    exp = config_lib.override(config_lib.load(root / "experiments" / "smollm2_tools.py"), [
         f"model.path={smollm[0]}", "prompts_per_step=2", "rollout.samples_per_prompt=2", "update.micro_batches=1",
         "eval_prompts=4", "steps=1", "warm_start.steps=1", "warm_start.batch_size=2"])
     trainer = Trainer(exp)

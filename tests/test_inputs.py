@@ -20,9 +20,9 @@ from helpers import (
     snapshot,
 )
 
+from pgjax.config import ConfigError
 from pgjax.train import inputs
 from pgjax.train import run_dir as run_dir_lib
-from pgjax.train.experiment import ConfigError
 from pgjax.train.run_dir import RunDirectory
 from pgjax.train.trainer import train
 
@@ -53,9 +53,9 @@ def copy_run_and_inputs(finished_on_data, tmp_path) -> tuple:
     exp, directory = finished_on_data
     shutil.copytree(directory, tmp_path / "run")
     shutil.copytree(exp.model.path, tmp_path / "model")
-    shutil.copy(exp.task.path, tmp_path / "data.jsonl")
+    shutil.copy(exp.task.options["path"], tmp_path / "data.jsonl")
     moved = dataclasses.replace(exp, run_dir=str(tmp_path / "run"), model=dataclasses.replace(exp.model, path=str(
-        tmp_path / "model")), task=dataclasses.replace(exp.task, path=str(tmp_path / "data.jsonl")))
+        tmp_path / "model")), task=dataclasses.replace(exp.task, options={"path": str(tmp_path / "data.jsonl")}))
     return moved, tmp_path / "run"
 
 
@@ -65,24 +65,29 @@ def test_inputs_moved_unchanged_resume_but_a_dataset_edited_in_place_is_refused(
     --resume-with-changes the run goes on and changes.jsonl records the input's change."""
     exp, run = copy_run_and_inputs(finished_on_data, tmp_path)
     recorded = json.loads((run / "inputs.json").read_text())["files"]
-    assert {"task.path", "model.path/model.safetensors", "model.path/config.json",
-            "task.reward:module"} <= set(recorded)
+    assert {"task.options.path", "model.path/model.safetensors", "model.path/config.json",
+            "task.reward.function:module"} <= set(recorded)
     RunDirectory(exp, resume=True, accept_changes=False)        # moved, same bytes: no change of inputs
-    data = pathlib.Path(exp.task.path)
+    data = pathlib.Path(exp.task.options["path"])
     data.write_text(data.read_text().replace('"answer": 4', '"answer": 5'))      # same size, other bytes
     untouched = snapshot(run)
     with pytest.raises(ConfigError) as error:
         RunDirectory(exp, resume=True)
     message = str(error.value)
     assert "\n" not in message and message.startswith(f"--resume: an input of {run} changed since the run began ")
-    assert f"task.path: {data} holds other bytes (same size, {data.stat().st_size} bytes, SHA-256 " in message
+    assert f"task.options.path: {data} holds other bytes (same size, {data.stat().st_size} bytes, SHA-256 " in message
     assert "--resume-with-changes" in message and snapshot(run) == untouched
     longer = dataclasses.replace(exp, steps=3)
     assert train(longer, resume=True, accept_changes=True, progress=False) == run
     entry = json.loads((run / "changes.jsonl").read_text())
-    assert entry["step"] == 2 and list(entry["inputs"]) == ["task.path"] and "holds other bytes" in entry["inputs"][
-        "task.path"]
-    assert json.loads((run / "inputs.json").read_text())["files"]["task.path"]["sha256"] == inputs.file_sha256(data)
+    assert (
+        entry["step"] == 2
+        and list(entry["inputs"]) == ["task.options.path"]
+        and "holds other bytes" in entry["inputs"]["task.options.path"]
+    )
+    assert json.loads((run / "inputs.json").read_text())["files"]["task.options.path"]["sha256"] == inputs.file_sha256(
+        data
+    )
     RunDirectory(dataclasses.replace(longer, steps=4), resume=True)      # the new dataset is now the run's
 
 
@@ -107,7 +112,7 @@ def test_a_user_module_edited_in_place_is_refused(finished_on_data, tmp_path):
         (run / "inputs.json").write_text(json.dumps({"files": inputs.fingerprints(inputs.input_files(mine))}))
         RunDirectory(mine, resume=True)
         module.write_text("def reward(prompts, completions, **_):\n    return [2.0] * len(completions)\n")
-        with pytest.raises(ConfigError, match=rf"task.reward:module: {module} holds other bytes"):
+        with pytest.raises(ConfigError, match=rf"task.reward.function:module: {module} holds other bytes"):
             RunDirectory(mine, resume=True)
     finally:
         sys.path.remove(str(tmp_path))
@@ -119,18 +124,19 @@ def test_an_unchanged_file_is_not_hashed_again_and_an_edit_that_keeps_its_time_i
     change time moved)."""
     data = tmp_path / "data.jsonl"
     data.write_text("a" * 100)
-    saved = inputs.fingerprints({"task.path": data})
+    saved = inputs.fingerprints({"task.options.path": data})
     monkeypatch.setattr(inputs, "file_sha256", lambda path: pytest.fail(f"{path} hashed again"))
-    assert inputs.fingerprints({"task.path": data}, known=saved) == saved
+    assert inputs.fingerprints({"task.options.path": data}, known=saved) == saved
     monkeypatch.undo()
     before = data.stat()
     time.sleep(0.01)
     data.write_text("b" * 100)
     os.utime(data, ns=(before.st_atime_ns, before.st_mtime_ns))
-    now = inputs.fingerprints({"task.path": data}, known=saved)
-    assert inputs.differences(saved, now) == {"task.path": f"{data.absolute()} holds other bytes (same size, 100 "
-                                              f"bytes, SHA-256 {saved['task.path']['sha256'][:12]} -> "
-                                              f"{now['task.path']['sha256'][:12]})"}
+    now = inputs.fingerprints({"task.options.path": data}, known=saved)
+    assert inputs.differences(saved, now) == {"task.options.path": f"{data.absolute()} holds other bytes (same "
+                                                                   f"size, 100 "
+                                              f"bytes, SHA-256 {saved['task.options.path']['sha256'][:12]} -> "
+                                              f"{now['task.options.path']['sha256'][:12]})"}
 
 
 @pytest.mark.parametrize("contents", ["missing", "{}", "[]", "null"])

@@ -38,12 +38,14 @@ def test_core_imports_only_core_and_does_no_io():
 ENTRY_POINTS = {"__main__", "run", "eval", "compare", "demo", "plan", "study", "pairs"}
 # the layers of docs/design.md, bottom up: a unit imports only from its own layer and those below
 LAYERS = {"core": 0, "host_memory": 0, "errors": 0, "plugins": 0, "markdown": 0,  # arrays; process setup; tables
+          "checks": 0,                                                 # ConfigError and the checks of every setting
           "theory": 1, "models": 1, "parallel": 1,                     # exact analysis; networks; devices
           "sample": 2, "tasks": 2, "agents": 2,                        # decoding; prompts and rewards; tools
           "rollout": 3,                                                # responses sampled and scored
           "evaluation": 4,                                             # held-out metrics and statistics
-          "train": 5,                                                  # the loop, checkpoints, run directory
-          **dict.fromkeys(ENTRY_POINTS, 6)}
+          "config": 5,                                                 # an experiment's sections, keys, files
+          "train": 6,                                                  # the loop, checkpoints, run directory
+          **dict.fromkeys(ENTRY_POINTS, 7)}
 PACKAGE = CORE.parent
 
 

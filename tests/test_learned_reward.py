@@ -1,4 +1,4 @@
-"""RL against a learned reward (task.reward_model, pgjax.train.learned_reward): the scorer gives the
+"""RL against a learned reward (task.reward.model, pgjax.train.learned_reward): the scorer gives the
 reward model's own scores, in chunks with padding; the mix, its whitening, the length penalty and the
 agreement counts against hand computations; a tiny reward model trained to prefer EmitX's answer
 teaches the policy to emit it, with the verifier's accuracy and the agreement logged beside the
@@ -12,11 +12,10 @@ import numpy as np
 import pytest
 from helpers import EMIT_X, save_tiny_checkpoint, tiny_experiment
 
+from pgjax.config import ConfigError, ModelSection, OptimConfig, RewardModelSection, RewardSection, TaskSection
 from pgjax.models import hf
 from pgjax.rollout.collect import RolloutConfig, decode_responses, length_penalties
-from pgjax.train.experiment import ConfigError, ModelSection, RewardModelSection, TaskSection
 from pgjax.train.learned_reward import LearnedReward, Mix, step_ends
-from pgjax.train.optim import OptimConfig
 from pgjax.train.sinks import read_records
 from pgjax.train.trainer import train
 
@@ -84,14 +83,13 @@ def test_the_mix_whitening_length_penalty_and_agreement_by_hand():
     assert stats["agreement_pairs"].tolist() == [1, 0, 1, 0] and stats["agreement_wins"].tolist() == [1, 0, 0.5, 0]
 
 
-def rl_experiment(tmp_path, reward_model, **task):
-    return tiny_experiment(tmp_path, task=TaskSection(name=EMIT_X.name, reward_model=str(reward_model),
-                                                      verifier_weight=0.0, **task),
-                           steps=6, eval_every=6, checkpoint_every=6)
+def rl_experiment(tmp_path, reward_model, **reward):
+    task = TaskSection(name=EMIT_X.name, reward=RewardSection(model=str(reward_model), verifier_weight=0.0, **reward))
+    return tiny_experiment(tmp_path, task=task, steps=6, eval_every=6, checkpoint_every=6)
 
 
 def test_rl_against_a_learned_reward_learns_what_it_prefers_and_logs_the_verifier_beside(prefers_x, tmp_path):
-    directory = train(rl_experiment(tmp_path, prefers_x, reward_model_normalize="batch"), progress=False)
+    directory = train(rl_experiment(tmp_path, prefers_x, model_normalize="batch"), progress=False)
     records = read_records(directory)
     steps = [r for r in records if r["step"] > 0]
     assert all({"learned_reward", "reward_model_agreement", "accuracy"} <= set(r) for r in steps)
@@ -111,20 +109,23 @@ def test_a_learned_reward_that_prefers_the_wrong_answer_is_hacked(prefers_a, tmp
     assert agreements and np.mean(agreements) < 0.15                # it mostly orders wrong over right
 
 
-@pytest.mark.parametrize("task, message", [
-    ({"reward_model": "missing"}, "task.reward_model: .*no config.json"),
-    ({"reward_model_normalize": "rank"}, "task.reward_model_normalize"),
-    ({"verifier_weight": float("nan")}, "task.verifier_weight"),
+@pytest.mark.parametrize("reward, message", [
+    ({"model": "missing"}, "task.reward.model: .*no config.json"),
+    ({"model_normalize": "rank"}, "task.reward.model_normalize"),
+    ({"verifier_weight": float("nan")}, "task.reward.verifier_weight"),
 ])
-def test_a_bad_learned_reward_is_a_config_error_before_anything_is_written(tmp_path, task, message):
+def test_a_bad_learned_reward_is_a_config_error_before_anything_is_written(tmp_path, reward, message):
     with pytest.raises(ConfigError, match=message):
-        exp = tiny_experiment(tmp_path, task=TaskSection(name=EMIT_X.name, **{"reward_model": "missing", **task}))
+        task = TaskSection(name=EMIT_X.name, reward=RewardSection(**{"model": "missing", **reward}))
+        exp = tiny_experiment(tmp_path, task=task)
         train(exp, progress=False)
     assert not (tmp_path / "run").exists()
 
 
 def test_with_episodes_a_learned_reward_is_refused(prefers_x, tmp_path):
-    exp = tiny_experiment(tmp_path, task=TaskSection(name="helpers:EmitXOneTurn", reward_model=str(prefers_x)))
+    exp = tiny_experiment(
+        tmp_path, task=TaskSection(name="helpers:EmitXOneTurn", reward=RewardSection(model=str(prefers_x)))
+    )
     with pytest.raises(ConfigError, match="multi-turn episodes"):
         train(dataclasses.replace(exp, rollout=dataclasses.replace(exp.rollout, max_turns=2)), progress=False)
 
@@ -136,13 +137,13 @@ import dataclasses
 import numpy as np
 from helpers import EMIT_X, tiny_experiment
 from pgjax.parallel import mesh as mesh_lib
-from pgjax.train.experiment import LoRASection, TaskSection
+from pgjax.config import LoRASection, RewardSection, TaskSection
 from pgjax.train.learned_reward import LearnedReward
 from pgjax.train.sinks import read_records
 from pgjax.train.trainer import train
 mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig(2, 2, 2))
 scores = LearnedReward({model!r}, mesh=mesh, batch_rows=8)(["ab"] * 5, {completions!r})
-task = TaskSection(name=EMIT_X.name, reward_model={model!r}, verifier_weight=0.0)
+task = TaskSection(name=EMIT_X.name, reward=RewardSection(model={model!r}, verifier_weight=0.0))
 exp = tiny_experiment(pathlib.Path({root!r}), task=task, steps=2, eval_every=2, checkpoint_every=2, prompts_per_step=8)
 exp = dataclasses.replace(exp, rollout=dataclasses.replace(exp.rollout, staleness=1),
                           model=dataclasses.replace(exp.model, lora=LoRASection(rank=4, alpha=8)))
@@ -245,8 +246,9 @@ def test_rl_against_a_process_reward_model_trains_on_per_token_rewards(tmp_path)
             response = np.asarray(rollout.tokens)[:, -mask.shape[1]:]
             seen.append((np.asarray(rollout.batch.rewards), stats, examples, response, mask.sum(1).astype(int)))
             return {}
-    exp = rl_experiment(tmp_path, tmp_path / "prm", reward_model_weight=0.5)
-    exp = dataclasses.replace(exp, task=dataclasses.replace(exp.task, verifier_weight=1.0))
+    exp = rl_experiment(tmp_path, tmp_path / "prm", model_weight=0.5)
+    exp = dataclasses.replace(exp, task=dataclasses.replace(exp.task, reward=dataclasses.replace(exp.task.reward,
+    verifier_weight=1.0)))
     directory = train(exp, progress=False, callbacks=[Rewards()])
     rewards, stats, examples, response, lengths = seen[0]
     assert rewards.ndim == 2 and (rewards != 0).sum(1).max() >= 1

@@ -16,14 +16,14 @@ from flax import nnx
 from safetensors.numpy import load_file
 
 from pgjax import core
+from pgjax.config import ConfigError, LoRASection, OptimConfig, UpdateConfig
 from pgjax.core import token_logprobs
 from pgjax.models import hf, lora
 from pgjax.models.lora import LoRAConfig, LoRAParam
 from pgjax.models.transformer import CausalLM, ModelConfig
 from pgjax.rollout.batch import Rollout
-from pgjax.train.experiment import ConfigError, LoRASection
-from pgjax.train.learner import Learner, UpdateConfig
-from pgjax.train.optim import OptimConfig, make_optimizer
+from pgjax.train.learner import Learner
+from pgjax.train.optim import make_optimizer
 
 CONFIG = ModelConfig(family="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                      num_attention_heads=4, num_key_value_heads=2, head_dim=8)
@@ -118,9 +118,11 @@ def test_dropout_acts_only_with_a_key_and_bad_settings_are_clear_errors(checkpoi
     model, x = adapted(checkpoint, config=LoRAConfig(rank=4, alpha=8.0, dropout=0.5)), tokens()
     assert np.abs(model(x, dropout_key=jax.random.PRNGKey(0)) - model(x)).max() > 1e-3
     np.testing.assert_array_equal(model(x), model(x))
-    for bad, match in ((dict(rank=0), "rank must be >= 1"), (dict(dropout=1.0), "dropout must be in"),
-                       (dict(targets=("qkv",)), "targets"), (dict(alpha=-1.0), "alpha")):
-        with pytest.raises(ValueError, match=match):
+    for bad, match in ((dict(rank=0), "model.lora.rank=0 is invalid: an integer >= 1"),
+                       (dict(dropout=1.0), r"model.lora.dropout=1.0 is invalid: in \[0, 1\)"),
+                       (dict(targets=("qkv",)), r"model.lora.targets=\('qkv',\) is invalid: .* \(qkv unknown\)"),
+                       (dict(alpha=-1.0), "model.lora.alpha=-1.0 is invalid: a finite number > 0")):
+        with pytest.raises(ConfigError, match=match):
             LoRAConfig(**bad)
     with pytest.raises(ConfigError, match="model.lora"):
         LoRASection(rank=8, targets="q_proj,attn")

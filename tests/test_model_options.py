@@ -14,11 +14,11 @@ import pytest
 from flax import nnx
 from helpers import per_layer
 
+from pgjax.config import ConfigError, ModelSection
 from pgjax.core import token_logprobs
 from pgjax.models import hf
 from pgjax.models.transformer import REMAT_POLICIES, CausalLM, ModelConfig
 from pgjax.parallel import mesh as mesh_lib
-from pgjax.train.experiment import ConfigError, ModelSection
 
 CONFIG = ModelConfig(family="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                      num_attention_heads=4, num_key_value_heads=2, head_dim=8)
@@ -149,7 +149,7 @@ def test_options_survive_a_checkpoint_round_trip_and_stay_out_of_config_json(tmp
 
 
 def test_unknown_names_are_clear_errors(checkpoint):
-    with pytest.raises(ValueError, match=r"remat='sometimes' is invalid: one of \('off'"):
+    with pytest.raises(ConfigError, match=r"^model.remat='sometimes' is invalid: one of \('off'"):
         dataclasses.replace(CONFIG, remat="sometimes")
     with pytest.raises(ConfigError, match=r"model.remat='sometimes' is invalid: one of \('off'"):
         ModelSection(remat="sometimes")
@@ -167,7 +167,7 @@ def test_the_model_section_is_model_configs_fields_and_checks():
     config = ModelSection().config(vocab_size=11)
     assert all(getattr(config, name) == getattr(ModelSection(), name) for name in section - {"lora"})
     for field, bad in (("hidden_size", 0), ("rms_norm_eps", 0.0), ("param_dtype", "float16"), ("family", "gpt2")):
-        with pytest.raises(ValueError, match=f"^{field}={bad!r} is invalid"):
+        with pytest.raises(ConfigError, match=f"^model.{field}={bad!r} is invalid"):
             dataclasses.replace(CONFIG, **{field: bad})
         with pytest.raises(ConfigError, match=f"^model.{field}={bad!r} is invalid"):
             ModelSection(**{field: bad})

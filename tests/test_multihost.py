@@ -22,8 +22,8 @@ from pgjax.train.records import TIMING_KEYS
 from pgjax.train.sinks import read_completions
 
 EXPERIMENT = """
-from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
-from pgjax.train.optim import OptimConfig
+from pgjax.config import Experiment, ModelSection, TaskSection, WarmStartSection
+from pgjax.config import OptimConfig
 from pgjax.rollout.collect import RolloutConfig
 
 # Adam's eps at 1e-3: rounding-level gradient differences between meshes are not amplified to
@@ -31,7 +31,7 @@ from pgjax.rollout.collect import RolloutConfig
 
 def experiment():
     return Experiment(name="multihost", algorithm="grpo", steps=5, prompts_per_step=8, eval_every=1,
-                      eval_prompts=32, checkpoint_every=3, task=TaskSection(digits=1),
+                      eval_prompts=32, checkpoint_every=3, task=TaskSection(options={"digits": 1}),
                       model=ModelSection(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=2, head_dim=16),
                       warm_start=WarmStartSection(steps=150, batch_size=16, optim=OptimConfig(lr=2e-2, eps=1e-3)),
@@ -39,8 +39,8 @@ def experiment():
                       rollout=RolloutConfig(samples_per_prompt=4, max_prompt_tokens=8, max_new_tokens=6))
 """
 TOOLS_EXPERIMENT = """
-from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
-from pgjax.train.optim import OptimConfig
+from pgjax.config import Experiment, ModelSection, TaskSection, WarmStartSection
+from pgjax.config import OptimConfig
 from pgjax.rollout.collect import RolloutConfig
 
 def experiment():

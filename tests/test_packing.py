@@ -10,10 +10,11 @@ from flax import nnx
 from helpers import tiny_learner
 
 from pgjax import core
+from pgjax.config import UpdateConfig
 from pgjax.models.lora import LoRAConfig
 from pgjax.models.transformer import CausalLM, ModelConfig, positions_in_segments
 from pgjax.rollout.batch import Rollout
-from pgjax.train.learner import Learner, UpdateConfig
+from pgjax.train.learner import Learner
 from pgjax.train.packing import first_fit_decreasing, most_packed_rows, pack, packed_rows_quantum
 
 

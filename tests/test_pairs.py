@@ -63,7 +63,7 @@ def test_the_command_writes_pairs_the_verifier_orders_and_the_loader_reads(polic
 @pytest.mark.parametrize("arguments, message", [
     (["--samples", "1"], "--samples must be >= 2"),
     (["--pairs-per-prompt", "0"], "--pairs-per-prompt >= 1"),
-    (["--set", "task.digits=x"], "task"),
+    (["--set", "task.options.digits=x"], "task"),
 ])
 def test_a_mistake_exits_2_and_writes_nothing(policy_run, tmp_path, capsys, arguments, message):
     out = tmp_path / "pairs.jsonl"

@@ -15,18 +15,10 @@ from flax import nnx
 from helpers import EMIT_X, TINY_MODEL, save_tiny_checkpoint, save_tiny_tokenizer, tiny_experiment
 
 from pgjax import plugins
+from pgjax.config import ConfigError, Experiment, LoggingSection, ModelSection, TaskSection, override, valid_keys
 from pgjax.models import hf
 from pgjax.models.transformer import FAMILIES, CausalLM, Family, family_of
 from pgjax.train import inputs
-from pgjax.train.experiment import (
-    ConfigError,
-    Experiment,
-    LoggingSection,
-    ModelSection,
-    TaskSection,
-    override,
-    valid_keys,
-)
 from pgjax.train.run_dir import RunDirectory
 from pgjax.train.sinks import read_records
 from pgjax.train.trainer import train
@@ -77,10 +69,13 @@ def test_resolve_takes_a_builtin_name_or_an_import_path_and_names_the_key(plugin
 
 @pytest.mark.parametrize("assignment, message", [
     ("task.name=no_such_plug_module:make", "task.name='no_such_plug_module:make' cannot be imported"),
-    ("task.reward=no_such_plug_module:reward", "task.reward='no_such_plug_module:reward' cannot be imported"),
-    ("task.tools=calculator,no_such_plug_module:Tool", "task.tools='no_such_plug_module:Tool' cannot be imported"),
+    ("task.reward.function=no_such_plug_module:reward", "task.reward.function='no_such_plug_module:reward' "
+                                                        "cannot be imported"),
+    ("task.tools.names=calculator,no_such_plug_module:Tool", "task.tools.names='no_such_plug_module:Tool' "
+                                                             "cannot be imported"),
     ("model.family=no_such_plug_module:FAMILY", "model.family='no_such_plug_module:FAMILY' cannot be imported"),
-    ("task.tools=shell", "task.tools='shell' is invalid: comma-separated tools, each one of calculator, python or "
+    ("task.tools.names=shell", "task.tools.names='shell' is invalid: comma-separated tools, each one of "
+                               "calculator, python or "
                          "the import path"),
     ("model.family=mistral", "model.family='mistral' is invalid: one of ('llama', 'qwen2', 'qwen3', 'gemma3'), or "
                              "the import path package.module:NAME of a Family of your own"),
@@ -146,19 +141,24 @@ def make(letter="x", repeats=1, digits=2):
 
 
 def test_a_task_with_its_own_options_trains_and_gets_them(plugin, tmp_path):
-    """task.options reach the factory as keyword arguments beside the flat fields it names
-    (``digits``), through validate and the task context, and the run trains on the task."""
+    """task.options reach the factory as keyword arguments (``digits`` as well, an option the built-in
+    tasks have too), through validate and the task context, and the run trains on the task."""
     plugin("plug_task", TASK_MODULE)
-    exp = tiny_experiment(tmp_path, steps=2, checkpoint_every=2, eval_every=2,
-                          logging=LoggingSection(tensorboard=False),
-                          task=TaskSection(name="plug_task:make", digits=3, options={"letter": "b", "repeats": 2}))
+    exp = tiny_experiment(
+        tmp_path,
+        steps=2,
+        checkpoint_every=2,
+        eval_every=2,
+        logging=LoggingSection(tensorboard=False),
+        task=TaskSection(name="plug_task:make", options={"letter": "b", "repeats": 2, "digits": 3}),
+    )
     directory = train(exp, progress=False)
     seen = sys.modules["plug_task"].SEEN
     assert seen and all(call == {"letter": "b", "repeats": 2, "digits": 3} for call in seen)
     records = read_records(directory)
     assert [r["step"] for r in records] == [0, 1, 2] and all(np.isfinite(r["policy_loss"]) for r in records[1:])
     saved = json.loads((directory / "experiment.json").read_text())
-    assert saved["task"]["options"] == {"letter": "b", "repeats": 2}
+    assert saved["task"]["options"] == {"letter": "b", "repeats": 2, "digits": 3}
 
 
 def test_task_options_are_checked_by_the_factory_before_anything_is_written(plugin, tmp_path):
@@ -167,17 +167,16 @@ def test_task_options_are_checked_by_the_factory_before_anything_is_written(plug
               rf"task.options={{'letter': 'z'}} for task 'plug_task_checks:make': {path}:\d+: ValueError: letter "
               "must be a, b or x, got 'z'"),
              (TaskSection(name="plug_task_checks:make", options={"colour": "red"}),
-              "task.options={'colour': 'red'} for task 'plug_task_checks:make': TypeError: task "
-              "'plug_task_checks:make' takes no option 'colour'; it takes letter, repeats, digits"),
-             (TaskSection(name="arithmetic", options={"colour": "red"}),     # a built-in task takes no options
-              "task 'arithmetic' takes no option 'colour'; it takes digits, ops")]
+              "task.options.colour='red' does nothing for task 'plug_task_checks:make', which takes letter, "
+              "repeats, digits"),
+             (TaskSection(name="arithmetic", options={"colour": "red"}),     # a built-in task takes its own only
+              "task.options.colour='red' does nothing for task 'arithmetic', which takes digits, ops"),
+             (TaskSection(name="arithmetic", options={"digits": "3"}),       # of the type its signature declares
+              "task.options.digits='3' is invalid: an int is expected")]
     for task, message in cases:
         with pytest.raises(ConfigError, match=message.replace("{", r"\{").replace("}", r"\}")):
             train(tiny_experiment(tmp_path, task=task), progress=False)
     assert not (tmp_path / "run").exists()
-    with pytest.raises(ValueError, match="task.options.digits=3 is invalid: digits is a field of the task section: "
-                                         "set task.digits"):
-        TaskSection(name="plug_task_checks:make", options={"digits": 3})
 
 
 def test_set_task_options_reads_json_and_keeps_text(plugin):
@@ -224,7 +223,7 @@ class NotATool:
 
 
 def test_a_tool_of_your_own_is_called_in_a_multi_turn_episode(plugin, tmp_path):
-    """task.tools with a built-in and a tool by import path: the environment's tool prompt offers both,
+    """task.tools.names with a built-in and a tool by import path: the environment's tool prompt offers both,
     a reply calling the user's tool gets its result as the observation, and the task's verifier scores
     the final reply; a tool that cannot be built, or is not a tool, is a ConfigError naming it."""
     from pgjax.train.context import task_context
@@ -242,9 +241,9 @@ def test_a_tool_of_your_own_is_called_in_a_multi_turn_episode(plugin, tmp_path):
     assert sys.modules["plug_tools"].CALLS == ["abc"]
     final = environment.step(example["answer"])
     assert final.done and final.reward == 1.0
-    for tools, message in (("plug_tools:broken", rf"task.tools=plug_tools:broken: {path}:\d+: RuntimeError: no "
+    for tools, message in (("plug_tools:broken", rf"task.tools.names=plug_tools:broken: {path}:\d+: RuntimeError: no "
                                                  "licence for this tool"),
-                           ("plug_tools:NotATool", "task.tools=plug_tools:NotATool: it gave a NotATool .*, not a "
+                           ("plug_tools:NotATool", "task.tools.names=plug_tools:NotATool: it gave a NotATool .*, not a "
                                                    "tool: it lacks a str description, a str parameter, __call__"),
                            ("plug_tools:Reverse,plug_tools:Reverse", "two tools have the same name")):
         with pytest.raises(ConfigError, match=message):
@@ -471,16 +470,16 @@ def test_every_plugged_in_module_is_fingerprinted_and_an_edited_one_refuses_resu
     sinks = plugin("plug_fp_sinks", SINK_MODULE)
     family = plugin("plug_fp_family", FAMILY_MODULE)
     exp = override(tiny_experiment(tmp_path), [
-        "task.name=plug_fp_task:make", "task.tools=calculator,plug_fp_tools:Reverse,plug_fp_more_tools:Reverse",
+        "task.name=plug_fp_task:make", "task.tools.names=calculator,plug_fp_tools:Reverse,plug_fp_more_tools:Reverse",
         "logging.sinks=plug_fp_sinks:JsonLines", "model.family=plug_fp_family:MISTRAL",
         "algorithm.preset=plug_fp_task:make"])     # fingerprinted by its path, whatever it holds
     files = inputs.input_files(exp)
     assert {label: path for label, path in files.items() if ":module" in label} == {
-        "task.name:module": task, "task.tools:module:plug_fp_tools": tools,
-        "task.tools:module:plug_fp_more_tools": more, "logging.sinks:module": sinks,
+        "task.name:module": task, "task.tools.names:module:plug_fp_tools": tools,
+        "task.tools.names:module:plug_fp_more_tools": more, "logging.sinks:module": sinks,
         "model.family:module": family, "algorithm.preset:module": task}
     one_tool = dataclasses.replace(exp, task=dataclasses.replace(exp.task, tools="plug_fp_tools:Reverse"))
-    assert inputs.input_files(one_tool)["task.tools:module"] == tools
+    assert inputs.input_files(one_tool)["task.tools.names:module"] == tools
 
     run = tiny_experiment(tmp_path, steps=2, checkpoint_every=2, eval_every=2,
                           logging=LoggingSection(tensorboard=False, sinks="plug_fp_sinks:JsonLines"),

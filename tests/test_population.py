@@ -20,13 +20,22 @@ import optax
 import pytest
 from helpers import EMIT_X, TINY_MODEL, load_benchmark, read_events, simulated_devices, starts_with_x, tiny_experiment
 
+from pgjax.config import (
+    ConfigError,
+    LoRASection,
+    OptimConfig,
+    RewardSection,
+    TaskSection,
+    UpdateConfig,
+    WarmStartSection,
+    stream_seed,
+)
+from pgjax.errors import RunStopped
 from pgjax.models import hf
 from pgjax.rollout.collect import RolloutConfig
 from pgjax.train import interrupts
-from pgjax.train.experiment import ConfigError, LoRASection, RunStopped, TaskSection, WarmStartSection, stream_seed
 from pgjax.train.interrupts import RunInterrupted
-from pgjax.train.learner import UpdateConfig
-from pgjax.train.optim import OptimConfig, make_optimizer
+from pgjax.train.optim import make_optimizer
 from pgjax.train.population import Member, Population, member_scale, over_members
 from pgjax.train.records import TIMING_KEYS
 from pgjax.train.sinks import read_records
@@ -47,9 +56,13 @@ def arithmetic(tmp_path, **changes):
     """1-digit addition with a 40-step warm start (greedy accuracy 0.125 and 0 for seeds 0 and 1) and a
     format reward (the rewards vary from the first step): prompts, evaluation prompts and
     demonstrations all depend on the seed."""
-    base = dict(task=TaskSection(digits=1, format_weight=0.5), eval_prompts=16, optim=OptimConfig(lr=2e-3),
-                warm_start=WarmStartSection(steps=40, batch_size=16, optim=OptimConfig(lr=3e-3, warmup_steps=10)),
-                rollout=RolloutConfig(samples_per_prompt=4, max_prompt_tokens=8, max_new_tokens=4))
+    base = dict(
+        task=TaskSection(options={"digits": 1}, reward=RewardSection(format_weight=0.5)),
+        eval_prompts=16,
+        optim=OptimConfig(lr=2e-3),
+        warm_start=WarmStartSection(steps=40, batch_size=16, optim=OptimConfig(lr=3e-3, warmup_steps=10)),
+        rollout=RolloutConfig(samples_per_prompt=4, max_prompt_tokens=8, max_new_tokens=4),
+    )
     return tiny_experiment(tmp_path, **{**base, **changes})
 
 
@@ -168,7 +181,7 @@ def test_per_member_learning_rates_equal_single_runs_with_those_rates(tmp_path):
 
 
 def opo():
-    from pgjax.train.experiment import load
+    from pgjax.config import load
     return load(str(ROOT / "experiments" / "arithmetic_opo.py")).algorithm.estimator
 
 
@@ -441,7 +454,7 @@ def test_the_member_scale_makes_the_update_of_that_learning_rate():
 
 
 @pytest.mark.parametrize("changes, message", [
-    (dict(task=TaskSection(name="helpers:SumWithCalculator", tools="calculator")), "task.tools='calculator'"),
+    (dict(task=TaskSection(name="helpers:SumWithCalculator", tools="calculator")), "task.tools.names='calculator'"),
     (dict(rollout=RolloutConfig(samples_per_prompt=4, max_prompt_tokens=4, max_new_tokens=3, staleness=1)),
      "rollout.staleness=1"),
     (dict(update=UpdateConfig(pack_width=2)), "update.pack_width=2"),

@@ -11,12 +11,12 @@ from helpers import load_benchmark
 population = load_benchmark("population")
 
 TINY = """
-from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
+from pgjax.config import Experiment, ModelSection, TaskSection, WarmStartSection
 from pgjax.rollout.collect import RolloutConfig
 
 def experiment():
     return Experiment(name="tiny_population", algorithm="dr_grpo", steps=30, eval_every=10, prompts_per_step=4,
-                      eval_prompts=8, task=TaskSection(digits=1),
+                      eval_prompts=8, task=TaskSection(options={"digits": 1}),
                       model=ModelSection(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=1, head_dim=16),
                       warm_start=WarmStartSection(steps=3, batch_size=8),

@@ -145,10 +145,10 @@ def test_quickstart_is_two_single_line_commands():
 
 
 def test_main_job_is_the_dr_grpo_experiment_file():
-    from pgjax.train import experiment
+    from pgjax import config
     match = re.search(r"pgjax run (\S+)$", _readme_block("quickstart:run", "bash").strip())
     assert match, _readme_block("quickstart:run", "bash")
-    exp = experiment.load(ROOT / match.group(1))
+    exp = config.load(ROOT / match.group(1))
     assert exp.algorithm.preset == "dr_grpo" and exp.warm_start.steps > 0
 
 

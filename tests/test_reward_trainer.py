@@ -13,11 +13,10 @@ import numpy as np
 import pytest
 from helpers import comparable, save_tiny_checkpoint, tiny_experiment
 
+from pgjax.config import ConfigError, LoRASection, ModelSection, OptimConfig, RewardModelSection, override
 from pgjax.models import hf
 from pgjax.rollout.collect import PLAIN
 from pgjax.tasks.preferences import PreferenceFields, load_preferences
-from pgjax.train.experiment import ConfigError, LoRASection, ModelSection, RewardModelSection, override
-from pgjax.train.optim import OptimConfig
 from pgjax.train.reward_trainer import RewardModelTrainer, encode_pairs
 from pgjax.train.trainer import train
 

@@ -231,17 +231,21 @@ def test_scratchpad_task_config_and_errors():
 
 
 def test_every_task_builds_from_an_experiment_task_section():
-    from pgjax.train.experiment import TaskSection
+    from pgjax.config import TaskSection
 
-    build = lambda section: R.make_task(section.name, section.options, **section.factory_fields())  # noqa: E731
+    build = lambda section: R.make_task(section.name, section.options)  # noqa: E731
     assert build(TaskSection(name="scratchpad_arithmetic")) == R.ScratchpadArithmeticTask(digits=2, ops="+",
                                                                                             max_scratch=8)
-    section = TaskSection(name="scratchpad_arithmetic", digits=3, ops="+-", max_scratch=4, working="after")
+    section = TaskSection(
+        name="scratchpad_arithmetic", options={"digits": 3, "ops": "+-", "max_scratch": 4, "working": "after"}
+    )
     assert build(section) == R.ScratchpadArithmeticTask(digits=3, ops="+-", max_scratch=4, working="after")
-    assert build(TaskSection()) == R.ArithmeticTask()   # the default task is unchanged
-    assert build(TaskSection(name="arithmetic_mix", digits=3)) == R.MixedArithmeticTask(digits=3)
-    assert build(TaskSection(name="countdown", count=4)) == R.CountdownTask(count=4)
-    assert build(TaskSection(name="jsonl_math", path="x.jsonl", prompt_field="q")) == R.JsonlMathTask("x.jsonl", "q")
+    assert build(TaskSection()) == R.ArithmeticTask()  # the default task is unchanged
+    assert build(TaskSection(name="arithmetic_mix", options={"digits": 3})) == R.MixedArithmeticTask(digits=3)
+    assert build(TaskSection(name="countdown", options={"count": 4})) == R.CountdownTask(count=4)
+    assert build(TaskSection(name="jsonl_math", options={"path": "x.jsonl", "prompt_field": "q"})) == R.JsonlMathTask(
+        "x.jsonl", "q"
+    )
     assert set(R.TASKS) == {"arithmetic", "arithmetic_mix", "scratchpad_arithmetic", "countdown", "jsonl_math",
                             "word_math"}
 

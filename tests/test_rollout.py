@@ -1,6 +1,6 @@
 """The user's reward functions and verifiers as a rollout calls them (``sample_and_score``, the one
 path from samples to rewards, through ``tasks.call_reward``): one that raises, never returns
-(``task.reward_timeout``) or returns anything but one number per completion is a ``RewardError``
+(``task.reward.timeout``) or returns anything but one number per completion is a ``RewardError``
 naming the function, what it returned and, for an exception, the file and line in the user's code;
 ``pgjax run`` and ``pgjax eval`` stop with one line. Functions and tasks defined here are
 addressable as ``test_rollout:NAME``."""
@@ -34,7 +34,7 @@ ROOT = pathlib.Path(__file__).parent.parent
 
 
 # ---------------------------------------------------------------- the user's own code: reward functions and verifiers
-# A reward function (or a task's verifier) that raises, never returns (``task.reward_timeout``) or returns
+# A reward function (or a task's verifier) that raises, never returns (``task.reward.timeout``) or returns
 # something that is not one number per completion is a ``RewardError`` naming the function, what it
 # returned and, for an exception, the file and line in the user's code; ``python -m pgjax.run`` stops
 # with one line (exit 1), ``python -m pgjax.eval`` too.
@@ -127,7 +127,7 @@ def test_a_reward_function_that_raises_or_returns_no_numbers_is_one_line_naming_
 
 def test_a_reward_function_that_does_not_return_in_time_is_named(score, release):
     with pytest.raises(RewardError, match=re.escape("reward function hangs did not return within "
-                                                    "task.reward_timeout=0.2 s (called on 16 completions)")):
+                                                    "task.reward.timeout=0.2 s (called on 16 completions)")):
         score(with_timeout(hangs, 0.2))
     # in time, the timed function is the function: its value, or its exception and where it was raised
     np.testing.assert_array_equal(score(with_timeout(lambda p, completions, **_: np.ones(len(completions)), 5.0)),
@@ -147,7 +147,7 @@ def assert_one_line(err: str, line: str) -> None:
 
 def test_the_run_stops_in_one_line_naming_the_reward_function_and_its_line(tmp_path, capsys):
     code = cli.main([str(experiment_file(tmp_path)), "--no-progress",
-                     "--set", "task.reward=test_rollout:divides_by_zero"])
+                     "--set", "task.reward.function=test_rollout:divides_by_zero"])
     assert code == 1
     assert_one_line(capsys.readouterr().err, "pgjax.run: stopped: step 1: reward function divides_by_zero raised "
                                              f"ZeroDivisionError: division by zero ({line_of(divides_by_zero)})")
@@ -171,10 +171,10 @@ def test_a_verifier_that_never_returns_stops_the_run_after_task_reward_timeout(t
     global VERIFIER_CALLS
     VERIFIER_CALLS = itertools.count()
     code = cli.main([str(experiment_file(tmp_path)), "--no-progress", "--set",
-                     "task.name=test_rollout:SlowVerifier", "--set", "task.reward_timeout=1"])
+                     "task.name=test_rollout:SlowVerifier", "--set", "task.reward.timeout=1"])
     assert code == 1
     assert_one_line(capsys.readouterr().err, "pgjax.run: stopped: step 1: reward function reward_fn did not return "
-                                             "within task.reward_timeout=1.0 s (called on 16 completions)")
+                                             "within task.reward.timeout=1.0 s (called on 16 completions)")
 
 
 def missing_field(prompts, completions, **_):

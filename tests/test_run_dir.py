@@ -15,6 +15,7 @@ import sys
 
 import pytest
 from helpers import (
+    EMIT_X,
     comparable,
     copy_of,
     experiment_file,
@@ -25,10 +26,17 @@ from helpers import (
 )
 
 from pgjax import run as cli
+from pgjax.config import (
+    AlgorithmSection,
+    ConfigError,
+    OptimConfig,
+    PromptSection,
+    RewardSection,
+    TaskSection,
+    UpdateConfig,
+)
+from pgjax.errors import RunStopped
 from pgjax.train import run_dir as run_dir_lib
-from pgjax.train.experiment import AlgorithmSection, ConfigError, RunStopped, TaskSection
-from pgjax.train.learner import UpdateConfig
-from pgjax.train.optim import OptimConfig
 from pgjax.train.run_dir import RunDirectory, RunLock, locate
 from pgjax.train.sinks import read_records
 from pgjax.train.trainer import train
@@ -68,11 +76,45 @@ def test_a_resume_that_changes_the_maths_or_data_is_refused_listing_the_keys(fin
 def test_a_key_newer_than_the_run_resumes_at_its_default_and_is_refused_otherwise(finished, tmp_path):
     exp, run = copy_of(finished, tmp_path)
     saved = json.loads((run / "experiment.json").read_text())
-    del saved["task"]["held_out"], saved["logging"]["completions_every"]    # a run begun before these keys
+    del saved["task"]["prompt"]["stop_text"], saved["logging"]["completions_every"]   # a run begun before these
     (run / "experiment.json").write_text(json.dumps(saved))
     assert set(RunDirectory(exp, resume=True).changes) == {"run_dir"}     # at their defaults: no change
-    with pytest.raises(ConfigError, match=r"task\.held_out: None -> 'templates'"):
-        RunDirectory(dataclasses.replace(exp, task=dataclasses.replace(exp.task, held_out="templates")), resume=True)
+    with pytest.raises(ConfigError, match=r"task\.prompt\.stop_text: None -> 'x'"):
+        RunDirectory(dataclasses.replace(exp, task=dataclasses.replace(exp.task, prompt=PromptSection(stop_text="x"))),
+                     resume=True)
+
+
+# the task section as experiment.json held it while the task's options, prompt, reward and tools were
+# fields of the section itself (each at its default then; the run's task, helpers.EmitX, takes no options)
+FLAT_TASK = {"name": EMIT_X.name, "digits": 2, "ops": "+", "max_scratch": 8, "working": "before", "count": 3,
+             "path": "", "prompt_field": "question", "answer_field": "answer", "extra_fields": "",
+             "file_format": "auto", "skip_invalid": False, "word_share": 0.5, "answer_from": "boxed_or_last_number",
+             "held_out": "none", "reward": "", "format_weight": 0.0, "chat_template": "auto", "system_prompt": "",
+             "prompt_template": "{prompt}", "stop_text": "", "reward_timeout": 0.0, "tools": "", "reward_model": "",
+             "reward_model_weight": 1.0, "reward_model_normalize": "none", "verifier_weight": 1.0, "options": {}}
+
+
+@pytest.mark.parametrize("old, new, change", [
+    ({}, {}, None),                                                     # the same run: it resumes
+    ({"digits": 3}, {}, None),                          # a flat option the run's task does not take: it did nothing
+    ({"prompt_template": "Q: {prompt}"}, {"prompt": PromptSection(template="Q: {prompt}")}, None),
+    ({"reward_model_weight": 0.5}, {"reward": RewardSection(model_weight=0.5)}, None),
+    ({"stop_text": "x"}, {}, r"task\.prompt\.stop_text: 'x' -> ''"),     # a changed one is refused, named today
+])
+def test_a_run_saved_with_the_flat_task_section_resumes_in_the_sections_it_has_now(finished, tmp_path, old, new,
+                                                                                   change):
+    """A run directory's experiment.json written while the task section was flat (its options, prompt and
+    reward keys beside its name) is read in today's layout (``config.upgraded``): the same experiment
+    resumes, a changed one is refused naming the key as it is now."""
+    exp, run = copy_of(finished, tmp_path)
+    saved = json.loads((run / "experiment.json").read_text())
+    (run / "experiment.json").write_text(json.dumps({**saved, "task": {**FLAT_TASK, **old}}))
+    resumed = dataclasses.replace(exp, task=dataclasses.replace(exp.task, **new))
+    if change is None:
+        assert set(RunDirectory(resumed, resume=True).changes) == {"run_dir"}
+    else:
+        with pytest.raises(ConfigError, match=change):
+            RunDirectory(resumed, resume=True)
 
 
 def test_a_run_begun_with_unrolled_layers_is_told_how_to_resume(finished, tmp_path):

@@ -1,6 +1,6 @@
 """Faults of the run directory and of stopping, injected one by one: a live run whose directory is
 moved or deleted stops in one line and writes nothing into a new run at that path; a reward model
-(``task.reward_model``) replaced at the same path is refused on resume like ``model.path``; a
+(``task.reward.model``) replaced at the same path is refused on resume like ``model.path``; a
 file added to ``model.path`` is named with the files that count; a missing generation config is
 written again on resume and final/ never lacks it; a stop at once says whether a checkpoint is
 left; Ctrl-C while the command line loads is one line (130); a checkpoint write cut short is
@@ -25,11 +25,12 @@ import pytest
 from helpers import EMIT_X, EmitX, SignalAt, copy_of, experiment_file, save_tiny_checkpoint, snapshot, tiny_experiment
 
 from pgjax import run as cli
+from pgjax.config import ConfigError, ModelSection, RewardSection, TaskSection
+from pgjax.errors import RunStopped
 from pgjax.models import hf
 from pgjax.models.heads import RewardModel
 from pgjax.train import inputs, interrupts
 from pgjax.train import run_dir as run_dir_lib
-from pgjax.train.experiment import ConfigError, ModelSection, RunStopped, TaskSection
 from pgjax.train.interrupts import RunInterrupted
 from pgjax.train.run_dir import RunDirectory, RunLock
 from pgjax.train.sinks import read_records
@@ -139,38 +140,45 @@ def test_a_directory_deleted_during_a_checkpoint_is_one_line_not_orbaxs_error(fi
 
 @pytest.fixture(scope="module")
 def with_reward_model(tmp_path_factory):
-    """A finished 2-step RL run scored by a tiny reward model (``task.reward_model``); its experiment
+    """A finished 2-step RL run scored by a tiny reward model (``task.reward.model``); its experiment
     and directory."""
     tmp = tmp_path_factory.mktemp("rm")
     trunk = save_tiny_checkpoint(tmp / "trunk")
     hf.save_reward_model(RewardModel(hf.load(trunk)), tmp / "reward_model", tokenizer_dir=trunk)
-    exp = tiny_experiment(tmp, steps=2, checkpoint_every=2, eval_prompts=4, task=TaskSection(
-        name=EMIT_X.name, reward_model=str(tmp / "reward_model"), verifier_weight=0.0))
+    exp = tiny_experiment(
+        tmp,
+        steps=2,
+        checkpoint_every=2,
+        eval_prompts=4,
+        task=TaskSection(name=EMIT_X.name, reward=RewardSection(model=str(tmp / "reward_model"), verifier_weight=0.0)),
+    )
     return exp, train(exp, progress=False)
 
 
 def test_a_reward_model_replaced_at_the_same_path_is_refused_on_resume_and_recorded_with_changes(
-        with_reward_model, tmp_path):
+    with_reward_model, tmp_path
+):
     exp, directory = with_reward_model
     shutil.copytree(directory, tmp_path / "run")
-    shutil.copytree(exp.task.reward_model, tmp_path / "reward_model")
+    shutil.copytree(exp.task.reward.model, tmp_path / "reward_model")
     exp = dataclasses.replace(exp, run_dir=str(tmp_path / "run"), steps=3,
-                              task=dataclasses.replace(exp.task, reward_model=str(tmp_path / "reward_model")))
-    assert {"task.reward_model/model.safetensors", "task.reward_model/config.json"} <= set(
+                              task=dataclasses.replace(exp.task, reward=dataclasses.replace(
+                                  exp.task.reward, model=str(tmp_path / "reward_model"))))
+    assert {"task.reward.model/model.safetensors", "task.reward.model/config.json"} <= set(
         json.loads((tmp_path / "run" / "inputs.json").read_text())["files"])
     RunDirectory(exp, resume=True)                          # moved elsewhere, the same bytes: no change
-    other = hf.load_reward_model(exp.task.reward_model)
+    other = hf.load_reward_model(exp.task.reward.model)
     other.head.set_value(jnp.ones(other.head.shape, jnp.float32))
     hf.save_reward_model(other, tmp_path / "other")
-    shutil.copy(tmp_path / "other" / "model.safetensors", exp.task.reward_model)      # new weights at the same path
+    shutil.copy(tmp_path / "other" / "model.safetensors", exp.task.reward.model)      # new weights at the same path
     untouched = snapshot(tmp_path / "run")
-    with pytest.raises(ConfigError, match=r"^--resume: an input of .* changed since the run began \(task.reward_model/"
+    with pytest.raises(ConfigError, match=r"^--resume: an input of .* changed since the run began \(task.reward.model/"
                                           r"model.safetensors: .*model.safetensors holds other bytes"):
         train(exp, resume=True, progress=False)
     assert snapshot(tmp_path / "run") == untouched
     train(exp, resume=True, accept_changes=True, progress=False)
     entry = json.loads((tmp_path / "run" / "changes.jsonl").read_text())
-    assert entry["step"] == 2 and list(entry["inputs"]) == ["task.reward_model/model.safetensors"]
+    assert entry["step"] == 2 and list(entry["inputs"]) == ["task.reward.model/model.safetensors"]
 
 
 def test_a_file_added_to_model_path_is_named_with_the_files_that_count(finished, tmp_path):
@@ -201,7 +209,8 @@ def with_generation_config(tmp_path_factory):
     data = tmp / "data.jsonl"
     data.write_text("".join(json.dumps({"question": f"{a}+1=", "answer": a + 1}) + "\n" for a in range(6)))
     exp = tiny_experiment(tmp, steps=2, checkpoint_every=2, eval_prompts=4, prompts_per_step=2,
-                          model=ModelSection(path=str(model)), task=TaskSection(name="jsonl_math", path=str(data)))
+                          model=ModelSection(path=str(model)),
+                          task=TaskSection(name="jsonl_math", options={"path": str(data)}))
     return exp, train(exp, progress=False)
 
 

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from pgjax.checks import ConfigError
 from pgjax.core import token_logprobs
 from pgjax.models.scoring import response_logprobs
 from pgjax.models.transformer import CausalLM, ModelConfig
@@ -262,16 +263,16 @@ def test_no_stop_token_runs_every_row_to_the_budget(model):
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(max_new_tokens=0), "max_new_tokens must be >= 1"),
-    (dict(n=0), "n \\(samples per prompt\\)"),
-    (dict(temperature=0.0), "temperature must be finite and > 0"),
-    (dict(temperature=float("inf")), "temperature must be finite and > 0"),
-    (dict(top_k=-1), "top_k must be >= 0"),
-    (dict(top_p=0.0), "top_p must be in"),
-    (dict(top_p=1.5), "top_p must be in"),
+    (dict(max_new_tokens=0), "max_new_tokens=0 is invalid: an integer >= 1"),
+    (dict(n=0), "n=0 is invalid: an integer >= 1 \\(samples per prompt\\)"),
+    (dict(temperature=0.0), "temperature=0.0 is invalid: a finite number > 0"),
+    (dict(temperature=float("inf")), "temperature=inf is invalid: a finite number > 0"),
+    (dict(top_k=-1), "top_k=-1 is invalid: an integer >= 0"),
+    (dict(top_p=0.0), "top_p=0.0 is invalid: in \\(0, 1\\]"),
+    (dict(top_p=1.5), "top_p=1.5 is invalid: in \\(0, 1\\]"),
 ])
 def test_bad_sampling_configs_raise(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ConfigError, match=match):
         SamplingConfig(**{"max_new_tokens": 4, "eos_ids": (0,), **kwargs})
 
 

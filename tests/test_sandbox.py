@@ -272,15 +272,15 @@ def test_a_missing_layer_is_an_error_before_any_code_runs(monkeypatch, tmp_path)
 
 
 def test_a_task_with_the_python_tool_on_a_machine_without_a_layer_is_a_configuration_error(monkeypatch, tmp_path):
-    """task.tools=python tries the sandbox once when the task is built: a missing layer is a
+    """task.tools.names=python tries the sandbox once when the task is built: a missing layer is a
     ConfigError naming it before anything is written, not an error in every episode."""
     from helpers import tiny_experiment
 
+    from pgjax.config import ConfigError, TaskSection
     from pgjax.train.context import task_context
-    from pgjax.train.experiment import ConfigError, TaskSection
     monkeypatch.setattr(syscalls, "filter_program", lambda: "no libseccomp here")
     exp = tiny_experiment(tmp_path, task=TaskSection(name="helpers:SumWithCalculator", tools="python"))
-    with pytest.raises(ConfigError, match=r"task.tools=python: this machine cannot set up the sandbox's syscalls "
+    with pytest.raises(ConfigError, match=r"task.tools.names=python: this machine cannot set up the sandbox's syscalls "
                                           r"\(no libseccomp here\)"):
         task_context(exp)
     assert not os.path.exists(exp.run_dir)

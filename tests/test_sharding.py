@@ -11,6 +11,7 @@ import tempfile
 
 import pytest
 
+from pgjax.checks import ConfigError
 from pgjax.models.lora import LoRAConfig
 
 MESHES = [(8, 1, 1), (2, 4, 1), (2, 2, 2), (1, 1, 8)]
@@ -23,11 +24,12 @@ def check_meshes():
     from flax import nnx
 
     from pgjax import core
+    from pgjax.config import UpdateConfig
     from pgjax.models.transformer import CausalLM, ModelConfig
     from pgjax.parallel import mesh as mesh_lib
     from pgjax.rollout.batch import Rollout
     from pgjax.sample import SamplingConfig, generate
-    from pgjax.train.learner import Learner, UpdateConfig
+    from pgjax.train.learner import Learner
 
     assert len(jax.devices()) == 8
     config = ModelConfig(family="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -83,7 +85,7 @@ def check_meshes():
 
     check_model_options(policy, algo, rollout)
 
-    from pgjax.train.experiment import ConfigError, Experiment
+    from pgjax.config import ConfigError, Experiment
     from pgjax.train.trainer import train
     with tempfile.TemporaryDirectory() as tmp:   # the runner refuses before it writes anything
         exp = Experiment(prompts_per_step=6, mesh=mesh_lib.MeshConfig(data=2, fsdp=2, tensor=2), run_dir=tmp + "/r")
@@ -110,9 +112,10 @@ def check_model_options(policy, algo, rollout):
     import optax
     from helpers import per_layer
 
+    from pgjax.config import UpdateConfig
     from pgjax.models import hf
     from pgjax.parallel import mesh as mesh_lib
-    from pgjax.train.learner import Learner, UpdateConfig
+    from pgjax.train.learner import Learner
 
     def gradient(mesh, **options):
         with tempfile.TemporaryDirectory() as directory:
@@ -155,8 +158,9 @@ def test_mesh_sizes_resolve_minus_one_and_reject_misfits():
     for bad, match in ((MeshConfig(data=3), "needs 3 devices"), (MeshConfig(data=-1, fsdp=3), "does not fit")):
         with pytest.raises(ValueError, match=match):
             bad.sizes(8)
-    for sizes in (dict(data=-1, fsdp=-1), dict(tensor=0)):     # refused when the config is made
-        with pytest.raises(ValueError, match="-1 \\(the rest\\) for at most one"):
+    for sizes, match in ((dict(data=-1, fsdp=-1), r"mesh\.fsdp=-1 is invalid: .* mesh\.data=-1 takes the rest"),
+                         (dict(tensor=0), r"mesh\.tensor=0 is invalid: an integer >= 1, or -1 \(the rest")):
+        with pytest.raises(ConfigError, match=match):     # refused when the config is made
             MeshConfig(**sizes)
 
 
@@ -185,7 +189,7 @@ def test_one_process_without_a_cluster_does_not_start_jax_distributed():
     from pgjax.parallel.multihost import DistributedConfig, initialize
     assert not initialize(DistributedConfig(), environ={})
     assert not initialize(DistributedConfig(initialize="off"), environ={"SLURM_NTASKS": "4"})
-    with pytest.raises(ValueError, match="auto, on or off"):
+    with pytest.raises(ConfigError, match="distributed.initialize='yes' is invalid: one of auto, on, off"):
         initialize(DistributedConfig(initialize="yes"), environ={})
 
 

@@ -77,7 +77,7 @@ def test_smollm2_seeds_runs_each_missing_job_once_and_reports_the_paired_tables(
     assert train[-1] == "--resume" and "seed=0" in train and f"run_dir={runs / 'dr_grpo_s0'}" in train
     assert "model.path=models/smollm2-135m-instruct" in train          # --base-model, from any directory
     for evaluation in (base, trained):
-        assert evaluation[evaluation.index("--seed") + 1] == "1000" and "task.held_out=none" in evaluation
+        assert evaluation[evaluation.index("--seed") + 1] == "1000" and "task.options.held_out=none" in evaluation
         assert evaluation[evaluation.index("--prompts") + 1] == "256"
     assert base[1:4] == ["models/smollm2-135m-instruct", "--task", "word_math"]
     assert trained[1] == str(runs / "dr_grpo_s0")
@@ -114,7 +114,7 @@ def test_smollm2_seeds_runs_each_missing_job_once_and_reports_the_paired_tables(
 def test_gemma3_seeds_evaluates_the_base_model_through_the_experiments_prompt_template(tmp_path, monkeypatch, capsys):
     """The base model has no experiment.json: its evaluation carries the experiment's task options, so
     its prompts, template and stop are the trained runs' (escapes as ``--set`` gives them)."""
-    from pgjax.train.experiment import load as load_experiment
+    from pgjax.config import load as load_experiment
     study = load_experiment_script("gemma3_seeds").STUDY
     calls = fake_subprocess(monkeypatch, "models/gemma3-270m")
     runs, out = tmp_path / "runs", tmp_path / "out"
@@ -122,10 +122,10 @@ def test_gemma3_seeds_evaluates_the_base_model_through_the_experiments_prompt_te
     (base,) = calls
     sets = dict(base[i + 1].split("=", 1) for i, a in enumerate(base) if a == "--set")
     task = load_experiment(EXPERIMENTS / "gemma3_math.py").task
-    assert sets["task.prompt_template"] == task.prompt_template.replace("\n", "\\n")
-    assert sets["task.stop_text"] == task.stop_text and sets["task.held_out"] == "numbers"
-    assert (sets["task.digits"], sets["task.ops"], sets["task.chat_template"]) == (str(task.digits), task.ops,
-                                                                                   task.chat_template)
+    assert sets["task.prompt.template"] == task.prompt.template.replace("\n", "\\n")
+    assert sets["task.prompt.stop_text"] == task.prompt.stop_text and sets["task.options.held_out"] == "numbers"
+    assert (sets["task.options.digits"], sets["task.options.ops"], sets["task.prompt.chat_template"]) == (
+        str(task.options["digits"]), task.options["ops"], task.prompt.chat_template)
     assert list(map(str, study.jobs()))[:6] == [f"train:{m}:{s}" for m in ("dr_grpo", "grpo") for s in (0, 1, 2)]
     assert len(study.jobs()) == 6 + 7 * 3
     # one model evaluated: nothing to pair yet, so no report; asked for one, the study says so
@@ -215,7 +215,7 @@ def test_a_method_that_continues_another_starts_from_its_run_of_the_same_seed(tm
     assert f"model.path={base}" in warm and "steps=0" in warm and "warm_start.steps=10" in warm
     assert f"model.path={runs / 'warm_s1' / 'final'}" in rl and "seed=1" in rl and "warm_start.steps=0" in rl
     assert rl.index(f"model.path={runs / 'warm_s1' / 'final'}") < rl.index("warm_start.steps=0")
-    assert reference[1] == base and "task.tools=calculator" in reference and "rollout.max_turns=3" in reference
+    assert reference[1] == base and "task.tools.names=calculator" in reference and "rollout.max_turns=3" in reference
     assert str(study.policy_users("warm_s1")[0]) == "train:warm_rl:1"
     # warm_s1's policy is gone with RUNS: it is not done until warm_rl_s1 and every evaluation of both are
     shutil.rmtree(runs / "warm_s1")
@@ -258,8 +258,8 @@ def test_the_reward_model_study_trains_each_arm_on_its_reward_and_plots_its_trai
     verifier arm giving it weight 0 and the reward-model arm giving the verifier weight 0 (each a valid
     experiment); the plot's per-step curves are window means: seed 0's learned_reward 1, 3 | 5 and seed
     1's 2, 4 | 7 in windows of 2 steps give (2, 2.0), (3, 5.0) and (2, 3.0), (3, 7.0)."""
-    from pgjax.train.experiment import load as load_experiment
-    from pgjax.train.experiment import override
+    from pgjax.config import load as load_experiment
+    from pgjax.config import override
     module = load_experiment_script("smollm2_reward_model_seeds")
     study, runs, out = module.STUDY, tmp_path / "runs", tmp_path / "out"
     assert [str(job) for job in study.jobs() if isinstance(job, studies.TrainJob)] == [
@@ -273,9 +273,9 @@ def test_the_reward_model_study_trains_each_arm_on_its_reward_and_plots_its_trai
     sets = [[c[i + 1] for i, a in enumerate(c) if a == "--set"] for c in calls]
     base = load_experiment(EXPERIMENTS / "smollm2_math.py")
     verifier, learned = override(base, sets[0]), override(base, sets[2])
-    assert (verifier.task.reward_model, verifier.task.reward_model_weight, verifier.task.verifier_weight) == (
+    assert (verifier.task.reward.model, verifier.task.reward.model_weight, verifier.task.reward.verifier_weight) == (
         module.REWARD_MODEL, 0.0, 1.0)
-    assert (learned.task.reward_model, learned.task.reward_model_weight, learned.task.verifier_weight) == (
+    assert (learned.task.reward.model, learned.task.reward.model_weight, learned.task.reward.verifier_weight) == (
         module.REWARD_MODEL, 1.0, 0.0)
     assert verifier.steps == learned.steps == module.RL_STEPS and verifier.algorithm == learned.algorithm
     study.run_job(job_of(study, "train:reward_model_long:0"), runs, out, study.base_model)
@@ -338,8 +338,8 @@ def test_a_variant_study_trains_each_variant_from_its_seeds_warm_start_as_the_ol
     policy, no warm start of its own and the run named after it, under RUNS/<method>/seed<k>."""
     import dataclasses as dc
 
+    from pgjax.config import Experiment, override
     from pgjax.study import variants
-    from pgjax.train.experiment import Experiment, override
     base = Experiment(name="study", algorithm="dr_grpo", steps=5)
     study = variants.variants_study("s", base, {"tis": {"divide_by_std": 1.0, "rollout.staleness": 1}}, (0, 3))
     runs = pathlib.Path("/r")

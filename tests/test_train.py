@@ -21,16 +21,15 @@ from helpers import (
     tiny_learner,
 )
 
+from pgjax import config as config_lib
 from pgjax import core
+from pgjax.config import ConfigError, Experiment, ModelSection, TaskSection, UpdateConfig
 from pgjax.models import hf
 from pgjax.models.scoring import response_logprobs
 from pgjax.models.transformer import CausalLM, ModelConfig
 from pgjax.rollout.batch import Rollout
 from pgjax.rollout.collect import RolloutConfig, collect, encode_prompts, overlong_penalty, trim_padding
 from pgjax.sample import SamplingConfig, generate
-from pgjax.train import experiment as experiment_lib
-from pgjax.train.experiment import ConfigError, Experiment, ModelSection, TaskSection
-from pgjax.train.learner import UpdateConfig
 from pgjax.train.trainer import Trainer, train
 
 SEVEN = ["reinforce", "reinforce_baseline", "remax", "rloo", "ppo", "grpo", "dr_grpo"]
@@ -243,7 +242,7 @@ def test_remax_scores_a_greedy_response_per_prompt():
 
 
 def test_set_overrides_typed_fields_and_rejects_what_is_not_valid():
-    exp = experiment_lib.override(Experiment(), ["rollout.temperature=0.7", "steps=3", "algorithm.hparams.kl_coef=0.01",
+    exp = config_lib.override(Experiment(), ["rollout.temperature=0.7", "steps=3", "algorithm.hparams.kl_coef=0.01",
                                                  "rollout.mask_truncated=true", "task.name=countdown"])
     assert exp.rollout.temperature == 0.7 and exp.steps == 3 and exp.rollout.mask_truncated is True
     assert exp.algorithm.build().hparams.kl_coef == 0.01 and exp.task.name == "countdown"
@@ -251,58 +250,58 @@ def test_set_overrides_typed_fields_and_rejects_what_is_not_valid():
              ("steps=many", r"steps='many' is invalid: an int is expected"),
              ("steps", "key=value"),
              ("steps=-5", r"steps=-5 is invalid: an integer >= 0"),
-             ("optim.lr=0", r"optim.lr='0' is invalid: lr must be finite and > 0"),
-             ("update.epochs=0", r"update.epochs='0' is invalid: epochs must be >= 1"),
-             ("rollout.overlong_buffer=6", r"overlong_buffer must be in \[0, max_new_tokens=6\)"),
-             ("rollout.top_p=1.5", r"rollout.top_p='1.5' is invalid: top_p must be in \(0, 1\]"),
+             ("optim.lr=0", r"optim.lr=0.0 is invalid: a finite number > 0"),
+             ("update.epochs=0", r"update.epochs=0 is invalid: an integer >= 1"),
+             ("rollout.overlong_buffer=6", r"rollout.overlong_buffer=6 is invalid: an integer in \[0, max_new_tokens"),
+             ("rollout.top_p=1.5", r"rollout.top_p=1.5 is invalid: in \(0, 1\]"),
              ("model.family=gpt2", r"model.family='gpt2' is invalid: one of \('llama', 'qwen2', 'qwen3', 'gemma3'\)"),
              ("rollout.mask_truncated=maybe", "a bool, true or false"),
              ("algorithm.hparams.kl_coef=nan", "a finite number"),
              ("update.correction=token", "did you mean algorithm.correction?")]
     for assignment, message in cases:
         with pytest.raises(ConfigError, match=message):
-            experiment_lib.override(Experiment(), [assignment])
+            config_lib.override(Experiment(), [assignment])
     with pytest.raises(ConfigError, match="hyperparameter kl_coef"):
-        experiment_lib.override(Experiment(), ["algorithm.hparams.kl_coef=-1"]).algorithm.build()
+        config_lib.override(Experiment(), ["algorithm.hparams.kl_coef=-1"]).algorithm.build()
     # all assignments are made at once: the order of two fields checked together does not matter
     for order in (["rollout.overlong_buffer=8", "rollout.max_new_tokens=16"],
                   ["rollout.max_new_tokens=16", "rollout.overlong_buffer=8"]):
-        assert experiment_lib.override(Experiment(), order).rollout.overlong_buffer == 8
+        assert config_lib.override(Experiment(), order).rollout.overlong_buffer == 8
 
 
 def test_an_experiment_file_with_a_renamed_or_unknown_field_is_a_config_error(tmp_path):
     file = tmp_path / "old.py"
-    file.write_text("from pgjax.train.experiment import Experiment, ModelSection\n"
+    file.write_text("from pgjax.config import Experiment, ModelSection\n"
                     "def experiment():\n    return Experiment(model=ModelSection(layers=2))\n")
     with pytest.raises(ConfigError,
                        match="unexpected keyword argument 'layers'.*layers is now model.num_hidden_layers"):
-        experiment_lib.load(file)
-    file.write_text("from pgjax.train.experiment import Experiment\ndef experiment():\n"
+        config_lib.load(file)
+    file.write_text("from pgjax.config import Experiment\ndef experiment():\n"
                     "    return Experiment(steps=-1)\n")
     with pytest.raises(ConfigError, match="steps=-1 is invalid"):
-        experiment_lib.load(file)
+        config_lib.load(file)
 
 
 def test_experiment_files_load_and_name_their_algorithm():
     for algorithm in SEVEN:
-        exp = experiment_lib.load(pathlib.Path(__file__).parent.parent / "experiments" / f"arithmetic_{algorithm}.py")
+        exp = config_lib.load(pathlib.Path(__file__).parent.parent / "experiments" / f"arithmetic_{algorithm}.py")
         assert exp.algorithm.preset == algorithm and exp.algorithm.build().spec.name == algorithm
 
 
 def test_bad_experiments_fail_before_anything_is_written(tmp_path):
     with pytest.raises(ConfigError, match="no experiment file"):
-        experiment_lib.load(tmp_path / "missing.py")
+        config_lib.load(tmp_path / "missing.py")
     (tmp_path / "empty.py").write_text("x = 1\n")
     with pytest.raises(ConfigError, match="must define experiment"):
-        experiment_lib.load(tmp_path / "empty.py")
+        config_lib.load(tmp_path / "empty.py")
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"question": "1+1?"}) + "\n")
     cases = [
-        (dict(task=TaskSection(name="jsonl_math", path=str(tmp_path / "none.jsonl"))), "none.jsonl"),
-        (dict(task=TaskSection(name="jsonl_math", path=str(bad))), "lacks field"),
+        (dict(task=TaskSection(name="jsonl_math", options={"path": str(tmp_path / "none.jsonl")})), "none.jsonl"),
+        (dict(task=TaskSection(name="jsonl_math", options={"path": str(bad)})), "lacks field"),
         (dict(task=TaskSection(name="sudoku")), "task.name='sudoku' is unknown"),
         (dict(task=TaskSection(name="no_such_module:make")), "cannot be imported"),
-        (dict(task=TaskSection(digits=0)), "digits must be an int"),
+        (dict(task=TaskSection(options={"digits": 0})), "digits must be an int"),
         (dict(model=ModelSection(path=str(tmp_path))), "config.json missing"),
         (dict(algorithm="trpo"), "algorithm.preset='trpo' is invalid"),
         (dict(algorithm="grpo", rollout=RolloutConfig(samples_per_prompt=1)), "group baseline compares K >= 2"),
@@ -342,9 +341,9 @@ def test_the_checkpoint_experiment_trains_a_local_hf_checkpoint_on_a_jsonl_datas
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"question": f"{a}+{a + 1}=", "answer": f"so #### {2 * a + 1}"}) + "\n"
                             for a in range(8)))
-    exp = experiment_lib.load(pathlib.Path(__file__).parent.parent / "experiments" / "math_checkpoint.py")
-    exp = experiment_lib.override(exp, [
-        f"model.path={checkpoint}", f"task.path={data}", "model.param_dtype=float32",
+    exp = config_lib.load(pathlib.Path(__file__).parent.parent / "experiments" / "math_checkpoint.py")
+    exp = config_lib.override(exp, [
+        f"model.path={checkpoint}", f"task.options.path={data}", "model.param_dtype=float32",
         "model.compute_dtype=float32", "steps=2", "prompts_per_step=4", "rollout.samples_per_prompt=2",
         "rollout.max_prompt_tokens=8", "rollout.max_new_tokens=4", "update.micro_batches=2", "eval_prompts=4",
         "update.chunk_size=16", f"run_dir={tmp_path / 'run'}"])

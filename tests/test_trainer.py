@@ -9,20 +9,20 @@ import numpy as np
 import pytest
 from helpers import read_events, read_wandb_history
 
+from pgjax import config as config_lib
 from pgjax import run
-from pgjax.train import experiment as experiment_lib
 from pgjax.train.progress import Progress
 from pgjax.train.records import TIMING_KEYS
 from pgjax.train.sinks import read_records
 from pgjax.train.trainer import Callback, Trainer, train
 
 EXPERIMENT = """
-from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
+from pgjax.config import Experiment, ModelSection, TaskSection, WarmStartSection
 from pgjax.rollout.collect import RolloutConfig
 
 def experiment():
     return Experiment(name="by_hand", algorithm="grpo", steps=3, prompts_per_step=4, eval_every=2, eval_prompts=16,
-                      task=TaskSection(digits=1),
+                      task=TaskSection(options={"digits": 1}),
                       model=ModelSection(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=1, head_dim=16),
                       warm_start=WarmStartSection(steps=60, batch_size=16),
@@ -41,7 +41,7 @@ def test_a_trainer_driven_step_by_step_gives_the_command_lines_metrics(tmp_path,
     code = run.main([str(file), "--no-progress", "--set", f"run_dir={tmp_path / 'cli'}"])   # the command line
     assert code == 0, capsys.readouterr().err[-3000:]
 
-    exp = experiment_lib.load(file)
+    exp = config_lib.load(file)
     trainer = Trainer(exp)
     trainer.warm_start()
     records = [{"step": 0, "eval_accuracy": trainer.evaluate()}]
@@ -77,7 +77,7 @@ def test_metrics_reach_jsonl_tensorboard_and_wandb_with_the_same_values(tmp_path
     monkeypatch.setenv("WANDB_SILENT", "true")
     file = tmp_path / "by_hand.py"
     file.write_text(EXPERIMENT)
-    exp = experiment_lib.override(experiment_lib.load(file), [
+    exp = config_lib.override(config_lib.load(file), [
         "steps=2", "warm_start.steps=0", f"run_dir={tmp_path / 'run'}", "logging.wandb=true"])
     recorder = Recorder()
     directory = train(exp, progress=False, callbacks=(recorder,))
@@ -104,7 +104,7 @@ def test_metrics_reach_jsonl_tensorboard_and_wandb_with_the_same_values(tmp_path
                               "mismatch_abs", "mismatch_abs_max", "mismatch_kl", "mismatch_outside"} <= set(events)
 
     run_id = (directory / "wandb_run_id").read_text()           # a resumed run continues the same W&B run
-    train(experiment_lib.override(exp, ["steps=3"]), resume=True, progress=False)
+    train(config_lib.override(exp, ["steps=3"]), resume=True, progress=False)
     assert (directory / "wandb_run_id").read_text() == run_id
     assert {pathlib.Path(f).name for f in glob.glob(f"{directory}/wandb/offline-run-*/*.wandb")} == \
         {f"run-{run_id}.wandb"}

@@ -9,8 +9,8 @@ import pytest
 from helpers import tiny_experiment
 
 from pgjax import tasks as R
+from pgjax.config import ConfigError, Experiment, TaskSection, override
 from pgjax.tasks import word_math as W
-from pgjax.train.experiment import ConfigError, Experiment, TaskSection, override
 from pgjax.train.trainer import Trainer
 
 
@@ -216,8 +216,8 @@ def test_format_reward_rule(completion, ok):
 def test_registry_and_task_section():
     task = R.make_task("word_math", digits=2)
     assert task == R.WordMathTask(digits=2) and R.TASKS["word_math"] is R.WordMathTask
-    section = TaskSection(name="word_math", digits=3, ops="+*")
-    assert R.make_task(section.name, **section.factory_fields()) == R.WordMathTask(digits=3, ops="+*")
+    section = TaskSection(name="word_math", options={"digits": 3, "ops": "+*"})
+    assert R.make_task(section.name, section.options) == R.WordMathTask(digits=3, ops="+*")
     for bad in ({"digits": 0}, {"ops": "+/"}, {"answer_from": "last"}, {"word_share": 1.5}):
         with pytest.raises(ValueError):
             R.WordMathTask(**bad)
@@ -299,13 +299,12 @@ def test_held_out_numbers_lie_outside_the_training_range(digits):
 
 
 def test_held_out_is_a_task_option_and_training_refuses_it(tmp_path):
-    exp = override(Experiment(), ["task.name=word_math", "task.held_out=templates", "task.digits=3"])
-    assert R.make_task(exp.task.name, **exp.task.factory_fields()) == R.WordMathTask(digits=3, ops="+",
-                                                                                     held_out="templates")
+    exp = override(Experiment(), ["task.name=word_math", "task.options.held_out=templates", "task.options.digits=3"])
+    assert R.make_task(exp.task.name, exp.task.options) == R.WordMathTask(digits=3, held_out="templates")
     for bad, message in (({"held_out": "test"}, "held_out must be one of none, templates, numbers, both"),
                          ({"held_out": "numbers", "digits": 18}, "digits must be <= 17")):
         with pytest.raises(ValueError, match=message):
             R.WordMathTask(**bad)
-    training = tiny_experiment(tmp_path, task=TaskSection(name="word_math", held_out="numbers"))
-    with pytest.raises(ConfigError, match="task.held_out='numbers' is a held-out evaluation split"):
+    training = tiny_experiment(tmp_path, task=TaskSection(name="word_math", options={"held_out": "numbers"}))
+    with pytest.raises(ConfigError, match="task.options.held_out='numbers' is a held-out evaluation split"):
         Trainer(training)

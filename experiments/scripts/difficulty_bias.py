@@ -48,9 +48,9 @@ import numpy as np
 import optax
 
 from pgjax import markdown
+from pgjax.config import Experiment, ModelSection, TaskSection, WarmStartSection
 from pgjax.rollout.collect import RolloutConfig
 from pgjax.study import ACROSS_SEEDS_NOTE, plot_band, seed_cell, tail_mean, variants
-from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
 from pgjax.train.trainer import Callback
 
 VARIANTS = {"std": {"divide_by_std": 1.0}, "no_std": {"divide_by_std": 0.0}}
@@ -60,7 +60,7 @@ MEASURES = ("weight", "weight_share", "grad_norm", "accuracy", "solved_groups", 
 
 def base_experiment(steps: int, smoke: bool) -> Experiment:
     """The shared settings (everything but the seed, the switch and the run directory)."""
-    task = TaskSection(name="arithmetic_mix", digits=len(DIFFICULTIES))
+    task = TaskSection(name="arithmetic_mix", options={"digits": len(DIFFICULTIES)})
     if smoke:
         return Experiment(name="difficulty_bias", algorithm="dr_grpo", steps=steps, prompts_per_step=6,
                           eval_every=steps, eval_prompts=6, checkpoint_every=steps, task=task,

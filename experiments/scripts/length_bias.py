@@ -1,7 +1,8 @@
 """GRPO's response-length bias in real training (the paper's "Dr. GRPO" section; Liu et al. 2025).
 
     python experiments/scripts/length_bias.py [--seeds 3] [--steps 150]      # ~15 min on 2 CPU cores
-    python experiments/scripts/length_bias.py --set task.working=before --out experiments/results/length_bias_before
+    python experiments/scripts/length_bias.py --set task.options.working=before \\
+        --out experiments/results/length_bias_before
     python experiments/scripts/length_bias.py --smoke --runs /tmp/lb --out /tmp/lb   # seconds: the CI check
     python experiments/scripts/length_bias.py --report      # summary, table and plot again from summary.json
 
@@ -13,7 +14,7 @@ shrink. Dr. GRPO (eq. 21) drops 1/|o| (and the group std).
 
 Task ``scratchpad_arithmetic``: 1-digit addition where a response is the answer,
 ``':'`` and free text (``working="after"``, the default here), or free text,
-``':'`` and the answer (``--set task.working=before``); only the answer counts,
+``':'`` and the answer (``--set task.options.working=before``); only the answer counts,
 so the length can drift either way without changing correctness. With the text
 after the answer the policy picks the length knowing its answer, so length can
 come to depend on correctness; before it, it cannot. The supervised warm start
@@ -42,10 +43,9 @@ seeds with its t interval across seeds). ``--report`` writes them again from
 import numpy as np
 
 from pgjax import markdown
+from pgjax.config import Experiment, ModelSection, OptimConfig, TaskSection, WarmStartSection
 from pgjax.rollout.collect import RolloutConfig
 from pgjax.study import ACROSS_SEEDS_NOTE, plot_band, seed_cell, tail_mean, variants
-from pgjax.train.experiment import Experiment, ModelSection, TaskSection, WarmStartSection
-from pgjax.train.optim import OptimConfig
 
 VARIANTS = {
     "grpo": {"divide_by_std": 1.0, "divide_by_length": 1.0},
@@ -62,14 +62,14 @@ def base_experiment(steps: int, smoke: bool) -> Experiment:
     if smoke:
         return Experiment(name="length_bias", algorithm="dr_grpo", steps=steps, prompts_per_step=4, eval_every=steps,
                           eval_prompts=8, checkpoint_every=steps,
-                          task=TaskSection(name="scratchpad_arithmetic", working="after"),
+                          task=TaskSection(name="scratchpad_arithmetic", options={"working": "after"}),
                           model=ModelSection(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                              num_attention_heads=2, num_key_value_heads=1, head_dim=16),
                           rollout=RolloutConfig(samples_per_prompt=4, max_prompt_tokens=8, max_new_tokens=16),
                           warm_start=WarmStartSection(steps=3, batch_size=8))
     return Experiment(name="length_bias", algorithm="dr_grpo", steps=steps, prompts_per_step=32, eval_every=25,
                       eval_prompts=256, checkpoint_every=steps,
-                      task=TaskSection(name="scratchpad_arithmetic", digits=1, working="after"),
+                      task=TaskSection(name="scratchpad_arithmetic", options={"digits": 1, "working": "after"}),
                       rollout=RolloutConfig(samples_per_prompt=8, max_prompt_tokens=8, max_new_tokens=20),
                       optim=OptimConfig(lr=5e-4, warmup_steps=5),
                       warm_start=WarmStartSection(steps=120, batch_size=64))

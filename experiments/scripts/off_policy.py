@@ -27,9 +27,9 @@ variants run one after another in one process, so they share the machine alike.
 import numpy as np
 
 from pgjax import markdown
+from pgjax.config import Experiment, ModelSection, WarmStartSection
 from pgjax.rollout.collect import RolloutConfig
 from pgjax.study import ACROSS_SEEDS_NOTE, plot_band, seed_cell, tail_mean, variants
-from pgjax.train.experiment import Experiment, ModelSection, WarmStartSection
 
 TIS = {"algorithm.correction": "token"}
 VARIANTS = {

@@ -31,10 +31,9 @@ import sys
 
 import numpy as np
 
-from pgjax import markdown
+from pgjax import config, markdown
 from pgjax.evaluation.statistics import across_seeds
 from pgjax.study import plot_band, tail_mean
-from pgjax.train import experiment
 from pgjax.train.sinks import read_records
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -47,21 +46,21 @@ METRICS = (("eval_accuracy", "greedy accuracy (held out)"), ("accuracy", "sample
 TAIL = 10
 
 
-def base_experiment(steps: int | None, smoke: bool) -> experiment.Experiment:
+def base_experiment(steps: int | None, smoke: bool) -> config.Experiment:
     """The main job (``experiments/arithmetic_dr_grpo.py``), or a seconds-long one for ``--smoke``."""
-    exp = experiment.load(str(ROOT / "experiments" / "arithmetic_dr_grpo.py"))
+    exp = config.load(str(ROOT / "experiments" / "arithmetic_dr_grpo.py"))
     if smoke:
-        exp = experiment.override(exp, [
+        exp = config.override(exp, [
             "steps=3", "prompts_per_step=4", "eval_every=3", "eval_prompts=8", "warm_start.steps=3",
             "warm_start.batch_size=8", "model.hidden_size=32", "model.intermediate_size=64",
             "model.num_hidden_layers=1", "model.num_attention_heads=2", "model.num_key_value_heads=1",
             "model.head_dim=16", "rollout.samples_per_prompt=4"])
     if steps is not None:
-        exp = experiment.override(exp, [f"steps={steps}"])
+        exp = config.override(exp, [f"steps={steps}"])
     return exp
 
 
-def train(exp: experiment.Experiment, seeds: int, runs: pathlib.Path, out: pathlib.Path, resume: bool) -> None:
+def train(exp: config.Experiment, seeds: int, runs: pathlib.Path, out: pathlib.Path, resume: bool) -> None:
     """Train the population into ``runs`` (``resume``: continue the one there from its checkpoint) and
     keep its records in ``out/records``."""
     from pgjax.train.population import Population

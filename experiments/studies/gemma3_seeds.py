@@ -24,9 +24,9 @@ from pgjax import study
 EVAL_SEED, EVAL_PROMPTS, EVAL_SAMPLES = 1000, 128, 4
 TITLES = {"none": "training phrasings", "templates": "held-out templates",
           "numbers": "held-out numbers (2-digit operands)"}
-BASE_TASK = ("--task", "word_math", "--set", "task.digits=1", "--set", "task.ops=+-",
-             "--set", "task.chat_template=none",
-             "--set", "task.prompt_template=Question: {prompt}\\nAnswer:", "--set", "task.stop_text=\\n")
+BASE_TASK = ("--task", "word_math", "--set", "task.options.digits=1", "--set", "task.options.ops=+-",
+             "--set", "task.prompt.chat_template=none",
+             "--set", "task.prompt.template=Question: {prompt}\\nAnswer:", "--set", "task.prompt.stop_text=\\n")
 
 STUDY = study.Study(
     name="gemma3_seeds", experiment="experiments/gemma3_math.py", base_model="models/gemma3-270m",
@@ -34,8 +34,8 @@ STUDY = study.Study(
     evaluations=(study.Evaluation(
         "eval", ("--prompts", EVAL_PROMPTS, "--samples", EVAL_SAMPLES, "--k", "1,4", "--max-new-tokens", 64,
                  "--temperature", "0.7", "--seed", EVAL_SEED), minutes=5,
-        variants={split: ("--set", f"task.held_out={split}") for split in TITLES},
-        titles={s: f"{t} (`task.held_out={s}`)" for s, t in TITLES.items()}),),
+        variants={split: ("--set", f"task.options.held_out={split}") for split in TITLES},
+        titles={s: f"{t} (`task.options.held_out={s}`)" for s, t in TITLES.items()}),),
     train_minutes=15, machine="the 2-core AMD EPYC of docs/real_models.md",
     curve_title="Gemma 3 270M (base) on word_math",
     record_metrics=("accuracy", "length", "length_correct", "length_incorrect", "truncated"))

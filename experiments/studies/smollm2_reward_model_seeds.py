@@ -15,9 +15,9 @@ from the instruct checkpoint, trained on
 
 - ``verifier``: the verifier's reward; the reward model scores every sample too, with weight 0, so
   the records hold its score and its agreement with the verifier under the policy the verifier trains;
-- ``reward_model``: the reward model's score alone (``task.verifier_weight=0``): the verifier only
+- ``reward_model``: the reward model's score alone (``task.reward.verifier_weight=0``): the verifier only
   measures. GRPO whitens each group's rewards, so any affine normalisation of the score would give
-  the same update (``task.reward_model_normalize`` is left at ``none``).
+  the same update (``task.reward.model_normalize`` is left at ``none``).
 
 and, on seed 0 only, ``reward_model_long``: the ``reward_model`` arm for ``LONG_STEPS`` steps, to see
 where optimising the learned reward stops helping the verifier's accuracy.
@@ -34,22 +34,22 @@ from pgjax import study
 REWARD_MODEL = "runs/smollm2_reward_model"
 RL_STEPS, WINDOW = 20, 5
 EVAL_SEED, EVAL_PROMPTS, EVAL_SAMPLES = 1000, 128, 4
-TASK = ("--task", "word_math", "--set", "task.digits=2", "--set", "task.ops=+-*")
+TASK = ("--task", "word_math", "--set", "task.options.digits=2", "--set", "task.options.ops=+-*")
 LONG_STEPS = 60
 
 
 def rl(steps: int) -> tuple[str, ...]:
     """GRPO for ``steps`` steps with the reward model loaded (each arm sets the weights)."""
     return ("algorithm.preset=grpo", f"steps={steps}", "eval_every=10", "checkpoint_every=10",
-            f"task.reward_model={REWARD_MODEL}")
+            f"task.reward.model={REWARD_MODEL}")
 
 
 STUDY = study.Study(
     name="smollm2_reward_model_seeds", experiment="experiments/smollm2_math.py",
     base_model="models/smollm2-135m-instruct",
-    methods={"verifier": (*rl(RL_STEPS), "task.reward_model_weight=0"),
-             "reward_model": (*rl(RL_STEPS), "task.verifier_weight=0"),
-             "reward_model_long": (*rl(LONG_STEPS), "task.verifier_weight=0")},
+    methods={"verifier": (*rl(RL_STEPS), "task.reward.model_weight=0"),
+             "reward_model": (*rl(RL_STEPS), "task.reward.verifier_weight=0"),
+             "reward_model_long": (*rl(LONG_STEPS), "task.reward.verifier_weight=0")},
     seeds=(0, 1, 2), method_seeds={"reward_model_long": (0,)}, references={"base": TASK},
     evaluations=(study.Evaluation(
         "eval", ("--prompts", EVAL_PROMPTS, "--samples", EVAL_SAMPLES, "--k", "1,4", "--max-new-tokens", 64,

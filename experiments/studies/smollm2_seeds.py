@@ -14,7 +14,7 @@ A ``pgjax.study`` (how jobs run, resume across sessions and are reported). The j
 - ``eval:MODEL:SPLIT``: the base checkpoint or a trained run on ``EVAL_PROMPTS`` held-out prompts
   drawn with ``EVAL_SEED`` (the same prompts for every model: the paired comparison checks), greedy
   and ``EVAL_SAMPLES`` samples at T = 0.7, 64 new tokens (the training budget), on the training
-  phrasings (``none``), the held-out templates and the held-out numbers (``task.held_out``);
+  phrasings (``none``), the held-out templates and the held-out numbers (``task.options.held_out``);
 - ``budgets:MODEL``: the base model and Dr. GRPO seed 0 at 64, 256 and 512 new tokens
   (``BUDGET_PROMPTS`` prompts, 8 samples): finish rate, accuracy of finished answers and overall,
   per difficulty, operation and kind;
@@ -36,18 +36,18 @@ PASSK_PROMPTS, PASSK_SAMPLES, PASSK_BUDGET = 64, 64, 256
 # are ones trained in the session that measured them (any seed serves the question; these are two methods)
 PASSK_MODELS = ("base", "grpo_s1", "dr_grpo_lora_s0")
 SAMPLING = ("--temperature", "0.7", "--seed", EVAL_SEED)
-SPLITS = {split: ("--set", f"task.held_out={split}") for split in ("none", "templates", "numbers")}
+SPLITS = {split: ("--set", f"task.options.held_out={split}") for split in ("none", "templates", "numbers")}
 TITLES = {"none": "training phrasings", "templates": "held-out templates",
           "numbers": "held-out numbers (3-digit operands)"}
 
 STUDY = study.Study(
     name="smollm2_seeds", experiment="experiments/smollm2_math.py", base_model="models/smollm2-135m-instruct",
     methods=METHODS, seeds=(0, 1, 2),
-    references={"base": ("--task", "word_math", "--set", "task.digits=2", "--set", "task.ops=+-*")},
+    references={"base": ("--task", "word_math", "--set", "task.options.digits=2", "--set", "task.options.ops=+-*")},
     evaluations=(
         study.Evaluation("eval", ("--prompts", EVAL_PROMPTS, "--samples", EVAL_SAMPLES, "--k", "1,4",
                                   "--max-new-tokens", 64, *SAMPLING), minutes=6, variants=SPLITS,
-                         titles={s: f"{t} (`task.held_out={s}`)" for s, t in TITLES.items()}),
+                         titles={s: f"{t} (`task.options.held_out={s}`)" for s, t in TITLES.items()}),
         study.Evaluation("budgets", ("--prompts", BUDGET_PROMPTS, "--samples", 8, "--k", "1,8",
                                      "--batch-rows", 256,                     # 256 rows: a 4 GB KV cache
                                      "--max-new-tokens", ",".join(map(str, BUDGETS)), *SAMPLING), minutes=45,

@@ -23,8 +23,15 @@ from pgjax import study
 
 WARM_STEPS, RL_STEPS = 10, 20
 EVAL_SEED, EVAL_PROMPTS, EVAL_SAMPLES = 1000, 128, 4
-TASK = ("--task", "word_math", "--set", "task.digits=3", "--set", "task.ops=*")
-TOOLS = ("--set", "task.tools=calculator", "--set", "rollout.max_turns=3", "--set", "rollout.max_observation_tokens=32")
+TASK = ("--task", "word_math", "--set", "task.options.digits=3", "--set", "task.options.ops=*")
+TOOLS = (
+    "--set",
+    "task.tools.names=calculator",
+    "--set",
+    "rollout.max_turns=3",
+    "--set",
+    "rollout.max_observation_tokens=32",
+)
 
 STUDY = study.Study(
     name="smollm2_tools_seeds", experiment="experiments/smollm2_tools.py",

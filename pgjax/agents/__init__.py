@@ -1,7 +1,7 @@
 """Agents: tools a policy calls and the environments it acts in (host-side Python).
 
 - ``tools``: the tool interface (``Tool``, ``ToolResult``) and ``Calculator`` (exact arithmetic through
-  ``pgjax.tasks.expressions``, never ``eval``); ``TOOLS``, the built-in tools by name (``task.tools``,
+  ``pgjax.tasks.expressions``, never ``eval``); ``TOOLS``, the built-in tools by name (``task.tools.names``,
   which also takes a tool of your own by import path);
 - ``sandbox``: ``PythonSandbox``, the Python tool: the model's program in a confined child process
   (``confine`` is the child's side). What it guarantees: docs/agents.md;
@@ -23,7 +23,7 @@ from pgjax.agents.environment import (
 from pgjax.agents.sandbox import PythonSandbox, SandboxError, SandboxRun, SandboxUnavailable
 from pgjax.agents.tools import Calculator, Tool, ToolResult, format_number
 
-# the built-in tools by the names task.tools takes (beside the import path of a tool of the user's):
+# the built-in tools by the names task.tools.names takes (beside the import path of a tool of the user's):
 # each a class called with no arguments
 TOOLS = {"calculator": Calculator, "python": PythonSandbox}
 

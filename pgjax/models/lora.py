@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+from pgjax.checks import check_finite, require
 
 ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")
@@ -41,16 +44,15 @@ class LoRAConfig:
     dropout: float = 0.0
     targets: tuple[str, ...] = TARGETS
 
+    PREFIX: ClassVar[str] = "model.lora."       # the settings' keys: model.lora.<field>
+
     def __post_init__(self):
-        if self.rank < 1:
-            raise ValueError(f"LoRA rank must be >= 1, got {self.rank!r}")
-        if not (math.isfinite(self.alpha) and self.alpha > 0):
-            raise ValueError(f"LoRA alpha must be finite and > 0, got {self.alpha!r}")
-        if not 0 <= self.dropout < 1:
-            raise ValueError(f"LoRA dropout must be in [0, 1), got {self.dropout!r}")
-        unknown = set(self.targets) - set(TARGETS)
-        if unknown or not self.targets:
-            raise ValueError(f"LoRA targets {sorted(unknown) or '()'} invalid: a non-empty subset of {TARGETS}")
+        require(self.rank >= 1, f"{self.PREFIX}rank", self.rank, "an integer >= 1")
+        check_finite(self.alpha > 0, f"{self.PREFIX}alpha", self.alpha, "> 0")
+        require(0 <= self.dropout < 1, f"{self.PREFIX}dropout", self.dropout, "in [0, 1)")
+        unknown = sorted(set(self.targets) - set(TARGETS))
+        require(bool(self.targets) and not unknown, f"{self.PREFIX}targets", self.targets,
+                f"a non-empty subset of {TARGETS}" + (f" ({', '.join(unknown)} unknown)" if unknown else ""))
 
     @property
     def scale(self) -> float:

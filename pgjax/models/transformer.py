@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from pgjax.checks import ConfigError, require
 from pgjax.errors import described_value
 from pgjax.models.lora import Adapter, LoRAConfig, adapter, dropout_keys
 from pgjax.parallel.mesh import constrain
@@ -123,8 +125,10 @@ class ModelConfig:
     eos_token_id: int | tuple[int, ...] | None = None    # a tuple where config.json lists several
     pad_token_id: int | None = None
 
+    PREFIX: ClassVar[str] = "model."        # the settings' keys: model.<field>
+
     def __post_init__(self):
-        """ValueError ``NAME=VALUE is invalid: WHAT IS VALID`` for the first field out of its range
+        """ConfigError ``model.NAME=VALUE is invalid: WHAT IS VALID`` for the first field out of its range
         (``layer_types`` given as a list is kept as a tuple)."""
         if isinstance(self.layer_types, list):
             object.__setattr__(self, "layer_types", tuple(self.layer_types))
@@ -132,10 +136,12 @@ class ModelConfig:
                  "num_key_value_heads", "head_dim")
         sliding = "sliding_attention" in (self.layer_types or ())
         positive = lambda name: getattr(self, name) is None or getattr(self, name) > 0      # noqa: E731
-        if not (self.family in FAMILIES or is_import_path(self.family)):
-            raise ValueError(f"family={self.family!r} is invalid: one of {tuple(FAMILIES)}, or the import path "
-                             "package.module:NAME of a Family of your own")
-        family = family_of(self.family)         # a Family's import path: it imports and is a Family
+        require(self.family in FAMILIES or is_import_path(self.family), f"{self.PREFIX}family", self.family,
+                f"one of {tuple(FAMILIES)}, or the import path package.module:NAME of a Family of your own")
+        try:                # an import path: it imports and is a Family
+            family = family_of(self.family, f"{self.PREFIX}family")
+        except ValueError as error:
+            raise ConfigError(str(error), f"{self.PREFIX}family", self.family) from None
         rules = [*((name, lambda name=name: getattr(self, name) >= 1, "an integer >= 1") for name in sizes),
                  ("num_key_value_heads", lambda: self.num_attention_heads % self.num_key_value_heads == 0,
                   f"a divisor of num_attention_heads={self.num_attention_heads}"),
@@ -156,8 +162,7 @@ class ModelConfig:
                  ("rope_local_theta", lambda: positive("rope_local_theta"), "> 0"),
                  ("query_pre_attn_scalar", lambda: positive("query_pre_attn_scalar"), "> 0")]
         for name, ok, valid in rules:
-            if not ok():
-                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: {valid}")
+            require(ok(), self.PREFIX + name, getattr(self, name), valid)
 
     @property
     def family_spec(self) -> Family:

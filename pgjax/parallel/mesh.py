@@ -21,6 +21,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from pgjax.checks import check_types, invalid, require
+
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
 MEMBER_AXIS = "members"        # a population's members (pgjax.train.population), before MESH_AXES
@@ -36,10 +38,14 @@ class MeshConfig:
     tensor: int = 1
 
     def __post_init__(self):
-        sizes = [self.data, self.fsdp, self.tensor]
-        if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
-            raise ValueError(f"mesh sizes (data, fsdp, tensor) = {sizes}: each >= 1, or -1 (the rest) for "
-                             "at most one")
+        check_types(self, "mesh.")
+        sizes = dict(zip(MESH_AXES, (self.data, self.fsdp, self.tensor), strict=True))
+        for axis, size in sizes.items():
+            require(size >= 1 or size == -1, f"mesh.{axis}", size, "an integer >= 1, or -1 (the rest of the devices)")
+        rest = [axis for axis, size in sizes.items() if size == -1]
+        if len(rest) > 1:
+            raise invalid(f"mesh.{rest[1]}", -1, f"an integer >= 1 here: mesh.{rest[0]}=-1 takes the rest of the "
+                          "devices already")
 
     def sizes(self, devices: int) -> tuple[int, int, int]:
         sizes = [self.data, self.fsdp, self.tensor]

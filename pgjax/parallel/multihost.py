@@ -18,6 +18,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, PartitionSpec
 
+from pgjax.checks import check_types, require
 from pgjax.parallel.mesh import BATCH_AXES, batch_sharding, check_divisible_rows
 
 
@@ -38,13 +39,14 @@ class DistributedConfig:
     process_id: int = -1
 
     def __post_init__(self):
-        if self.initialize not in ("auto", "on", "off"):
-            raise ValueError(f"distributed.initialize must be auto, on or off; got {self.initialize!r}")
-        pid, num = self.process_id, self.num_processes
-        if num < 0 or not (pid == -1 or 0 <= pid < (num or pid + 1)):
-            raise ValueError(f"distributed: num_processes must be >= 0 (0: from the environment) and process_id in "
-                             f"[0, num_processes) or -1 (from the environment); got {self.num_processes}, "
-                             f"{self.process_id}")
+        check_types(self, "distributed.")
+        require(self.initialize in ("auto", "on", "off"), "distributed.initialize", self.initialize,
+                "one of auto, on, off")
+        require(self.num_processes >= 0, "distributed.num_processes", self.num_processes,
+                "an integer >= 0 (0: from the environment)")
+        require(self.process_id == -1 or 0 <= self.process_id < (self.num_processes or self.process_id + 1),
+                "distributed.process_id", self.process_id,
+                f"in [0, num_processes={self.num_processes}), or -1 (from the environment)")
 
 
 def cluster_detected(environ=os.environ) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +20,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from pgjax import core
+from pgjax.checks import check_finite, check_types, require
 from pgjax.models import hf
 from pgjax.models.transformer import CausalLM
 from pgjax.parallel.mesh import single_device_mesh
@@ -63,7 +64,7 @@ class RolloutConfig(Decoding):
       (``mesh`` describes those); the weights are copied to the sampler's devices before each
       sampling and the batch back to the learner's.
     max_turns, max_episode_tokens, max_observation_tokens: multi-turn episodes, where the task has
-      an environment (``task.tools``, or a task's own ``environment``; ``pgjax.rollout.episodes``): at
+      an environment (``task.tools.names``, or a task's own ``environment``; ``pgjax.rollout.episodes``): at
       most ``max_turns`` replies of at most ``max_new_tokens`` each, ``max_episode_tokens`` tokens
       after the prompt in all (0: as many as the turns and observations can take,
       ``episode_budget``), each observation cut to ``max_observation_tokens``.
@@ -84,27 +85,30 @@ class RolloutConfig(Decoding):
     max_episode_tokens: int = 0
     max_observation_tokens: int = 64
 
+    PREFIX: ClassVar[str] = "rollout."
+
     def __post_init__(self):
+        check_types(self, self.PREFIX)
         super().__post_init__()
-        rules = [("samples_per_prompt", self.samples_per_prompt >= 1, ">= 1"),
-                 ("max_prompt_tokens", self.max_prompt_tokens >= 1, ">= 1"),
-                 ("overlong_buffer", 0 <= self.overlong_buffer < self.max_new_tokens,
-                  f"in [0, max_new_tokens={self.max_new_tokens}) (0: off)"),
-                 ("overlong_penalty", self.overlong_penalty >= 0 and math.isfinite(self.overlong_penalty),
-                  "finite and >= 0"),
-                 ("length_penalty", self.length_penalty >= 0 and math.isfinite(self.length_penalty),
-                  "finite and >= 0 (0: off)"),
-                 ("nonfinite_rewards", self.nonfinite_rewards in NONFINITE_POLICIES, f"one of {NONFINITE_POLICIES}"),
-                 ("staleness", self.staleness >= 0, "an integer >= 0 (0: on-policy)"),
-                 ("compute_dtype", self.compute_dtype in ("", "float32", "bfloat16"),
-                  "float32, bfloat16 or empty (the model's)"),
-                 ("sampler_devices", self.sampler_devices >= 0, "an integer >= 0 (0: the learner's devices)"),
-                 ("max_turns", self.max_turns >= 1, "an integer >= 1"),
-                 ("max_episode_tokens", self.max_episode_tokens >= 0, "an integer >= 0 (0: the turns' own budget)"),
-                 ("max_observation_tokens", self.max_observation_tokens >= 1, "an integer >= 1")]
-        for name, ok, valid in rules:
-            if not ok:
-                raise ValueError(f"{name} must be {valid}, got {getattr(self, name)!r}")
+        key = lambda name: self.PREFIX + name       # noqa: E731
+        require(self.samples_per_prompt >= 1, key("samples_per_prompt"), self.samples_per_prompt, "an integer >= 1")
+        require(self.max_prompt_tokens >= 1, key("max_prompt_tokens"), self.max_prompt_tokens, "an integer >= 1")
+        require(0 <= self.overlong_buffer < self.max_new_tokens, key("overlong_buffer"), self.overlong_buffer,
+                f"an integer in [0, max_new_tokens={self.max_new_tokens}) (0: off)")
+        check_finite(self.overlong_penalty >= 0, key("overlong_penalty"), self.overlong_penalty, ">= 0")
+        check_finite(self.length_penalty >= 0, key("length_penalty"), self.length_penalty, ">= 0 (0: off)")
+        require(self.nonfinite_rewards in NONFINITE_POLICIES, key("nonfinite_rewards"), self.nonfinite_rewards,
+                f"one of {', '.join(NONFINITE_POLICIES)}")
+        require(self.staleness >= 0, key("staleness"), self.staleness, "an integer >= 0 (0: on-policy)")
+        require(self.compute_dtype in ("", "float32", "bfloat16"), key("compute_dtype"), self.compute_dtype,
+                "float32, bfloat16 or empty (the model's)")
+        require(self.sampler_devices >= 0, key("sampler_devices"), self.sampler_devices,
+                "an integer >= 0 (0: the learner's devices)")
+        require(self.max_turns >= 1, key("max_turns"), self.max_turns, "an integer >= 1")
+        require(self.max_episode_tokens >= 0, key("max_episode_tokens"), self.max_episode_tokens,
+                "an integer >= 0 (0: the turns' own budget)")
+        require(self.max_observation_tokens >= 1, key("max_observation_tokens"), self.max_observation_tokens,
+                "an integer >= 1")
 
     def episode_budget(self) -> int:
         """An episode's tokens after its prompt, at most: ``max_episode_tokens``, or what ``max_turns``
@@ -160,8 +164,8 @@ class PromptFormat:
         if not self.chat:
             if len(turns) > 1:
                 raise ValueError(f"a conversation of {len(turns)} messages needs a chat template, but the prompts are "
-                                 "plain text (task.chat_template='none', or the tokenizer has no template); only a "
-                                 "single user message can be given as plain text")
+                                 "plain text (task.prompt.chat_template='none', or the tokenizer has no template); "
+                                 "only a single user message can be given as plain text")
             return turns
         if self.system_prompt and turns[0]["role"] != "system":
             turns.insert(0, {"role": "system", "content": self.system_prompt})
@@ -224,8 +228,8 @@ def prompt_format_for(tokenizer, chat_template: str = "auto", system_prompt: str
     a base model); ValueError for a system prompt without a template."""
     chat = chat_template == "auto" and getattr(tokenizer, "chat_template", None) is not None
     if system_prompt and not chat:
-        why = "task.chat_template='none'" if chat_template == "none" else "the tokenizer has no chat template"
-        raise ValueError(f"task.system_prompt is set but the prompts are plain text ({why})")
+        why = "task.prompt.chat_template='none'" if chat_template == "none" else "the tokenizer has no chat template"
+        raise ValueError(f"task.prompt.system_prompt is set but the prompts are plain text ({why})")
     return PromptFormat(chat=chat, system_prompt=system_prompt, template=prompt_template)
 
 
@@ -249,10 +253,10 @@ def text_tokens(tokenizer, texts) -> tuple[int, ...]:
     found = []
     for text in texts:
         if not text:
-            raise ValueError("task.stop_text: an empty text would stop every response at its first token")
+            raise ValueError("task.prompt.stop_text: an empty text would stop every response at its first token")
         ids = [i for i, piece in enumerate(pieces) if text in piece]
         if not ids:
-            raise ValueError(f"task.stop_text: no token of the tokenizer holds {text!r}")
+            raise ValueError(f"task.prompt.stop_text: no token of the tokenizer holds {text!r}")
         found += ids
     return tuple(dict.fromkeys(found))
 

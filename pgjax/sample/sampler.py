@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import flax.struct
 import jax
@@ -37,6 +37,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
+from pgjax.checks import check_finite, require
 from pgjax.core import token_logprobs
 from pgjax.models.transformer import CausalLM
 from pgjax.parallel.mesh import batch_shards, check_divisible_rows, constrain
@@ -54,15 +55,14 @@ class Decoding:
     top_k: int = 0
     top_p: float = 1.0
 
+    PREFIX: ClassVar[str] = ""         # the settings' keys: PREFIX + field (``rollout.``: ``RolloutConfig``)
+
     def __post_init__(self):
-        checks = [(self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}"),
-                  (0 < self.temperature < float("inf"), f"temperature must be finite and > 0 (use greedy=True "
-                                                        f"for argmax), got {self.temperature}"),
-                  (self.top_k >= 0, f"top_k must be >= 0 (0 = off), got {self.top_k}"),
-                  (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
+        key = lambda name: self.PREFIX + name       # noqa: E731
+        require(self.max_new_tokens >= 1, key("max_new_tokens"), self.max_new_tokens, "an integer >= 1")
+        check_finite(self.temperature > 0, key("temperature"), self.temperature, "> 0 (greedy=True for argmax)")
+        require(self.top_k >= 0, key("top_k"), self.top_k, "an integer >= 0 (0: off)")
+        require(0 < self.top_p <= 1, key("top_p"), self.top_p, "in (0, 1] (1: off)")
 
     def decoding(self) -> dict:
         """The ``Decoding`` fields of this config, by name."""
@@ -94,10 +94,8 @@ class SamplingConfig(Decoding):
     def __post_init__(self):
         super().__post_init__()
         object.__setattr__(self, "eos_ids", tuple(int(i) for i in np.atleast_1d(self.eos_ids)))
-        if self.n < 1:
-            raise ValueError(f"n (samples per prompt) must be >= 1, got {self.n}")
-        if self.compaction < 0:
-            raise ValueError(f"compaction (halvings of the decode batch) must be >= 0, got {self.compaction}")
+        require(self.n >= 1, "n", self.n, "an integer >= 1 (samples per prompt)")
+        require(self.compaction >= 0, "compaction", self.compaction, "an integer >= 0 (halvings of the decode batch)")
 
 
 @flax.struct.dataclass

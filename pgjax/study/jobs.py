@@ -6,7 +6,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from pgjax.train import experiment as experiment_lib
+from pgjax import config as config_lib
 from pgjax.train.trainer import train
 
 
@@ -45,7 +45,7 @@ class Subprocess:
     """Each training job a ``python -m pgjax.run`` process (it survives the session that started it, and a
     run with checkpoints is resumed): for studies of real models, hours a run."""
 
-    def train(self, experiment: str | experiment_lib.Experiment, sets: list[str], directory: pathlib.Path) -> None:
+    def train(self, experiment: str | config_lib.Experiment, sets: list[str], directory: pathlib.Path) -> None:
         """Train experiment file ``experiment`` with the ``--set`` overrides ``sets`` (which name ``directory``
         as its ``run_dir``), resumed when ``directory`` has checkpoints."""
         assert isinstance(experiment, str), "Study refuses an Experiment object for a Subprocess runner"
@@ -62,11 +62,11 @@ class InProcess:
     the runs share their compiled programs, which keeps studies of tiny models fast."""
     callbacks: tuple = ()
 
-    def train(self, experiment: str | experiment_lib.Experiment, sets: list[str], directory: pathlib.Path) -> None:
+    def train(self, experiment: str | config_lib.Experiment, sets: list[str], directory: pathlib.Path) -> None:
         """Train ``experiment`` (an experiment file or an ``Experiment``) with the ``--set`` overrides ``sets``
         (which name ``directory`` as its ``run_dir``), resumed when ``directory`` has checkpoints."""
-        exp = experiment_lib.load(experiment) if isinstance(experiment, str) else experiment
-        train(experiment_lib.override(exp, sets), resume=resuming(directory), progress=False, callbacks=self.callbacks)
+        exp = config_lib.load(experiment) if isinstance(experiment, str) else experiment
+        train(config_lib.override(exp, sets), resume=resuming(directory), progress=False, callbacks=self.callbacks)
 
 
 Runner = Subprocess | InProcess

@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pgjax import config as config_lib
 from pgjax import markdown
 from pgjax.evaluation import paired
 from pgjax.evaluation.held_out import budgets_of, digits_of
 from pgjax.evaluation.held_out import to_markdown as evaluation_table
 from pgjax.study.curves import ACROSS_SEEDS_NOTE, plot_band, seed_cell
 from pgjax.study.jobs import EvalJob, Job, Runner, Subprocess, TrainJob
-from pgjax.train import experiment as experiment_lib
 from pgjax.train.sinks import read_records
 
 NO_VARIANT = {"": ()}
@@ -72,7 +72,7 @@ class Study:
     ``method_seeds``: ``{method: seeds}`` for a method trained on other seeds than ``seeds`` (a longer
     run on one seed, say)."""
     name: str
-    experiment: str | experiment_lib.Experiment
+    experiment: str | config_lib.Experiment
     base_model: str
     methods: Mapping[str, tuple[str, ...]]
     seeds: tuple[int, ...]
@@ -117,7 +117,7 @@ class Study:
         """The directory (under RUNS) and model name of ``method``'s run with ``seed``."""
         return self.run_names.format(method=method, seed=seed)
 
-    def experiment_of(self, method: str) -> str | experiment_lib.Experiment:
+    def experiment_of(self, method: str) -> str | config_lib.Experiment:
         """The experiment ``method`` trains: its own file in ``experiments``, else the study's."""
         return self.experiments.get(method, self.experiment)
 

@@ -7,9 +7,9 @@ import argparse
 import json
 import pathlib
 
+from pgjax import config as config_lib
 from pgjax.study.jobs import InProcess, TrainJob
 from pgjax.study.runner import Study
-from pgjax.train import experiment as experiment_lib
 from pgjax.train.sinks import read_records
 
 WARM = "warm"        # the method whose run of a seed (steps=0) is the warm-started policy its variants start from
@@ -23,7 +23,7 @@ def variant_sets(experiment_name: str, variant: str, changes: dict) -> tuple[str
             "warm_start.steps=0", f"name={experiment_name}_{variant}")
 
 
-def variants_study(name: str, base: experiment_lib.Experiment, variants: dict, seeds, callbacks=()) -> Study:
+def variants_study(name: str, base: config_lib.Experiment, variants: dict, seeds, callbacks=()) -> Study:
     """The in-process ``Study`` of ``variants`` (``{variant: changes}``, see ``variant_sets``) of ``base`` over
     ``seeds``: method ``warm`` trains a seed's warm start alone (``steps=0``) and each variant continues it;
     runs in ``RUNS/<method>/seed<k>``, with the trainer ``callbacks``."""
@@ -35,7 +35,7 @@ def variants_study(name: str, base: experiment_lib.Experiment, variants: dict, s
                  runner=InProcess(tuple(callbacks)), keep_records=False)
 
 
-def warm_checkpoint(base: experiment_lib.Experiment, seed: int, runs) -> pathlib.Path:
+def warm_checkpoint(base: config_lib.Experiment, seed: int, runs) -> pathlib.Path:
     """Random seed ``seed``'s warm-started policy as a Hugging Face checkpoint (a ``steps=0`` run of ``base``
     under ``runs/warm/seed<k>``), reused if present."""
     study = variants_study(base.name, base, {}, (seed,))
@@ -114,7 +114,7 @@ def main(argv, doc: str, name: str, steps: int, base_experiment, variants: dict,
     else:
         steps, seeds, tail = (2, 1, 1) if args.smoke else (args.steps, args.seeds, args.tail)
         out.mkdir(parents=True, exist_ok=True)
-        base = experiment_lib.override(base_experiment(steps, args.smoke), args.set)
+        base = config_lib.override(base_experiment(steps, args.smoke), args.set)
         settings = {"steps": steps, "seeds": seeds, "tail": tail, "smoke": args.smoke, "overrides": args.set}
         runs = finished_seeds(out / "summary.json", settings, variants, seeds)
         missing = [seed for seed in range(seeds) if seed not in runs[next(iter(variants))]]

@@ -13,7 +13,7 @@ unparsable answer, a division by zero, or any exception while scoring one
 row gives that row 0.0. Rewards are never NaN or infinite, and scoring never
 raises because of what a model wrote. Mismatched lengths of prompts,
 completions and fields (ValueError) or a missing field (TypeError) are the
-caller's bugs and do raise. A reward *function* (a verifier, your ``task.reward``) that raises, does not
+caller's bugs and do raise. A reward *function* (a verifier, your ``task.reward.function``) that raises, does not
 return in time (``with_timeout``) or returns anything but one number per completion is a ``RewardError``
 naming it (``call_reward``, the one way training calls one).
 
@@ -91,6 +91,7 @@ from pgjax.tasks.registry import (
     TASKS,
     accepted_options,
     make_task,
+    option_defaults,
     reward_function,
     task_factory,
 )
@@ -104,7 +105,8 @@ from pgjax.tasks.word_math import (
 )
 
 __all__ = [
-    "TASKS", "accepted_options", "ArithmeticTask", "Conversation", "CountdownTask", "EOS_ID", "FILE_FORMATS",
+    "TASKS", "accepted_options", "option_defaults", "ArithmeticTask", "Conversation", "CountdownTask", "EOS_ID",
+    "FILE_FORMATS",
     "JsonlMathTask", "MixedArithmeticTask", "PAD_ID",
     "NONFINITE_POLICIES", "RewardError", "RewardFn", "SPECIAL_TOKENS",
     "ScratchpadArithmeticTask", "Task", "UNK_ID", "WeightedSum", "answers_equal", "arithmetic_reward",

@@ -136,7 +136,7 @@ def raised_by_code(error: BaseException) -> bool:
 
 
 def with_timeout(fn: RewardFn, seconds: float) -> RewardFn:
-    """``fn`` whose every call must return within ``seconds`` (``task.reward_timeout``; 0: ``fn``
+    """``fn`` whose every call must return within ``seconds`` (``task.reward.timeout``; 0: ``fn``
     itself), else a RewardError naming it. Each call runs in a daemon thread, which a call that times
     out leaves behind, running (it does not keep the process from exiting); a function stuck in C
     code that holds the GIL cannot be interrupted, so then the timeout cannot fire either."""
@@ -146,7 +146,7 @@ def with_timeout(fn: RewardFn, seconds: float) -> RewardFn:
 
     def timed(prompts: Sequence[str], completions: Sequence[str], **fields: Sequence):
         return call_within(seconds, lambda: fn(prompts, completions, **fields), f"reward function {name}",
-                           lambda: RewardError(f"reward function {name} did not return within task.reward_timeout="
+                           lambda: RewardError(f"reward function {name} did not return within task.reward.timeout="
                                                f"{seconds} s (called on {len(completions)} completions)"))
 
     timed.__name__ = timed.__qualname__ = name

@@ -78,7 +78,7 @@ def reader_format(path: str | os.PathLike, file_format: str = "auto") -> str:
 
 
 def field_names(fields: str | Iterable[str]) -> tuple[str, ...]:
-    """Field names as a tuple: ``"id, level"`` (comma-separated, as ``task.extra_fields``) or a sequence."""
+    """Field names as a tuple: ``"id, level"`` (comma-separated, as ``task.options.extra_fields``) or a sequence."""
     if isinstance(fields, str):
         return tuple(name.strip() for name in fields.split(",") if name.strip())
     return tuple(fields)
@@ -369,7 +369,7 @@ class JsonlMathTask:
     path: str
     prompt_field: str = "question"
     answer_field: str = "answer"
-    extra_fields: tuple[str, ...] = ()
+    extra_fields: str | tuple[str, ...] = ""
     skip_invalid: bool = False
     file_format: str = "auto"
     name: str = dataclasses.field(default="jsonl_math", init=False)

@@ -3,9 +3,9 @@
 ``make_task("countdown", count=4)`` builds a registered task;
 ``make_task("my_pkg.tasks:make_task", digits=3, path="data.jsonl")`` imports and calls a user's
 factory instead (``pgjax.plugins.resolve``: a name of ``TASKS`` or an import path). Either way the
-factory receives the flat options its signature names (all of them if it takes ``**options``), so
-one flat set of options (an experiment's task section) serves every task, and, in ``options``, the
-task's own options by name (``task.options``), every one of which it must take.
+factory receives, in ``options``, the task's own options by name (an experiment's ``task.options``),
+every one of which it must take, and of the keyword ``fields`` those its signature names (all of
+them if it takes ``**options``).
 """
 from __future__ import annotations
 
@@ -27,19 +27,20 @@ TASKS: dict[str, Callable[..., Task]] = {
 
 
 def reward_function(path: str):
-    """The reward function at the import path ``path`` (``task.reward``); ValueError unless it can be
+    """The reward function at the import path ``path`` (``task.reward.function``); ValueError unless it can be
     called as ``fn(prompts, completions, **fields)``: a function or an object with ``__call__``, not a
     module, a class or a value."""
-    fn = resolve("task.reward", path, {}, "reward function")
+    fn = resolve("task.reward.function", path, {}, "reward function")
     if inspect.isclass(fn):
-        raise ValueError(f"task.reward={path!r} is a class, not a reward function fn(prompts, completions, **fields)")
+        raise ValueError(f"task.reward.function={path!r} is a class, not a reward function fn(prompts, "
+                         "completions, **fields)")
     if not callable(fn):
-        raise ValueError(f"task.reward={path!r} is not callable: it must be a reward function fn(prompts, "
+        raise ValueError(f"task.reward.function={path!r} is not callable: it must be a reward function fn(prompts, "
                          f"completions, **fields), not {described_value(fn)}")
     try:
         inspect.signature(fn).bind([], [])
     except TypeError as error:
-        raise ValueError(f"task.reward={path!r} cannot be called as fn(prompts, completions, **fields): "
+        raise ValueError(f"task.reward.function={path!r} cannot be called as fn(prompts, completions, **fields): "
                          f"{error}") from None
     except ValueError:      # no signature to read (a builtin): calling it will tell
         pass
@@ -62,12 +63,20 @@ def accepted_options(factory) -> list[str] | None:
     return [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
+def option_defaults(factory) -> dict[str, Any]:
+    """The options ``factory`` takes that have a default, and each default (what an option left out of
+    ``task.options`` is)."""
+    parameters = inspect.signature(factory).parameters.values()
+    return {p.name: p.default for p in parameters
+            if p.default is not p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
 TASK_METHODS = ("examples", "reward_fn", "tokenizer")      # what training calls on a task
 
 
 def make_task(name: str, options: Mapping[str, Any] | None = None, **fields) -> Task:
-    """The task ``name`` built from the ``fields`` its factory's signature names (the others left out:
-    one flat set serves every task) and every one of its own ``options`` (``task.options``), which the
+    """The task ``name`` built from the ``fields`` its factory's signature names (the others left out)
+    and every one of its own ``options`` (``task.options``), which the
     factory must take: TypeError naming an option it does not, before it is called (a factory that
     takes ``**options`` checks its own, raising TypeError or ValueError). ValueError when the factory
     returns something without the ``Task`` interface (``TASK_METHODS``)."""

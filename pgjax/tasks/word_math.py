@@ -25,7 +25,7 @@ training never sees; ``"numbers"`` keeps the training templates but gives every
 example difficulty ``digits + 1``: its larger operand has one digit more than
 training's largest (so it lies outside the training range, ``>= 10 ** digits``),
 the other 1..``digits + 1`` digits as usual; ``"both"`` does both. These splits
-are for evaluation (``python -m pgjax.eval ... --set task.held_out=templates``);
+are for evaluation (``python -m pgjax.eval ... --set task.options.held_out=templates``);
 the Trainer refuses to train on them. ``held_out="none"`` (the default) draws
 exactly the examples it drew before the splits existed.
 
@@ -152,7 +152,7 @@ class WordMathTask:
     Example: ``{"prompt": "What is 23 + 48? Put your final answer within \\boxed{}.",
     "answer": "23 + 48 = 71. The answer is \\boxed{71}.", "target": 71, "difficulty": 2, "op": "+",
     "kind": "expression", "tool_calls": [{"name": "calculator", "arguments": "23 + 48"}]}``; ``tool_calls``
-    is the worked episode's call with ``task.tools=calculator`` (``ToolEnvironment.demonstration``).
+    is the worked episode's call with ``task.tools.names=calculator`` (``ToolEnvironment.demonstration``).
     """
 
     digits: int = 2

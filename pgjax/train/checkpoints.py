@@ -28,8 +28,9 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from pgjax.checks import ConfigError
+from pgjax.errors import RunStopped
 from pgjax.parallel import multihost
-from pgjax.train.experiment import ConfigError, RunStopped
 
 FILE_LIST = "pgjax_files.json"
 

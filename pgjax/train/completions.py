@@ -8,7 +8,7 @@ what the host has after scoring, with no second decode and no scoring but a regu
   step, row, group      the RL step; the row p * K + k of the batch and its prompt group p
   reward                the training reward the update saw (None where a reward function gave a
                         non-finite value), and its parts where the reward has them: ``format_reward``
-                        (0 / 1, with ``task.format_weight``), ``overlong_penalty`` (with
+                        (0 / 1, with ``task.reward.format_weight``), ``overlong_penalty`` (with
                         ``rollout.overlong_buffer``)
   advantage             the mean of the row's per-token advantages over the tokens the update counts:
                         the sequence's advantage for outcome-reward algorithms, whose tokens all carry
@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from pgjax.config import Experiment, LoggingSection, stream_seed
 from pgjax.parallel import multihost
 from pgjax.rollout.batch import Rollout
 from pgjax.rollout.collect import overlong_penalty
 from pgjax.tasks import format_reward
-from pgjax.train.experiment import Experiment, LoggingSection, stream_seed
 
 
 def logged_at(logging: LoggingSection, step: int) -> bool:
@@ -62,12 +62,12 @@ def sample_rows(exp: Experiment, stats: dict, step: int, local: slice, format_pa
     """The logged rows (module docstring; ``advantage`` None until ``with_advantages``) of the batch of
     RL step ``step``: ``pick_rows`` among ``local``, this process's rows of the batch, whose
     statistics ``stats`` are (``rollout.collect``'s, with ``prompts`` and ``completions``);
-    ``format_pattern``: the task's, scored where ``task.format_weight`` puts it in the reward."""
+    ``format_pattern``: the task's, scored where ``task.reward.format_weight`` puts it in the reward."""
     k, limit = exp.rollout.samples_per_prompt, exp.logging.completions_max_chars
     picked = pick_rows(exp.seed, step, local, exp.logging.completions_per_step)
     at = [row - local.start for row in picked]
     parts = {}
-    if exp.task.format_weight:
+    if exp.task.reward.format_weight:
         parts["format_reward"] = format_reward(format_pattern)([stats["prompts"][i] for i in at],
                                                                [stats["completions"][i] for i in at])
     if exp.rollout.overlong_buffer:

@@ -3,11 +3,12 @@ records and ``--resume`` checks, so that a dataset edited in place or a checkpoi
 same path is found, not trained on silently.
 
   inputs.json   ``{"files": {label: {"path", "size", "sha256", "stat"}}}``, one entry per input file:
-                ``task.path`` (a dataset), ``model.path/<file>`` (each file of the checkpoint that
-                ``hf.load`` and the tokenizer read), ``task.reward_model/<file>`` (the same of the
+                ``task.options.path`` (a dataset), ``model.path/<file>`` (each file of the checkpoint that
+                ``hf.load`` and the tokenizer read), ``task.reward.model/<file>`` (the same of the
                 trained reward model RL scores with), ``<key>:module`` (the source file of a user's
-                module plugged in by import path, ``pgjax.plugins``: ``task.name``, ``task.reward``,
-                ``task.tools``, ``logging.sinks``, ``model.family``, ``algorithm.preset``, and the file defining an
+                module plugged in by import path, ``pgjax.plugins``: ``task.name``, ``task.reward.function``,
+                ``task.tools.names``, ``logging.sinks``, ``model.family``, ``algorithm.preset``, and the file
+                defining an
                 estimator object's class, ``algorithm.estimator:module``; a key whose
                 entries come from several modules has one label per module, ``<key>:module:<module>``),
                 and for a reward model's training ``reward_model.path`` / ``reward_model.eval_path`` (its
@@ -24,7 +25,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import pathlib
+import re
 
+from pgjax.config import renamed
 from pgjax.models.hf import CHAT_TEMPLATE_DIR
 from pgjax.plugins import is_import_path, module_of
 from pgjax.train.checkpoints import file_sha256
@@ -64,12 +67,13 @@ def _checkpoint_inputs(key: str, root: pathlib.Path) -> dict[str, pathlib.Path]:
 def input_files(exp) -> dict[str, pathlib.Path]:
     """``{label: path}`` of every input file of the experiment ``exp`` (see the module docstring)."""
     files = {}
-    if exp.task.path and pathlib.Path(exp.task.path).is_file():
-        files["task.path"] = pathlib.Path(exp.task.path)
+    dataset = exp.task.options.get("path")
+    if isinstance(dataset, str) and dataset and pathlib.Path(dataset).is_file():
+        files["task.options.path"] = pathlib.Path(dataset)
     if exp.model.path:
         files.update(_checkpoint_inputs("model.path", pathlib.Path(exp.model.path)))
-    if exp.task.reward_model:
-        files.update(_checkpoint_inputs("task.reward_model", reward_model_directory(exp.task.reward_model)))
+    if exp.task.reward.model:
+        files.update(_checkpoint_inputs("task.reward.model", reward_model_directory(exp.task.reward.model)))
     if exp.stage != "rl":
         for key in ("path", "eval_path"):
             path = pathlib.Path(getattr(exp.reward_model, key))
@@ -82,8 +86,9 @@ def input_files(exp) -> dict[str, pathlib.Path]:
 def plugin_modules(exp) -> dict[str, pathlib.Path]:
     """``{"<key>:module": source file}`` of every module a setting of ``exp`` names by import path
     (``pgjax.plugins``): one label per key, or, for a key whose entries come from several modules
-    (``task.tools``, ``logging.sinks``), ``<key>:module:<module>`` for each."""
-    named = {"task.name": [exp.task.name], "task.reward": [exp.task.reward], "task.tools": exp.task.tool_names,
+    (``task.tools.names``, ``logging.sinks``), ``<key>:module:<module>`` for each."""
+    named = {"task.name": [exp.task.name], "task.reward.function": [exp.task.reward.function],
+             "task.tools.names": exp.task.tools.listed,
              "logging.sinks": exp.logging.sink_names, "model.family": [exp.model.family],
              "algorithm.preset": [exp.algorithm.preset]}
     files = {}
@@ -133,6 +138,16 @@ def _counted(label: str) -> str:
         return ""
     return (f" (of {key}, the files ending in {', '.join(CHECKPOINT_SUFFIXES)} and those in {CHAT_TEMPLATE_DIR}/ "
             "are inputs: move a file that is not the checkpoint's out of it)")
+
+
+def upgraded_labels(saved: dict) -> dict:
+    """A run's saved ``fingerprints`` with each label's key under its current name (``config.renamed``:
+    a run's dataset, once ``task.path``, is ``task.options.path``)."""
+    out = {}
+    for label, fingerprint in saved.items():
+        key = re.sub(r"[/:].*", "", label)
+        out[(renamed(key) or key) + label[len(key):]] = fingerprint
+    return out
 
 
 def differences(saved: dict, current: dict) -> dict[str, str]:

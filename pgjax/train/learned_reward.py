@@ -1,4 +1,4 @@
-"""A trained reward model as the training reward of RL (``task.reward_model``); a process reward
+"""A trained reward model as the training reward of RL (``task.reward.model``); a process reward
 model's per-step scores as per-token rewards (``Mix.token_rewards``).
 
 ``LearnedReward`` is a reward function like any other, ``fn(prompts, completions, **fields)``, so it sits
@@ -31,13 +31,13 @@ import numpy as np
 from flax import nnx
 
 from pgjax import core
+from pgjax.config.keys import upgraded
 from pgjax.models import hf
 from pgjax.parallel import multihost
 from pgjax.parallel.mesh import batch_shards, shard, single_device_mesh
 from pgjax.rollout.collect import prompt_format_for, right_pad
 from pgjax.tasks import RewardError
 
-NORMALIZE = ("none", "batch")
 WIDTH_UNIT = 32         # scored widths are rounded up to this: few compiled shapes
 
 
@@ -97,12 +97,12 @@ class LearnedReward:
         task, section = {}, {}
         saved = directory.parent / "experiment.json"
         if directory.name == "final" and saved.is_file():
-            record = json.loads(saved.read_text())
-            task, section = record.get("task", {}), record.get("reward_model", {})
+            record = upgraded(json.loads(saved.read_text()))
+            task, section = record["task"].get("prompt", {}), record.get("reward_model", {})
         # a process reward model's steps, split as in its training (with_escapes: "\\n" is a line break)
         self.separator = section.get("step_separator", "\\n").replace("\\n", "\n").replace("\\t", "\t")
         self.prompt_format = prompt_format_for(self.tokenizer, task.get("chat_template", "auto"),
-                                               task.get("system_prompt", ""), task.get("prompt_template", "{prompt}"))
+                                               task.get("system_prompt", ""), task.get("template", "{prompt}"))
         architectures = json.loads((directory / "config.json").read_text()).get("architectures") or []
         self.kind = "token" if any(a.endswith("ForTokenClassification") for a in architectures) else "sequence"
         self.graphdef, params = nnx.split(hf.load_reward_model(directory))

@@ -37,8 +37,6 @@ so the ratio is 1 up to float rounding at the first minibatch; the sampler's own
 """
 from __future__ import annotations
 
-import dataclasses
-import math
 from typing import TYPE_CHECKING, Any
 
 import flax.struct
@@ -49,6 +47,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pgjax import core
+from pgjax.config.update import OptimConfig, UpdateConfig
 from pgjax.models import lora
 from pgjax.models.scoring import packed_response_logprobs, response_logprobs
 from pgjax.models.transformer import CausalLM
@@ -57,55 +56,7 @@ from pgjax.parallel import multihost
 from pgjax.rollout.batch import Rollout
 from pgjax.train import packing as packing_lib
 from pgjax.train.critic import ValueModel
-from pgjax.train.optim import OptimConfig, make_optimizer
-
-
-@dataclasses.dataclass(frozen=True)
-class UpdateConfig:
-    """epochs over each rollout; optimizer steps (minibatches) per epoch; gradient-accumulation
-    micro-batches per step; ``temperature`` of the scored policy (the sampling temperature);
-    ``value_clip`` of the critic loss (0 = off); ``chunk_size`` of the chunked log-probs;
-    ``max_skipped_steps``: consecutive RL steps whose every update was non-finite (and skipped)
-    that stop a run; ``recompute_old_logprobs``: compute the old log-probs even when the update
-    is on-policy (one epoch of one minibatch, no KL in the reward), where they are skipped
-    (``Learner.needs_old_logp``; the same loss and gradient, one forward pass more). What the loss
-    does with the sampler's log-probs is the algorithm's (``core.Spec.correction``). ``pack_width``:
-    0, or the policy's forward pass in the update packs each micro-batch's sequences into rows
-    ``pack_width`` times as wide as the rollout's (``pgjax.train.packing``; the same loss and
-    gradient up to float rounding, without computing the rows' padding; the critic's and
-    ``prepare``'s passes stay unpacked)."""
-    epochs: int = 1
-    minibatches: int = 1
-    micro_batches: int = 1
-    temperature: float = 1.0
-    value_clip: float = 0.2
-    chunk_size: int = 1024
-    max_skipped_steps: int = 3
-    recompute_old_logprobs: bool = False
-    pack_width: int = 0
-
-    def __post_init__(self):
-        for name in ("epochs", "minibatches", "micro_batches", "chunk_size", "max_skipped_steps"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        if self.pack_width < 0:
-            raise ValueError(f"pack_width must be 0 (no packing) or >= 1 rollout widths, got {self.pack_width!r}")
-        for name, ok, valid in (("temperature", self.temperature > 0, "> 0"),
-                                ("value_clip", self.value_clip >= 0, ">= 0 (0: no clipping)")):
-            if not (ok and math.isfinite(getattr(self, name))):
-                raise ValueError(f"{name} must be finite and {valid}, got {getattr(self, name)!r}")
-
-    def check(self, prompts: int, group_size: int = 1, mesh: Mesh | None = None) -> None:
-        """Whole prompt groups per micro-batch; with a ``mesh``, micro-batches of rows that split
-        over its ``data`` x ``fsdp`` devices."""
-        if prompts % (self.minibatches * self.micro_batches):
-            raise ValueError(f"{prompts} prompt groups per step (prompts_per_step) do not split into "
-                             f"update.minibatches={self.minibatches} x update.micro_batches={self.micro_batches} "
-                             "micro-batches of whole groups")
-        if mesh is not None:
-            rows = prompts * group_size // (self.minibatches * self.micro_batches)
-            mesh_lib.check_divisible_rows(rows, mesh, f"a micro-batch ({prompts} prompts x {group_size} samples / "
-                                             f"{self.minibatches} minibatches / {self.micro_batches} micro-batches)")
+from pgjax.train.optim import make_optimizer
 
 
 @flax.struct.dataclass

@@ -5,9 +5,9 @@ from typing import Any
 
 import jax
 
+from pgjax.errors import RunStopped
 from pgjax.train import interrupts
 from pgjax.train.checkpoints import Checkpoints
-from pgjax.train.experiment import RunStopped
 from pgjax.train.interrupts import RunInterrupted
 from pgjax.train.learner import all_finite
 from pgjax.train.run_dir import RunDirectory

@@ -1,15 +1,15 @@
 """What a run holds in memory, before anything is built: the floor its configuration is checked
 against, and the one line for running out of memory.
 
-``check_run_memory`` (``experiment.validate`` calls it) refuses a run whose floor (``run_floor``)
-exceeds the machine: the bytes the run certainly holds at once, counted from the configuration alone,
-none twice. On each device: the training state, exactly as the Learner shards it (parameters, Adam
-moments, the reference policy and the critic; ``abstract_learner``, from models of one and two
-layers, each layer adding the same bytes) and the KV cache of a step's rollout. On the host: the
-token ids and masks of the held-out prompts, a step's sampled responses, a warm-start batch and the
-update's packed rows. Where the devices are the CPU, all of it shares the host's memory. Activations,
-gradients and logits come on top; ``python -m pgjax.plan`` compiles a step to count them. A run the
-check refuses starts anyway with ``PGJAX_SKIP_MEMORY_CHECK=1``.
+``check_run_memory`` (``check_memory`` for an experiment, before the Trainer builds anything) refuses a
+run whose floor (``run_floor``) exceeds the machine: the bytes the run certainly holds at once, counted
+from the configuration alone, none twice. On each device: the training state, exactly as the Learner
+shards it (parameters, Adam moments, the reference policy and the critic; ``abstract_learner``, from
+models of one and two layers, each layer adding the same bytes) and the KV cache of a step's rollout. On
+the host: the token ids and masks of the held-out prompts, a step's sampled responses, a warm-start
+batch and the update's packed rows. Where the devices are the CPU, all of it shares the host's memory.
+Activations, gradients and logits come on top; ``python -m pgjax.plan`` compiles a step to count them. A
+run the check refuses starts anyway with ``PGJAX_SKIP_MEMORY_CHECK=1``.
 
 ``out_of_memory`` turns XLA's RESOURCE_EXHAUSTED and Python's MemoryError into the one line the
 command lines print.
@@ -25,9 +25,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from pgjax.checks import ConfigError
+from pgjax.config import OptimConfig, UpdateConfig
+from pgjax.models import hf
 from pgjax.models.transformer import CausalLM, ModelConfig
-from pgjax.train.learner import Learner, UpdateConfig, build_learner
-from pgjax.train.optim import OptimConfig
+from pgjax.train.learner import Learner, build_learner
 
 SKIP_MEMORY_CHECK = "PGJAX_SKIP_MEMORY_CHECK"   # =1: start a run that check_run_memory refuses
 INT32 = 4                                       # bytes of a token id, mask or segment id
@@ -95,7 +97,7 @@ def run_floor(exp, model: ModelConfig, mesh: jax.sharding.Mesh) -> dict[str, int
     batch of demonstrations and the ids and segments of a packed row per micro-batch
     (``update.pack_width`` rows of two tokens at the least)."""
     r, warm, update = exp.rollout, exp.warm_start, exp.update
-    budget = r.episode_budget() if exp.task.tools else r.max_new_tokens
+    budget = r.episode_budget() if exp.task.tools.names else r.max_new_tokens
     rows = exp.prompts_per_step * r.samples_per_prompt
     kv_cache = (model.num_hidden_layers * 2 * rows * model.num_key_value_heads * (1 + budget) * model.head_dim
                 * jnp.dtype(r.compute_dtype or model.compute_dtype).itemsize)
@@ -169,3 +171,19 @@ def out_of_memory(error: BaseException) -> str | None:
     return (f"{what}: python -m pgjax.plan plans a training step's memory per device; fewer prompts_per_step or "
             "rollout.samples_per_prompt, a smaller rollout.max_new_tokens, more update.micro_batches or "
             "model.lora.rank > 0 need less")
+
+
+def check_memory(exp, mesh: jax.sharding.Mesh, members: int = 1, groups: int = 1) -> None:
+    """ConfigError unless what a run of ``exp`` certainly holds fits this machine's memory
+    (``check_run_memory``; a population's: ``members`` in ``groups`` groups, ``mesh`` one group's), for
+    the architecture of ``model.path`` or a new model's (its vocabulary left out: the task's tokenizer
+    is not loaded yet)."""
+    try:
+        model = (hf.load_config(exp.model.path, **exp.model.runtime_options()) if exp.model.path
+                 else exp.model.config(vocab_size=1))
+    except (ValueError, TypeError, KeyError, OSError) as error:
+        raise ConfigError(f"model.path: {error}") from None
+    try:
+        check_run_memory(exp, model, mesh, members, groups)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None

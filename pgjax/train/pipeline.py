@@ -25,6 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from pgjax.config import Experiment, stream_seed
+from pgjax.errors import RunStopped
 from pgjax.models.transformer import CausalLM
 from pgjax.parallel import mesh as mesh_lib
 from pgjax.parallel import multihost
@@ -42,7 +44,6 @@ from pgjax.sample import Samples
 from pgjax.tasks import RewardError
 from pgjax.train.completions import logged_at, sample_rows
 from pgjax.train.context import TaskContext
-from pgjax.train.experiment import Experiment, RunStopped, stream_seed
 from pgjax.train.learner import Learner, TrainState
 from pgjax.train.records import LEARNED_STATS, STAT_KEYS
 

@@ -37,13 +37,13 @@ Members over devices: the devices form a ``(members, data, fsdp, tensor)`` mesh
 ``members`` (each group's state and rollouts on its devices alone, ``over_members`` vmapping over the
 groups with ``spmd_axis_name``), and each group's devices are split by ``exp.mesh`` as a single run's
 would be (data parallelism and sharding within a member). ``fit`` checkpoints the whole population
-(``checkpoints.Checkpoints``) and resumes it exactly; the memory check of ``validate`` counts every
+(``checkpoints.Checkpoints``) and resumes it exactly; the memory check (``memory.check_memory``) counts every
 member, and ``python -m pgjax.plan --members`` plans a group's programs.
 
 ``Population.member_experiment(i)`` is the single run member i equals (tests/test_population.py
 compares them; docs/population.md says to what tolerance). Not supported yet (each a ConfigError):
-several processes, multi-turn episodes (``task.tools``, a task's environment), a learned reward
-(``task.reward_model``), a greedy baseline (ReMax), asynchronous rollouts (``rollout.staleness``), a
+several processes, multi-turn episodes (``task.tools.names``, a task's environment), a learned reward
+(``task.reward.model``), a greedy baseline (ReMax), asynchronous rollouts (``rollout.staleness``), a
 separate sampler mesh (``rollout.sampler_devices``), packed updates (``update.pack_width``), LoRA and
 Weights & Biases.
 """
@@ -67,6 +67,9 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pgjax import core
+from pgjax.checks import ConfigError
+from pgjax.config import Experiment, stream_seed, validate
+from pgjax.errors import RunStopped
 from pgjax.models import hf
 from pgjax.models.transformer import CausalLM
 from pgjax.parallel import multihost
@@ -79,10 +82,10 @@ from pgjax.tasks import RewardError
 from pgjax.train import interrupts
 from pgjax.train.checkpoints import Checkpoints, one_line, write_atomically
 from pgjax.train.context import task_context, user_error
-from pgjax.train.experiment import ConfigError, Experiment, RunStopped, stream_seed, validate
 from pgjax.train.interrupts import RunInterrupted
 from pgjax.train.learner import TrainState, build_learner
 from pgjax.train.loop import RunLoop, jitted_all_finite
+from pgjax.train.memory import check_memory
 from pgjax.train.optim import make_optimizer
 from pgjax.train.pipeline import sampler_graphdef
 from pgjax.train.records import STAT_KEYS, step_record
@@ -249,7 +252,9 @@ class Population(RunLoop):
             if setting not in checked:
                 checked.add(setting)
                 try:
-                    validate(self.member_experiment(i), self.member_mesh, len(members), self.member_groups)
+                    member = self.member_experiment(i)
+                    validate(member, self.member_mesh)
+                    check_memory(member, self.member_mesh, len(members), self.member_groups)
                 except ConfigError as error:
                     raise ConfigError(f"member {i} ({self._label(i)}): {error}") from None
         self.estimators = [self.member_experiment(i).algorithm.build() for i in range(len(members))]
@@ -328,17 +333,18 @@ class Population(RunLoop):
     def _check_supported(self) -> None:
         """ConfigError for what populations do not support yet (docs/population.md)."""
         exp = self.exp
+        held_out = exp.task.option("held_out", "none")
         unsupported = [
             (exp.stage != "rl", f"stage={exp.stage!r}: populations train RL policies only"),
             (jax.process_count() > 1, f"{jax.process_count()} processes: a population runs in one process for now"),
             (exp.rollout.sampler_devices > 0, f"rollout.sampler_devices={exp.rollout.sampler_devices}: a population "
                                               "samples on its members' devices (no separate sampler mesh), for now"),
-            (bool(exp.task.tools), f"task.tools={exp.task.tools!r}: multi-turn episodes are not supported in "
-                                   "populations yet"),
-            (bool(exp.task.reward_model), f"task.reward_model={exp.task.reward_model!r}: learned rewards are not "
+            (bool(exp.task.tools.names), f"task.tools.names={exp.task.tools.names!r}: multi-turn episodes are "
+                                         "not supported in populations yet"),
+            (bool(exp.task.reward.model), f"task.reward.model={exp.task.reward.model!r}: learned rewards are not "
                                           "supported in populations yet"),
-            (exp.task.held_out != "none", f"task.held_out={exp.task.held_out!r} is a held-out evaluation split that "
-                                          "training never draws"),
+            (held_out != "none", f"task.options.held_out={held_out!r} is a held-out evaluation split that training "
+                                 "never draws"),
             (exp.rollout.staleness > 0, f"rollout.staleness={exp.rollout.staleness}: populations sample on-policy "
                                         "(staleness 0) for now"),
             (exp.update.pack_width > 0, f"update.pack_width={exp.update.pack_width}: packed updates are not "

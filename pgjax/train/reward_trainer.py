@@ -45,6 +45,8 @@ import optax
 from flax import nnx
 
 from pgjax import core
+from pgjax.checks import ConfigError
+from pgjax.config import Experiment, stream_seed
 from pgjax.evaluation.statistics import wilson_interval
 from pgjax.models import hf, lora
 from pgjax.models.heads import RewardModel
@@ -56,7 +58,6 @@ from pgjax.tasks.data import Conversation
 from pgjax.tasks.preferences import PreferenceFields, StepFields, load_preferences, load_step_labels
 from pgjax.train.checkpoints import Checkpoints
 from pgjax.train.context import user_error
-from pgjax.train.experiment import ConfigError, Experiment, stream_seed
 from pgjax.train.learned_reward import step_places
 from pgjax.train.loop import RunLoop
 from pgjax.train.optim import make_optimizer
@@ -257,8 +258,8 @@ class RewardModelTrainer(RunLoop):
                               "(its trunk and tokenizer)")
         task = exp.task
         self._tokenizer = user_error("model.path", lambda: hf.load_tokenizer(exp.model.path))
-        self.prompt_format = user_error("task.chat_template", lambda: prompt_format_for(
-            self._tokenizer, task.chat_template, task.system_prompt, task.prompt_template))
+        self.prompt_format = user_error("task.prompt.chat_template", lambda: prompt_format_for(
+            self._tokenizer, task.prompt.chat_template, task.prompt.system_prompt, task.prompt.template))
         self.train_data, self.eval_data = self._data()
         user_error("prompts_per_step", lambda: mesh_lib.check_divisible_rows(
             exp.prompts_per_step, self.mesh, "prompts_per_step (records a step)"))

@@ -49,12 +49,14 @@ from typing import TYPE_CHECKING
 import jax
 
 from pgjax import core
+from pgjax.checks import ConfigError
+from pgjax.config import Experiment, estimator_label, resolved, upgraded
+from pgjax.errors import RunStopped
 from pgjax.models import hf, lora
 from pgjax.models.heads import RewardModel
 from pgjax.parallel import multihost
 from pgjax.train.checkpoints import Checkpoints, one_line, write_atomically
-from pgjax.train.experiment import ConfigError, Experiment, RunStopped, estimator_label, resolved
-from pgjax.train.inputs import INPUTS_FILE, differences, fingerprints, input_files
+from pgjax.train.inputs import INPUTS_FILE, differences, fingerprints, input_files, upgraded_labels
 from pgjax.train.sinks import MetricsFile, Sink, WandB, open_sink, plot, read_records, sink_factory
 
 if TYPE_CHECKING:
@@ -241,11 +243,11 @@ def _aside(directory: pathlib.Path) -> pathlib.Path:
     return target
 
 
-# the paths model.path, task.path and task.reward_model among them: their files' content is compared instead
+# the paths model.path, task.options.path and task.reward.model among them: their files' content is compared instead
 OPERATIONAL_KEYS = ("name", "steps", "eval_every", "checkpoint_every", "run_dir", "logging.", "mesh.",
                     "distributed.", "update.micro_batches", "update.chunk_size", "update.max_skipped_steps",
                     "update.recompute_old_logprobs", "update.pack_width", "rollout.trim_padding", "model.remat",
-                    "task.reward_timeout", "model.path", "task.path", "task.reward_model")
+                    "task.reward.timeout", "model.path", "task.options.path", "task.reward.model")
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:
@@ -275,9 +277,11 @@ def experiment_record(exp: Experiment) -> dict:
 def experiment_changes(saved: dict, exp: Experiment) -> dict[str, tuple]:
     """``{key: (saved value, new value)}`` for every key of ``exp`` that differs from the saved experiment.
     A key the saved experiment lacks (a run begun before pgjax had it) differs only when its value is
-    not the key's default: a new key's default keeps the behaviour from before the key existed."""
-    old, new = _flat(saved), _flat(experiment_record(exp))
-    defaults = _flat(experiment_record(Experiment()))
+    not the key's default: a new key's default keeps the behaviour from before the key existed. Both
+    are compared in this version's layout (``config.upgraded``: a renamed key under its new name, a
+    task option at its default the same as one left out)."""
+    old, new = _flat(upgraded(saved)), _flat(upgraded(experiment_record(exp)))
+    defaults = _flat(upgraded(experiment_record(Experiment())))
     unchanged_new_key = lambda key: key not in old and key in defaults and new.get(key) == defaults[key]  # noqa: E731
     return {key: (old.get(key), new.get(key)) for key in sorted(set(old) | set(new))
             if old.get(key) != new.get(key) and not unchanged_new_key(key)}
@@ -352,8 +356,8 @@ class RunDirectory:
             sink_factory(name)
         self.lock = RunLock(self.directory)
         self.changes = self._changes(accept_changes) if self.resume else {}
-        self.saved_inputs = (_saved_json(self.directory / INPUTS_FILE, "the input files are", accept_changes)
-                             .get("files", {}) if self.resume else {})
+        self.saved_inputs = upgraded_labels(_saved_json(self.directory / INPUTS_FILE, "the input files are",
+                                                        accept_changes).get("files", {}) if self.resume else {})
         try:
             self.inputs = fingerprints(input_files(exp), known=self.saved_inputs)
         except OSError as error:

@@ -40,9 +40,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pgjax import markdown
+from pgjax.checks import ConfigError
 from pgjax.errors import described_value, located_error, raised_text
 from pgjax.plugins import is_import_path, resolve
-from pgjax.train.experiment import ConfigError
 
 CURVES = (("reward", "reward"), ("accuracy", "sampled accuracy"), ("eval_accuracy", "greedy eval accuracy"),
           ("length_correct", "length (correct)"), ("length_incorrect", "length (incorrect)"),

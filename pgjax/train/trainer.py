@@ -31,6 +31,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from pgjax import core
+from pgjax.checks import ConfigError
+from pgjax.config import Experiment, stream_seed, validate
+from pgjax.errors import RunStopped
 from pgjax.evaluation.held_out import evaluate
 from pgjax.models import hf
 from pgjax.models.transformer import CausalLM
@@ -45,11 +48,11 @@ from pgjax.train import interrupts
 from pgjax.train.checkpoints import Checkpoints
 from pgjax.train.completions import logged_at, with_advantages
 from pgjax.train.context import task_context, user_error
-from pgjax.train.experiment import ConfigError, Experiment, RunStopped, stream_seed, validate
 from pgjax.train.interrupts import RunInterrupted
 from pgjax.train.learned_reward import LearnedReward, Mix
 from pgjax.train.learner import TrainState, build_learner
 from pgjax.train.loop import RunLoop
+from pgjax.train.memory import check_memory
 from pgjax.train.optim import make_optimizer
 from pgjax.train.pipeline import RolloutPipeline
 from pgjax.train.progress import Progress
@@ -120,13 +123,13 @@ def initial_policy(exp: Experiment, tokenizer, seed: int) -> CausalLM:
 
 
 def training_reward(exp: Experiment, task):
-    """The training reward's programmatic part: ``task``'s verifier (or ``task.reward``) weighted by
-    ``task.verifier_weight``, plus the format reward."""
-    t = exp.task
-    reward = with_timeout(reward_function(t.reward), t.reward_timeout) if t.reward else task.reward_fn
-    if t.format_weight or t.verifier_weight != 1.0:
-        terms = [(reward, t.verifier_weight)]
-        terms += [(format_reward(task.format_pattern), t.format_weight)] if t.format_weight else []
+    """The training reward's programmatic part: ``task``'s verifier (or ``task.reward.function``) weighted by
+    ``task.reward.verifier_weight``, plus the format reward."""
+    r = exp.task.reward
+    reward = with_timeout(reward_function(r.function), r.timeout) if r.function else task.reward_fn
+    if r.format_weight or r.verifier_weight != 1.0:
+        terms = [(reward, r.verifier_weight)]
+        terms += [(format_reward(task.format_pattern), r.format_weight)] if r.format_weight else []
         return combine(*terms)
     return reward
 
@@ -147,10 +150,12 @@ class Trainer(RunLoop):
         self.mesh, sampler_mesh = user_error(mesh_options, lambda: learner_and_sampler_meshes(
             exp.mesh, exp.rollout.sampler_devices))
         validate(exp, self.mesh)
-        if exp.task.held_out != "none":     # word_math's held-out phrasings stay out of training
-            raise ConfigError(f"task.held_out={exp.task.held_out!r} is a held-out evaluation split that training never "
-                              f"draws: train with task.held_out=none, evaluate with python -m pgjax.eval RUN --set "
-                              f"task.held_out={exp.task.held_out}")
+        check_memory(exp, self.mesh)
+        held_out = exp.task.option("held_out", "none")
+        if held_out != "none":     # word_math's held-out phrasings stay out of training
+            raise ConfigError(f"task.options.held_out={held_out!r} is a held-out evaluation split that training "
+                              "never draws: train with task.options.held_out=none, evaluate with python -m pgjax.eval "
+                              f"RUN --set task.options.held_out={held_out}")
         user_error("rollout.sampler_devices", lambda: mesh_lib.check_divisible_rows(
             exp.prompts_per_step, sampler_mesh, "prompts_per_step (over the sampler's devices)"))
         self.algorithm = exp.algorithm.build()
@@ -184,24 +189,24 @@ class Trainer(RunLoop):
                      lambda examples: warm_start_batch(self.exp, self.context, examples))
 
     def _mix(self, mesh) -> Mix:
-        """The learned reward of ``task.reward_model`` (on the sampler's ``mesh``), and how it is mixed in;
+        """The learned reward of ``task.reward.model`` (on the sampler's ``mesh``), and how it is mixed in;
         ConfigError for a reward model that cannot be loaded, or with multi-turn episodes."""
-        t = self.exp.task
-        if not t.reward_model:
+        t = self.exp.task.reward
+        if not t.model:
             return Mix()
         if self.context.environment is not None:
-            raise ConfigError("task.reward_model scores single responses; multi-turn episodes (task.tools or the "
+            raise ConfigError("task.reward.model scores single responses; multi-turn episodes (task.tools.names or the "
                               "task's environment) are scored by the environment")
-        model = user_error("task.reward_model", lambda: LearnedReward(t.reward_model, mesh))
+        model = user_error("task.reward.model", lambda: LearnedReward(t.model, mesh))
         if model.kind == "token" and self.learner.uses_greedy:
-            raise ConfigError(f"task.reward_model={t.reward_model!r} is a process reward model, whose rewards sit "
+            raise ConfigError(f"task.reward.model={t.model!r} is a process reward model, whose rewards sit "
                               f"on the response's steps; {self.algorithm.name}'s greedy baseline takes one "
                               "reward per response: use another algorithm")
         if model.kind == "token" and self.exp.rollout.mask_truncated:
-            raise ConfigError(f"task.reward_model={t.reward_model!r} is a process reward model: with "
+            raise ConfigError(f"task.reward.model={t.model!r} is a process reward model: with "
                               "rollout.mask_truncated a cut response's rewards would leave its group's baseline "
                               "(per-token rewards are summed over the kept tokens); set rollout.mask_truncated=false")
-        return Mix(model, t.reward_model_weight, t.reward_model_normalize)
+        return Mix(model, t.model_weight, t.model_normalize)
 
     @property
     def policy(self) -> CausalLM:
