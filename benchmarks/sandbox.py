@@ -206,15 +206,17 @@ def main(argv=None):
     rows = (("one call `print(1)`, wall", "call_seconds"),
             ("one call `print(1)`, CPU (the caller's + the sandbox's processes')", "call_cpu_seconds"),
             ("3-turn episode (2 python calls, then the answer), wall", "episode_seconds"))
-    table = [f"`PythonSandbox()` at its defaults ({same}). Before: the sandbox of commit {before_commit[:7]}, "
-             f"{len(held['before'])} layers ({', '.join(held['before'])}); after: this tree's, {len(held['after'])} "
+    table = [f"`PythonSandbox()` at its defaults ({same}). The lighter sandbox (the `--before` tree, recorded in "
+             f"the results file): {len(held['before'])} layers ({', '.join(held['before'])}); this tree's: "
+             f"{len(held['after'])} "
              f"layers ({', '.join(held['after'])}); as `SandboxRun.layers` reports them. {args.rounds} rounds, the "
              f"sides in alternating order (A B, B A), each in a fresh process of this interpreter that imports pgjax "
              f"from its own tree; {args.warmup} warm-up call(s) and one episode left out of each; {args.calls} calls "
              f"and {args.episodes} episodes a side a round ({args.calls * args.rounds} and "
              f"{args.episodes * args.rounds} per side in all); load average {load:.2f} at the start, {load_end:.2f} "
              f"at the end:", "",
-             *markdown.table(["measure", "before, ms (median [95% interval])", "after, ms", "after / before"],
+             *markdown.table(["measure", "lighter sandbox, ms (median [95% interval])", "this tree's, ms",
+                                             "this tree's / lighter"],
                              [[label, milliseconds(median_interval(pooled[measure]["before"])),
                                milliseconds(median_interval(pooled[measure]["after"])), describe_ratio(ratios[measure])]
                               for label, measure in rows]).splitlines()]
