@@ -273,12 +273,12 @@ class Study:
     def training_table(self, out: pathlib.Path) -> str | None:
         """Per method and window of ``record_window`` steps, each of ``record_metrics`` averaged over the
         window's steps (steps where it is undefined left out) in each seed's kept record, then the mean
-        and the min-max over the seeds; and the greedy evaluation at the window's last step. None
-        without ``record_metrics`` or kept records."""
+        over the seeds and its t interval (``seed_cell``); and the greedy evaluation at the window's last
+        step. None without ``record_metrics`` or kept records."""
         rows = []
         for method in self.methods:
-            records = {seed: read_records(kept_record(self.run_name(method, seed), out).parent)
-                       for seed in self.seeds_of(method) if kept_record(self.run_name(method, seed), out).exists()}
+            paths = {seed: kept_record(self.run_name(method, seed), out) for seed in self.seeds_of(method)}
+            records = {seed: read_records(path.parent) for seed, path in paths.items() if path.exists()}
             if not records:
                 continue
             for start, end in _windows(max(r["step"] for rs in records.values() for r in rs), self.record_window):
