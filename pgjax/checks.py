@@ -51,12 +51,22 @@ def fits(value, kind) -> bool:
     return isinstance(value, (int, float) if kind is float else typing.get_origin(kind) or kind)
 
 
+_FIELD_TYPES: dict[type, dict] = {}
+
+
+def _field_types(section: type) -> dict:
+    """The declared type of each field of the dataclass ``section``, resolved once per class."""
+    if section not in _FIELD_TYPES:
+        _FIELD_TYPES[section] = typing.get_type_hints(section)
+    return _FIELD_TYPES[section]
+
+
 def check_types(config, prefix: str = "") -> None:
     """ConfigError naming the first field of the config section ``config`` (keys ``prefix`` + field),
     nested sections included, whose value is not of the type its field declares: ``steps="10"``,
     ``steps=1.5``, ``seed=True`` or ``task="arithmetic"`` in an experiment file (``--set`` parses each
     value by its type already)."""
-    hints = typing.get_type_hints(type(config))
+    hints = _field_types(type(config))
     for field in dataclasses.fields(config):
         kind, value, key = hints[field.name], getattr(config, field.name), prefix + field.name
         if isinstance(kind, type) and dataclasses.is_dataclass(kind):
