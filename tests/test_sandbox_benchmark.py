@@ -45,5 +45,5 @@ def test_both_sides_run_their_own_sandbox_in_alternating_rounds(tmp_path):
         for measure in ("call_seconds", "call_cpu_seconds", "episode_seconds"):
             assert len(saved["seconds"][measure][side]) == 6 and min(saved["seconds"][measure][side]) > 0
     table = "\n".join(saved["table"])
-    assert "after / before" in table and table.count("x [") == 3 and "Measured on" in saved["table"][-1]
+    assert "this tree's / lighter" in table and table.count("x [") == 3 and "Measured on" in saved["table"][-1]
     assert {"date", "commit", "command", "cpu"} <= set(saved["provenance"])
