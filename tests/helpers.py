@@ -94,10 +94,13 @@ def load_script(folder: str, name: str):
     return module
 
 
-# XLA's LLVM back end at -O0 in every test process (conftest.py) and subprocess: a new machine's suite is
-# mostly compiling tiny programs, about 30% faster so (the HLO passes, and so fusion, buffer assignment
-# and the memory plans, are the same; the generated loops are slower, which tiny programs do not feel).
-FAST_COMPILE = "--xla_backend_optimization_level=0"
+# How every test process (conftest.py) and subprocess compiles: a new machine's suite is mostly XLA
+# compiling tiny programs, so code generation is made cheap, which tiny programs do not feel: LLVM at -O0,
+# fusions emitted by XLA:CPU's elemental emitter rather than its MLIR fusion emitters, and each program's
+# LLVM module compiled whole rather than split for threads the busy workers do not have. The HLO passes
+# are a default build's but for lone reductions, gathers and scatters left unwrapped (docs/contributing.md).
+FAST_COMPILE = ("--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+                " --xla_cpu_parallel_codegen_split_count=1")
 
 
 def simulated_devices(count: int) -> str:
