@@ -17,7 +17,7 @@ import pathlib
 import time
 
 from pgjax import markdown
-from pgjax.study import ACROSS_SEEDS_NOTE, InProcess, Study, TrainJob, plot_band, seed_cell
+from pgjax.study import ACROSS_SEEDS_NOTE, InProcess, Study, TrainJob, plot_points_band, seed_cell
 from pgjax.train.sinks import read_records
 
 ALGORITHMS = ("reinforce", "reinforce_baseline", "remax", "rloo", "ppo", "grpo", "dr_grpo")
@@ -61,9 +61,7 @@ def plot(results: dict, path) -> None:
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, by_seed in results.items():
-        steps = sorted({step for r in by_seed.values() for step, _ in r["curve"]})
-        plot_band(ax, steps, [[dict(r["curve"]).get(step) for step in steps] for r in by_seed.values()], name,
-                  window=1)
+        plot_points_band(ax, [r["curve"] for r in by_seed.values()], name)
     ax.set_xlabel("RL step")
     ax.set_ylabel("greedy eval accuracy")
     ax.legend(fontsize=8)

@@ -380,3 +380,20 @@ def test_the_comparison_is_a_study_of_the_seven_experiment_files_and_tables_its_
     assert "2 seeds" in rows[-1]
     compare.plot(results, tmp_path / "comparison.png")
     assert_plotted(tmp_path / "comparison.png")
+
+
+def test_a_band_of_points_is_the_mean_and_range_of_the_seeds_that_have_each_step():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots()
+    studies.plot_points_band(ax, [[(0, 0.2), (5, 0.4)], [(0, 0.6), (3, 0.1), (5, 0.8)]], "method")
+    line, = ax.get_lines()
+    np.testing.assert_array_equal(line.get_xdata(), [0, 3, 5])
+    np.testing.assert_allclose(line.get_ydata(), [0.4, 0.1, 0.6])       # step 3: the one seed that has it
+    band = ax.collections[0].get_paths()[0].vertices
+    for step, low, high in [(0, 0.2, 0.6), (3, 0.1, 0.1), (5, 0.4, 0.8)]:
+        at = band[np.isclose(band[:, 0], step), 1]
+        assert np.isclose(at.min(), low) and np.isclose(at.max(), high), (step, at)
+    assert line.get_label() == "method"
+    plt.close(fig)

@@ -10,8 +10,8 @@ checkpoint evaluated by ``python -m pgjax.eval`` on the same prompts, the evalua
   ``pgjax.compare`` and the bias studies of ``experiments/scripts/``);
 - ``variants``: a study of variants of one experiment built in Python, every seed's variants from its
   warm-started policy, with the study's own summary, table and plot (``variants.main``);
-- ``curves``: moving and tail means, the one band plot (mean over seeds, min-max band), and the across-seed
-  statistic every table prints (``seed_cell``: the mean and Student's t 95% interval across seeds,
+- ``curves``: moving and tail means, the one band plot (mean over seeds, min-max band; ``plot_points_band``
+  for per-seed ``(step, value)`` points), and the across-seed statistic every table prints (``seed_cell``: the mean and Student's t 95% interval across seeds,
   ``pgjax.evaluation.statistics.across_seeds``).
 
 A study file (``experiments/studies/smollm2_seeds.py``, ``experiments/studies/gemma3_seeds.py``) defines a ``Study``
@@ -43,10 +43,18 @@ table of ``record_metrics``, each cell the mean over seeds and its t interval ac
 seeds and the min-max band, from the kept records: by default the greedy evaluation accuracy in
 training; a per-step training metric is averaged over windows of ``record_window`` steps).
 """
-from pgjax.study.curves import ACROSS_SEEDS_NOTE, moving_average, plot_band, seed_cell, seed_statistics, tail_mean
+from pgjax.study.curves import (
+                                ACROSS_SEEDS_NOTE,
+                                moving_average,
+                                plot_band,
+                                plot_points_band,
+                                seed_cell,
+                                seed_statistics,
+                                tail_mean,
+)
 from pgjax.study.jobs import EvalJob, InProcess, Job, Subprocess, TrainJob
 from pgjax.study.runner import NO_VARIANT, Evaluation, Study, keep_record, kept_record, main
 
 __all__ = ["ACROSS_SEEDS_NOTE", "NO_VARIANT", "EvalJob", "Evaluation", "InProcess", "Job", "Study", "Subprocess",
-           "TrainJob", "keep_record", "kept_record", "main", "moving_average", "plot_band", "seed_cell",
-           "seed_statistics", "tail_mean"]
+           "TrainJob", "keep_record", "kept_record", "main", "moving_average", "plot_band",
+           "plot_points_band", "seed_cell", "seed_statistics", "tail_mean"]

@@ -40,6 +40,15 @@ def plot_band(ax, steps, per_seed, label: str, window: int = 10, **style) -> Non
     ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.15)
 
 
+def plot_points_band(ax, per_seed_points, label: str, **style) -> None:
+    """``plot_band`` of each seed's ``[(step, value)]`` (``per_seed_points``; seeds may miss steps) over
+    the union of their steps, not smoothed."""
+    per_seed_points = [dict(points) for points in per_seed_points]
+    steps = sorted({step for points in per_seed_points for step in points})
+    plot_band(ax, steps, [[points.get(step) for step in steps] for points in per_seed_points], label, window=1,
+              **style)
+
+
 def seed_statistics(values) -> dict:
     """``{"mean", "ci95", "seeds"}`` of one number per seed: with two seeds or more the mean and Student's t
     95% interval across seeds (``across_seeds`` against zero), with one its value and no interval."""

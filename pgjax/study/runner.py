@@ -18,7 +18,7 @@ from pgjax import markdown
 from pgjax.evaluation import paired
 from pgjax.evaluation.held_out import budgets_of, digits_of
 from pgjax.evaluation.held_out import to_markdown as evaluation_table
-from pgjax.study.curves import ACROSS_SEEDS_NOTE, plot_band, seed_cell
+from pgjax.study.curves import ACROSS_SEEDS_NOTE, plot_points_band, seed_cell
 from pgjax.study.jobs import EvalJob, Job, Runner, Subprocess, TrainJob
 from pgjax.train.sinks import read_records
 
@@ -368,10 +368,8 @@ def plot(found: dict, path: pathlib.Path, title: str, window: int) -> None:
     fig, axes = plt.subplots(1, len(found), figsize=(6 * len(found), 4), squeeze=False)
     for ax, (metric, curves) in zip(axes[0], found.items(), strict=True):
         for method, by_seed in curves.items():
-            steps = sorted({step for points in by_seed.values() for step, _ in points})
             seeds = f"{len(by_seed)} seed{'s' * (len(by_seed) > 1)}"
-            plot_band(ax, steps, [[dict(points).get(step) for step in steps] for points in by_seed.values()],
-                      f"{method} ({seeds})", window=1, marker="o")
+            plot_points_band(ax, by_seed.values(), f"{method} ({seeds})", marker="o")
         ax.set_xlabel("RL step")
         label = CURVE_LABELS.get(metric, metric)
         ax.set_ylabel(label if metric == "eval_accuracy" else f"{label}, {window}-step means", fontsize=8)
