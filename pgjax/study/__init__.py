@@ -11,8 +11,8 @@ checkpoint evaluated by ``python -m pgjax.eval`` on the same prompts, the evalua
 - ``variants``: a study of variants of one experiment built in Python, every seed's variants from its
   warm-started policy, with the study's own summary, table and plot (``variants.main``);
 - ``curves``: moving and tail means, the one band plot (mean over seeds, min-max band; ``plot_points_band``
-  for per-seed ``(step, value)`` points), and the across-seed statistic every table prints (``seed_cell``: the mean and Student's t 95% interval across seeds,
-  ``pgjax.evaluation.statistics.across_seeds``).
+  for per-seed ``(step, value)`` points), and the across-seed statistic every table prints (``seed_cell``:
+  the mean and Student's t 95% interval across seeds, ``pgjax.evaluation.statistics.across_seeds``).
 
 A study file (``experiments/studies/smollm2_seeds.py``, ``experiments/studies/gemma3_seeds.py``) defines a ``Study``
 and calls ``main(STUDY)``; its command line:
