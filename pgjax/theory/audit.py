@@ -294,13 +294,14 @@ def audit_table(mdp: mdp_lib.TokenMDP, policy, theta, k: int, extra: tuple = ())
     results.append((f"per-step RLOO: K-1 = {k - 1} continuations from every s_t",
                     per_step_rloo_audit(mdp, policy, theta, k)))
     return markdown.table(["estimator", "scale c", "direction bias", "cosine", "total variance"],
-                          [[label, f"{r.scale:.4f}", _bias(r.direction_bias), f"{r.cosine:.4f}",
+                          [[label, f"{r.scale:.4f}", bias_cell(r.direction_bias), f"{r.cosine:.4f}",
                             f"{r.total_variance:.4f}"] for label, r in results])
 
 
-def _bias(x: float) -> str:
-    """A direction bias as the audit table shows it: ``1.23e-02``, or ``< 1e-12``."""
-    return f"{x:.2e}" if x > 1e-12 else "< 1e-12"
+def bias_cell(x: float, fmt: str = ".2e") -> str:
+    """A direction bias as the exact tables show it: ``x`` in the format ``fmt``, or ``< 1e-12`` (zero up
+    to float64 rounding)."""
+    return f"{x:{fmt}}" if x > 1e-12 else "< 1e-12"
 
 
 def report(k: int = 4, vocab: int = 3, horizon: int = 3, prompts: int = 3, reward: str = "outcome",

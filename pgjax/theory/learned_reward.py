@@ -139,8 +139,8 @@ def gradient_table(mdp: mdp_lib.TokenMDP, error: np.ndarray, policy, theta, k: i
     for label, name, changes in audit_lib.ESTIMATORS:
         algo = core.preset(name)
         result = audit_lib.audit(learned, policy, theta, algo, algo.hparams.replace(**changes), k=k)
-        bias = "< 1e-12" if result.direction_bias < 1e-12 else f"{result.direction_bias:.4f}"
-        rows.append([label, f"{result.scale:.4f}", bias, f"{_cosine(result.mean, true_grad):.4f}"])
+        rows.append([label, f"{result.scale:.4f}", audit_lib.bias_cell(result.direction_bias, ".4f"),
+                     f"{_cosine(result.mean, true_grad):.4f}"])
     return markdown.table(["estimator (on r-hat)", "scale c against grad J-hat", "direction bias against grad J-hat",
                            "cosine with the true grad J"], rows)
 

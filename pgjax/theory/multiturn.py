@@ -116,14 +116,11 @@ def masking_table(mdp: mdp_lib.TokenMDP, policy, theta, k: int) -> str:
     c = 1 and no direction bias is unbiased), the environment's tokens masked and wrongly included,
     and the cosine of the included one's expected gradient with grad J."""
     rows = []
-
-    def bias(x: float) -> str:
-        return "< 1e-12" if x < 1e-12 else f"{x:.4f}"
     for label, name, changes in ESTIMATORS:
         masked = masking_audit(mdp, policy, theta, name, changes, k, included=False)
         wrong = masking_audit(mdp, policy, theta, name, changes, k, included=True)
-        rows.append([label, f"{masked.scale:.4f}", bias(masked.direction_bias), f"{wrong.scale:.4f}",
-                     bias(wrong.direction_bias), f"{wrong.cosine:.4f}"])
+        rows.append([label, f"{masked.scale:.4f}", audit_lib.bias_cell(masked.direction_bias, ".4f"),
+                     f"{wrong.scale:.4f}", audit_lib.bias_cell(wrong.direction_bias, ".4f"), f"{wrong.cosine:.4f}"])
     return markdown.table(["estimator", "masked: scale c", "masked: direction bias", "included: scale c",
                            "included: direction bias", "included: cosine"], rows)
 

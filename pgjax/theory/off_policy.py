@@ -39,7 +39,7 @@ import numpy as np
 
 from pgjax import core, markdown
 from pgjax.theory import mdp as mdp_lib
-from pgjax.theory.audit import AuditResult, audit
+from pgjax.theory.audit import AuditResult, audit, bias_cell
 
 INF = math.inf
 
@@ -166,12 +166,8 @@ def off_policy_audit(mdp: mdp_lib.TokenMDP, policy, theta, algo: core.Algorithm,
     return reference, cells
 
 
-def _bias(x: float) -> str:
-    return "< 1e-12" if x < 1e-12 else f"{x:.3g}"
-
-
 METRICS = (  # (title, Cell attribute, format)
-    ("relative bias \\|E_mu[g] - E_pi[g]\\| / \\|E_pi[g]\\|", "relative_bias", _bias),
+    ("relative bias \\|E_mu[g] - E_pi[g]\\| / \\|E_pi[g]\\|", "relative_bias", lambda x: bias_cell(x, ".3g")),
     ("cosine of E_mu[g] with grad J(pi)", "cosine", lambda x: f"{x:.4f}"),
     ("total variance (trace of Cov_mu[g])", "total_variance", lambda x: f"{x:.4f}"),
     ("Kish ESS fraction of the token weights", "ess_fraction", lambda x: f"{x:.3f}"),
