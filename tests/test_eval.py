@@ -304,6 +304,34 @@ def test_compare_pools_runs_per_prompt_and_summarises_them_across_runs(synthetic
     assert list(paired.compare({"a": [greedy_only], "b": runs})["pairs"][0]["metrics"]) == ["greedy_accuracy"]
 
 
+def test_compare_adds_the_statistics_across_seeds_where_a_model_has_several_runs(synthetic):
+    """Two runs against one: the two-way bootstrap of the per-run, per-prompt rates and the one-sample t of
+    the runs' rates against the single run's; two runs against two: Welch's t; the third table says so."""
+    load = paired.load_evaluation
+    runs = [load(synthetic / "budgets.json", 3), load(synthetic / "hot.json")]
+    base = load(synthetic / "budgets.json", 2)
+    comparison = paired.compare({"base": [base], "trained": runs, "again": list(reversed(runs))})
+    by_pair = {(p["a"], p["b"]): p for p in comparison["pairs"]}
+    for metric, (field, trials) in {"greedy_accuracy": ("greedy_correct", 1), "pass@1": ("sampled_correct", 4)}.items():
+        rates = np.array([np.asarray(r["per_prompt"][field]) / trials for r in runs])
+        reference = np.asarray(base["per_prompt"][field])[None] / trials
+        seeds = by_pair[("base", "trained")]["across_seeds"][metric]
+        assert seeds["seeds_and_prompts"] == statistics.seeds_and_prompts_bootstrap(rates, reference)
+        one_sample = statistics.across_seeds(rates.mean(1), np.full(2, reference.mean()))
+        assert seeds["seeds_t"]["ci95"] == one_sample["ci95"] and seeds["seeds_t"]["test"] == "one-sample t"
+        flipped = by_pair[("trained", "again")]["across_seeds"][metric]["seeds_t"]
+        assert flipped == statistics.welch_across_seeds(rates[::-1].mean(1), rates.mean(1))
+        assert flipped["mean"] == pytest.approx(0.0, abs=1e-15)
+        reverse = paired.compare({"trained": runs, "base": [base]})["pairs"][0]["across_seeds"][metric]["seeds_t"]
+        assert reverse["ci95"] == pytest.approx([-one_sample["ci95"][1], -one_sample["ci95"][0]], abs=1e-15)
+        assert reverse["p_value"] == pytest.approx(one_sample["p_value"], abs=1e-15)
+    table = paired.to_markdown(comparison)
+    assert "| trained - base | greedy_accuracy | 2, 1 |" in table and "(one-sample t) |" in table
+    assert "| again - trained | pass@1 | 2, 2 |" in table and "(Welch t) |" in table
+    assert "Across seeds, the runs taken as a sample" in table
+    assert "across_seeds" not in paired.compare({"a": [base], "b": runs[:1]})["pairs"][0]
+
+
 @pytest.mark.parametrize("arguments,message", [
     (["a={budgets}@3", "b={other}"], "were evaluated on different prompts (8 against 4 prompts)"),
     (["a={budgets}", "b={hot}"], "holds budgets 2, 3: choose one"),

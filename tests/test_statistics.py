@@ -1,6 +1,7 @@
 """The statistics of every report (pgjax.evaluation.statistics) against brute-force enumeration,
-hand-computed values and slow loops with the same draws: pass@k, Wilson intervals, the percentile
-bootstrap, the exact sign-flip test, paired differences and Student's t across seeds."""
+hand-computed values, slow loops with the same draws, SciPy's t tests and closed-form moments: pass@k,
+Wilson intervals, the percentile bootstrap, the exact sign-flip test, paired differences, Student's and
+Welch's t across seeds and the two-way bootstrap over runs and prompts."""
 import itertools
 import math
 from fractions import Fraction
@@ -8,6 +9,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 from helpers import enumerated_sign_flip_p, hand_percentile, slow_bootstrap_means
+from scipy import stats as scipy_stats
 
 from pgjax.evaluation import statistics
 
@@ -152,3 +154,93 @@ def test_across_seeds_is_students_t_by_hand():
     for bad in (([1.0], [0.0]), ([1.0, 2.0], [0.0]), ([1.0, float("nan")], [0.0, 0.0])):
         with pytest.raises(ValueError, match="finite per-seed values, n >= 2"):
             statistics.across_seeds(*bad)
+
+
+def test_welch_across_seeds_by_hand_and_as_scipys_unequal_variance_t_test():
+    """b = [0.6, 0.8, 0.7], a = [0.5, 0.55]: means 0.7 and 0.525, variances (ddof 1) 0.01 and 0.00125,
+    se^2 = 0.01 / 3 + 0.00125 / 2 = 0.00395833, dof = se^4 / ((0.01/3)^2 / 2 + (0.000625)^2 / 1)
+    = 0.0000156684 / 0.0000059462 = 2.63504, t = 0.175 / 0.0629153 = 2.78152."""
+    b, a = np.array([0.6, 0.8, 0.7]), np.array([0.5, 0.55])
+    got = statistics.welch_across_seeds(b, a)
+    se2 = 0.01 / 3 + 0.00125 / 2
+    dof = se2 ** 2 / ((0.01 / 3) ** 2 / 2 + (0.00125 / 2) ** 2 / 1)
+    assert got["mean"] == pytest.approx(0.175, abs=1e-12) and got["dof"] == pytest.approx(dof, rel=1e-12)
+    assert dof == pytest.approx(2.63504, abs=1e-5)
+    reference = scipy_stats.ttest_ind(b, a, equal_var=False)
+    assert reference.statistic == pytest.approx(0.175 / np.sqrt(se2), rel=1e-12) == pytest.approx(2.78152, abs=1e-5)
+    assert got["p_value"] == pytest.approx(reference.pvalue, rel=1e-10)
+    assert got["ci95"] == pytest.approx(list(reference.confidence_interval(0.95)), rel=1e-10)
+    rng = np.random.default_rng(3)
+    for sizes in ((2, 2), (5, 3), (4, 7)):
+        b, a = rng.normal(0.6, 0.1, sizes[0]), rng.normal(0.5, 0.02, sizes[1])
+        got, reference = statistics.welch_across_seeds(b, a), scipy_stats.ttest_ind(b, a, equal_var=False)
+        assert (got["p_value"], got["dof"]) == pytest.approx((reference.pvalue, reference.df), rel=1e-10)
+        assert got["ci95"] == pytest.approx(list(reference.confidence_interval(0.95)), rel=1e-10)
+        assert got["runs"] == list(sizes)
+    # no spread in either: the point, and nothing to test against
+    flat = statistics.welch_across_seeds([0.7, 0.7], [0.5, 0.5, 0.5])
+    assert flat["ci95"] == pytest.approx([0.2, 0.2]) and flat["p_value"] == 1.0 and flat["dof"] is None
+    for bad in (([1.0], [0.0, 1.0]), ([1.0, 2.0], [[0.0, 1.0]]), ([1.0, float("inf")], [0.0, 0.0])):
+        with pytest.raises(ValueError, match="two runs or more each"):
+            statistics.welch_across_seeds(*bad)
+
+
+def crossed_bootstrap_moments(b: np.ndarray, a: np.ndarray) -> tuple[float, float]:
+    """The exact mean and variance of the two-way bootstrap's draw v' C u, with C = [B; A], u the prompts'
+    drawn weights and v = [w_B; -w_A] the runs' (independent multinomial counts / n). For counts of n
+    draws over n items, E w = 1/n and E w w' = 11'/n^2 + (I - 11'/n)/n^2; u and v are independent, so
+    E[(v' C u)^2] = tr(E[v v'] C E[u u'] C')."""
+    def second_moment(n):
+        ones = np.ones((n, n))
+        return ones / n ** 2 + (np.eye(n) - ones / n) / n ** 2
+    rb, ra, p = len(b), len(a), b.shape[1]
+    runs = np.block([[second_moment(rb), -np.ones((rb, ra)) / (rb * ra)],
+                     [-np.ones((ra, rb)) / (rb * ra), second_moment(ra)]])
+    c = np.vstack([b, a])
+    mean = b.mean() - a.mean()
+    return mean, float(np.trace(runs @ c @ second_moment(p) @ c.T)) - mean ** 2
+
+
+def test_the_seeds_and_prompts_bootstrap_has_the_exact_two_way_resampling_moments():
+    """The draws' mean and variance against the closed form over 200,000 resamples (the variance's own
+    sampling error is about 0.3%); the interval is the draws' 2.5th and 97.5th percentiles."""
+    rng = np.random.default_rng(0)
+    prompts = rng.random(30)
+    b = np.clip(prompts + rng.normal(0.15, 0.1, (3, 1)) + rng.normal(0, 0.05, (3, 30)), 0, 1)   # run effects
+    a = np.clip(prompts + rng.normal(0, 0.05, (4, 30)), 0, 1)
+    draws = statistics.seeds_and_prompts_draws(b, a, resamples=200_000, seed=1)
+    mean, variance = crossed_bootstrap_moments(b, a)
+    assert draws.mean() == pytest.approx(mean, abs=4 * np.sqrt(variance / 200_000))
+    assert draws.var() == pytest.approx(variance, rel=0.02)
+    got = statistics.seeds_and_prompts_bootstrap(b, a, resamples=200_000, seed=1)
+    assert got["difference"] == pytest.approx(mean, abs=1e-15) and got["runs"] == [3, 4]
+    assert got["ci95"] == pytest.approx(list(np.percentile(draws, [2.5, 97.5])), abs=1e-15)
+    # one run each: prompts alone are resampled, the variance that of the paired per-prompt differences
+    one_b, one_a = b[:1], a[:1]
+    _, prompts_only = crossed_bootstrap_moments(one_b, one_a)
+    assert prompts_only == pytest.approx(np.var(one_b[0] - one_a[0]) / 30, rel=1e-12)
+    assert statistics.seeds_and_prompts_draws(one_b, one_a, 100_000).var() == pytest.approx(prompts_only, rel=0.02)
+
+
+def test_the_seeds_and_prompts_interval_is_wider_than_the_fixed_runs_one_when_seeds_disagree():
+    """Three runs of B whose accuracies spread by seed (0.55-0.75) against one reference run on 64 prompts:
+    the runs-fixed paired bootstrap of the pooled rates leaves the seed spread out; the two-way one does not."""
+    rng = np.random.default_rng(5)
+    reference = (rng.random(64) < 0.5).astype(np.int64)
+    runs = np.stack([(rng.random(64) < rate).astype(np.int64) for rate in (0.55, 0.65, 0.75)])
+    fixed = statistics.paired_difference(reference, 1, runs.sum(0), 3)
+    both = statistics.seeds_and_prompts_bootstrap(runs, reference[None])
+    assert both["difference"] == pytest.approx(fixed["difference"], abs=1e-12)
+    assert np.diff(both["ci95"])[0] > np.diff(fixed["ci95"])[0]
+
+
+def test_the_seeds_and_prompts_bootstrap_refuses_bad_input():
+    good = np.full((2, 5), 0.5)
+    for bad, match in (((np.full(5, 0.5), good), "rates_b must be a finite"),
+                       ((good, np.full((2, 4), 0.5)), "same prompts, got 5 and 4"),
+                       ((good, np.full((0, 5), 0.5)), "rates_a must be a finite"),
+                       ((np.where(np.eye(2, 5) > 0, np.nan, 0.5), good), "rates_b must be a finite")):
+        with pytest.raises(ValueError, match=match):
+            statistics.seeds_and_prompts_bootstrap(*bad)
+    with pytest.raises(ValueError, match="resamples must be >= 1"):
+        statistics.seeds_and_prompts_bootstrap(good, good, resamples=0)

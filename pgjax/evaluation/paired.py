@@ -18,7 +18,16 @@ its samples, for ``finish_rate`` the finished ones. For a pair of models (B agai
 The runs of a model are taken as fixed: these statistics say how sure the difference is on these
 prompts for these trained models, not across training seeds. The across-seed spread is
 ``across_runs``: the mean, standard deviation (ddof 1), minimum and maximum of each metric over a
-model's runs.
+model's runs. Where either model has two runs or more (training seeds), each pair also gets the
+statistics across seeds (``pair["across_seeds"]``), which take the runs as a sample:
+
+  seeds_and_prompts   the mean over runs and prompts of B minus A's, and the two-way percentile
+                      bootstrap interval that resamples the prompts (the same for both) and each
+                      model's runs (``statistics.seeds_and_prompts_bootstrap``)
+  seeds_t             the t test across the runs' values (each run's mean rate over the prompts): Welch's
+                      unpaired t where both have two runs or more (``welch_across_seeds``), the one-sample
+                      t of the several runs against the single run's value where one has one
+                      (``across_seeds``): its interval and p-value
 """
 from __future__ import annotations
 
@@ -30,7 +39,13 @@ import numpy as np
 
 from pgjax import markdown
 from pgjax.evaluation.held_out import budgets_of, digits_of
-from pgjax.evaluation.statistics import RESAMPLES, paired_difference
+from pgjax.evaluation.statistics import (
+    RESAMPLES,
+    across_seeds,
+    paired_difference,
+    seeds_and_prompts_bootstrap,
+    welch_across_seeds,
+)
 
 # metric: (the per-prompt count of successes in a report's per_prompt, the trials per run per prompt)
 PAIRED = {"greedy_accuracy": ("greedy_correct", lambda ev: 1), "pass@1": ("sampled_correct", lambda ev: ev["samples"]),
@@ -79,6 +94,32 @@ def _pooled(runs: list[dict], metric: str) -> tuple[np.ndarray, int] | None:
     return np.sum([r["per_prompt"][field] for r in runs], axis=0), sum(trials(r) for r in runs)
 
 
+def run_rates(runs: list[dict], metric: str) -> np.ndarray | None:
+    """[runs, prompts] rates of ``metric``: each run's successes on each prompt over its trials; None when
+    a run lacks it."""
+    field, trials = PAIRED[metric]
+    if any(field not in r["per_prompt"] for r in runs):
+        return None
+    return np.array([np.asarray(r["per_prompt"][field], np.float64) / trials(r) for r in runs])
+
+
+def seeds_statistics(rates_b: np.ndarray, rates_a: np.ndarray, resamples: int, seed: int) -> dict:
+    """The across-seed statistics of B - A from each model's [runs, prompts] rates (module docstring),
+    at least one of them with two runs or more."""
+    values_b, values_a = rates_b.mean(1), rates_a.mean(1)
+    if min(len(values_b), len(values_a)) >= 2:
+        t_test = welch_across_seeds(values_b, values_a)
+    elif len(values_b) >= 2:
+        t_test = across_seeds(values_b, np.full_like(values_b, values_a[0]))
+    else:
+        flipped = across_seeds(values_a, np.full_like(values_a, values_b[0]))      # A - B, then negated
+        t_test = {**flipped, "mean": -flipped["mean"], "ci95": [-flipped["ci95"][1], -flipped["ci95"][0]],
+                  "positive": int((values_b[0] > values_a).sum())}
+    if len(values_b) < 2 or len(values_a) < 2:
+        t_test = {**t_test, "test": "one-sample t", "interval": "t across seeds"}
+    return {"seeds_and_prompts": seeds_and_prompts_bootstrap(rates_b, rates_a, resamples, seed), "seeds_t": t_test}
+
+
 def check_same_prompts(models: dict[str, list[dict]]) -> None:
     """ValueError naming both reports unless every evaluation has the first's prompts, in its order."""
     runs = [run for model in models.values() for run in model]
@@ -110,12 +151,15 @@ def compare(models: dict[str, list[dict]], resamples: int = RESAMPLES, seed: int
                        "metrics": across_runs(runs)} for label, runs in models.items()}
     pairs = []
     for a, b in itertools.combinations(models, 2):
-        metrics = {}
+        metrics, seeds = {}, {}
         for metric in PAIRED:
             pooled_a, pooled_b = _pooled(models[a], metric), _pooled(models[b], metric)
             if pooled_a is not None and pooled_b is not None:
                 metrics[metric] = paired_difference(*pooled_a, *pooled_b, resamples=resamples, seed=seed)
-        pairs.append({"a": a, "b": b, "metrics": metrics})
+                rates_a, rates_b = run_rates(models[a], metric), run_rates(models[b], metric)
+                if rates_a is not None and rates_b is not None and max(len(rates_a), len(rates_b)) >= 2:
+                    seeds[metric] = seeds_statistics(rates_b, rates_a, resamples, seed)
+        pairs.append({"a": a, "b": b, "metrics": metrics, **({"across_seeds": seeds} if seeds else {})})
     return {"prompts": len(next(iter(models.values()))[0]["per_prompt"]["prompt"]),
             "bootstrap": {"resamples": resamples, "seed": seed}, "models": summary, "pairs": pairs}
 
@@ -128,6 +172,15 @@ def _spread(stats: dict, digits: int) -> str:
     return f"{mean} ± {std} ({low}-{high})"
 
 
+def _signed(value: float) -> str:
+    """``+0.123``; a value that rounds to zero is ``+0.000`` whatever its sign."""
+    return f"{round(value, 3) + 0.0:+.3f}"
+
+
+def _signed_interval(interval) -> str:
+    return f"[{_signed(interval[0])}, {_signed(interval[1])}]"
+
+
 def to_markdown(comparison: dict) -> str:
     """Two tables: each model's metrics across its runs, and each pair's paired statistics."""
     models = comparison["models"]
@@ -137,13 +190,30 @@ def to_markdown(comparison: dict) -> str:
                             *(_spread(m["metrics"][n], digits_of(n)) if n in m["metrics"] else None for n in names)]
                            for label, m in models.items()])
     pairs = markdown.table(["B - A", "metric", "mean difference", "95% CI (paired bootstrap)", "p (exact sign-flip)"],
-                           [[f"{pair['b']} - {pair['a']}", metric, f"{s['difference']:+.3f}",
-                             f"[{s['ci95'][0]:+.3f}, {s['ci95'][1]:+.3f}]", f"{s['p_value']:.3g}"]
+                           [[f"{pair['b']} - {pair['a']}", metric, _signed(s["difference"]),
+                             _signed_interval(s["ci95"]), f"{s['p_value']:.3g}"]
                             for pair in comparison["pairs"] for metric, s in pair["metrics"].items()], align="llrrr")
     boot = comparison["bootstrap"]
+    seeds = [(pair, metric, stats) for pair in comparison["pairs"]
+             for metric, stats in pair.get("across_seeds", {}).items()]
+    across = markdown.table(
+        ["B - A", "metric", "runs (B, A)", "mean difference", "95% CI (runs and prompts bootstrap)",
+         "95% CI (t across seeds)", "p (t across seeds)"],
+        [[f"{pair['b']} - {pair['a']}", metric, "{}, {}".format(*s["seeds_and_prompts"]["runs"]),
+          _signed(s["seeds_and_prompts"]["difference"]), _signed_interval(s["seeds_and_prompts"]["ci95"]),
+          _signed_interval(s["seeds_t"]["ci95"]),
+          f"{s['seeds_t']['p_value']:.3g} ({s['seeds_t']['test']})"] for pair, metric, s in seeds], align="lllrrrr")
     note = (f"{comparison['prompts']} prompts, the same for every model. Runs: mean ± standard deviation "
             "(min-max) over a model's runs. Pairs: per prompt each model's rate pooled over its runs; the "
             f"interval resamples prompts ({boot['resamples']} resamples, seed {boot['seed']}); the test flips "
             "the sign of each prompt's difference, exactly (McNemar's exact test for one greedy run each). "
             "The runs are taken as fixed: the pair statistics do not include the seed-to-seed spread.")
-    return "\n\n".join([runs, pairs, note])
+    if not seeds:
+        return "\n\n".join([runs, pairs, note])
+    seeds_note = ("Across seeds, the runs taken as a sample: the mean over runs and prompts; the bootstrap "
+                  "interval resamples the prompts (the same for both models) and each model's runs "
+                  f"({boot['resamples']} resamples, seed {boot['seed']}); the t interval and test are over the runs' "
+                  "mean rates: Welch's t where both models have two runs or more, the one-sample t of the "
+                  "several runs against the single run's value where one has one. With few runs the t interval "
+                  "has few degrees of freedom and can be wide.")
+    return "\n\n".join([runs, pairs, note, across, seeds_note])

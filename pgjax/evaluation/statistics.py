@@ -8,7 +8,10 @@ bootstrap, medians of timings and their ratios, and the paired tests.
   steps are resampled independently of the other's, and fewer than ``MIN_STEPS`` steps are refused as
   too few for an interval); ``percentile_interval`` takes the resampled values' percentiles.
 - ``sign_flip_test`` and ``paired_difference``: two models on the same prompts, the runs taken as fixed;
-  ``across_seeds``: two settings across training seeds, the seeds the sample (Student's t).
+  ``across_seeds``: two settings across training seeds paired by seed, the seeds the sample (Student's
+  t); ``welch_across_seeds``: the same unpaired (Welch's t); ``seeds_and_prompts_bootstrap``: two models'
+  runs on the same prompts, runs and prompts both resampled (the interval that includes both the
+  seed-to-seed and the prompt-to-prompt spread).
 
 A hand-rolled bootstrap rather than ``scipy.stats.bootstrap``: the recorded intervals are reproduced
 from ``default_rng(seed)`` draw for draw, and a prompt's columns (several metrics at once) must move
@@ -218,11 +221,88 @@ def across_seeds(values_b, values_a) -> dict:
         raise ValueError(f"need two [n] arrays of finite per-seed values, n >= 2 (got {b.shape} and {a.shape})")
     d = b - a
     n, mean, sd = d.size, float(d.mean()), float(d.std(ddof=1))
-    if sd <= 1e-12 * np.abs(d).max():        # every d_s equal, up to float rounding
-        half, p = 0.0, 1.0
-    else:
-        from scipy import stats as scipy_stats  # imported here: it costs every command line's start
-        half = float(scipy_stats.t.ppf(0.975, n - 1)) * sd / np.sqrt(n)
-        p = float(2 * scipy_stats.t.sf(abs(mean) / (sd / np.sqrt(n)), n - 1))
+    no_spread = sd <= 1e-12 * np.abs(d).max()        # every d_s equal, up to float rounding
+    half, p = _t_interval_and_test(mean, 0.0 if no_spread else sd ** 2 / n, n - 1)
     return {"mean": mean, "ci95": [mean - half, mean + half], "p_value": p, "positive": int((d > 0).sum()),
             "seeds": n, "interval": "t across seeds", "test": "paired t"}
+
+
+def _t_interval_and_test(mean: float, variance_of_mean: float, dof: float) -> tuple[float, float]:
+    """(half-width of the 95% t interval, two-sided p of mean = 0) for an estimate ``mean`` with the
+    estimated variance ``variance_of_mean`` on ``dof`` degrees of freedom; without spread (variance 0)
+    there is nothing to test against: (0, 1.0)."""
+    if not variance_of_mean > 0:
+        return 0.0, 1.0
+    from scipy import stats as scipy_stats  # imported here: it costs every command line's start
+    scale = math.sqrt(variance_of_mean)
+    return (float(scipy_stats.t.ppf(0.975, dof)) * scale,
+            float(2 * scipy_stats.t.sf(abs(mean) / scale, dof)))
+
+
+def welch_across_seeds(values_b, values_a) -> dict:
+    """B against A across training seeds, not paired: ``values_b`` holds one number per run of B (its end
+    accuracy, say), ``values_a`` one per run of A, n_B, n_A >= 2 each, from seeds that need not match.
+    With means m, sample variances v (ddof 1) and v_B / n_B + v_A / n_A = se^2: ``mean`` = m_B - m_A,
+    Welch-Satterthwaite's dof = se^4 / ((v_B / n_B)^2 / (n_B - 1) + (v_A / n_A)^2 / (n_A - 1)),
+    ``ci95`` = mean -+ t_{0.975, dof} se and ``p_value`` the two-sided Welch t test of m_B = m_A. With no
+    spread in either (se = 0, up to float rounding) there is nothing to test against: the interval is
+    the point and ``p_value`` 1.0, as in ``across_seeds``. Like it, the seeds are the sample."""
+    b, a = (np.asarray(v, np.float64) for v in (values_b, values_a))
+    if b.ndim != 1 or a.ndim != 1 or min(b.size, a.size) < 2 or not (np.isfinite(b).all() and np.isfinite(a).all()):
+        raise ValueError(f"need two 1-D arrays of finite per-run values, two runs or more each (got {b.shape} and "
+                         f"{a.shape})")
+    share_b, share_a = b.var(ddof=1) / b.size, a.var(ddof=1) / a.size
+    se2 = float(share_b + share_a)
+    if se2 <= (1e-12 * max(np.abs(b).max(), np.abs(a).max(), 1e-300)) ** 2:    # no spread, up to rounding
+        se2 = 0.0
+    mean = float(b.mean() - a.mean())
+    dof = se2 ** 2 / (share_b ** 2 / (b.size - 1) + share_a ** 2 / (a.size - 1)) if se2 else float("nan")
+    half, p = _t_interval_and_test(mean, se2, dof)
+    return {"mean": mean, "ci95": [mean - half, mean + half], "p_value": p, "dof": float(dof) if se2 else None,
+            "runs": [int(b.size), int(a.size)], "interval": "Welch t across seeds", "test": "Welch t"}
+
+
+def _resampled_means(rates: np.ndarray, prompt_weights: np.ndarray, rng) -> np.ndarray:
+    """[S] means of ``rates`` ([R, P]) over R runs drawn with replacement (from ``rng``) and the prompts
+    weighted by ``prompt_weights`` ([S, P], each row the drawn prompts' counts over P)."""
+    runs = rates.shape[0]
+    run_weights = rng.multinomial(runs, np.full(runs, 1.0 / runs), size=prompt_weights.shape[0]) / runs
+    return np.einsum("sr,rp,sp->s", run_weights, rates, prompt_weights)
+
+
+def _run_prompt_rates(name: str, rates) -> np.ndarray:
+    rates = np.asarray(rates, np.float64)
+    if rates.ndim != 2 or 0 in rates.shape or not np.isfinite(rates).all():
+        raise ValueError(f"{name} must be a finite [runs, prompts] array of rates, got shape {rates.shape}")
+    return rates
+
+
+def seeds_and_prompts_draws(rates_b, rates_a, resamples: int = RESAMPLES, seed: int = 0) -> np.ndarray:
+    """The ``resamples`` resampled differences of ``seeds_and_prompts_bootstrap`` (its docstring): each draws
+    P prompts with replacement, the same for both models, and each model's runs with replacement,
+    independently of the other's; a draw is the mean of B's drawn runs on the drawn prompts minus A's."""
+    b, a = _run_prompt_rates("rates_b", rates_b), _run_prompt_rates("rates_a", rates_a)
+    if b.shape[1] != a.shape[1]:
+        raise ValueError(f"the two models' rates must be on the same prompts, got {b.shape[1]} and {a.shape[1]}")
+    if resamples < 1:
+        raise ValueError(f"resamples must be >= 1, got {resamples}")
+    rng = np.random.default_rng(seed)
+    prompts = b.shape[1]
+    prompt_weights = rng.multinomial(prompts, np.full(prompts, 1.0 / prompts), size=resamples) / prompts
+    return _resampled_means(b, prompt_weights, rng) - _resampled_means(a, prompt_weights, rng)
+
+
+def seeds_and_prompts_bootstrap(rates_b, rates_a, resamples: int = RESAMPLES, seed: int = 0) -> dict:
+    """B against A when each is one or more runs (training seeds) evaluated on the same P prompts:
+    ``rates_b`` [R_B, P] and ``rates_a`` [R_A, P] hold each run's rate on each prompt. The statistic is the
+    mean over runs and prompts of B minus that of A, ``difference``. Each of ``resamples`` resamples
+    (``np.random.default_rng(seed)``) draws the P prompts with replacement, the same for both (paired by
+    prompt), and, independently for each model, its R runs with replacement (the runs need not share
+    seeds): a two-way (runs x prompts) bootstrap. ``ci95`` is the percentile interval of the resampled
+    differences (``seeds_and_prompts_draws``). Unlike ``paired_difference``, which keeps the runs fixed,
+    the interval includes the spread between runs; with one run each it resamples prompts only."""
+    draws = seeds_and_prompts_draws(rates_b, rates_a, resamples, seed)
+    b, a = np.asarray(rates_b, np.float64), np.asarray(rates_a, np.float64)
+    low, high = _numeric_interval(draws)
+    return {"difference": float(b.mean() - a.mean()), "ci95": [low, high], "runs": [b.shape[0], a.shape[0]],
+            "interval": "seeds and prompts bootstrap"}
