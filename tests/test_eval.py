@@ -330,6 +330,19 @@ def test_compare_adds_the_statistics_across_seeds_where_a_model_has_several_runs
     assert "| again - trained | pass@1 | 2, 2 |" in table and "(Welch t) |" in table
     assert "Across seeds, the runs taken as a sample" in table
     assert "across_seeds" not in paired.compare({"a": [base], "b": runs[:1]})["pairs"][0]
+    # runs named by their training seeds: the same seeds pair by seed, other seeds stay Welch's
+    models = {"trained": runs, "again": list(reversed(runs))}
+    rates = np.array([np.asarray(r["per_prompt"]["sampled_correct"]) / 4 for r in runs])
+    same = paired.compare(models, run_seeds={"trained": [0, 1], "again": [0, 1]})["pairs"][0]
+    got = same["across_seeds"]["pass@1"]
+    assert got["seeds_paired_t"] == {**statistics.across_seeds(rates[::-1].mean(1), rates.mean(1)),
+                                     "test": "paired t by seed"}
+    assert got["seeds_t"]["test"] == "Welch t"
+    p = got["seeds_paired_t"]["p_value"]
+    assert f"(Welch t) | {p:.3g} |" in paired.to_markdown({**comparison, "pairs": [same]})
+    other = paired.compare(models, run_seeds={"trained": [0, 1], "again": [2, 3]})["pairs"][0]
+    assert "seeds_paired_t" not in other["across_seeds"]["pass@1"]
+    assert "(one-sample t) | - |" in table
 
 
 @pytest.mark.parametrize("arguments,message", [

@@ -397,3 +397,24 @@ def test_a_band_of_points_is_the_mean_and_range_of_the_seeds_that_have_each_step
         assert np.isclose(at.min(), low) and np.isclose(at.max(), high), (step, at)
     assert line.get_label() == "method"
     plt.close(fig)
+
+
+EXPERIMENTS = pathlib.Path(__file__).resolve().parents[1] / "experiments"
+STUDY_FILES = sorted(p.stem for p in (EXPERIMENTS / "studies").glob("*.py"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", STUDY_FILES)
+def test_each_committed_study_report_regenerates_from_its_committed_evaluations(name, tmp_path):
+    """``python experiments/studies/NAME.py --report`` on a copy of ``experiments/results/NAME`` (its
+    evaluation files and kept records, no runs) writes the committed ``NAME.md`` byte for byte and the
+    committed plot: every table a study reports comes from the records beside it."""
+    committed = EXPERIMENTS / "results" / name
+    out = tmp_path / name
+    shutil.copytree(committed, out)
+    for made in (out / f"{name}.md", out / f"{name}.png"):
+        made.unlink()
+    load_experiment_script(name).STUDY.report(tmp_path / "no_runs", out)
+    assert (out / f"{name}.md").read_text() == (committed / f"{name}.md").read_text(), \
+        f"experiments/results/{name}/{name}.md is stale: run python experiments/studies/{name}.py --report"
+    assert (out / f"{name}.png").read_bytes() == (committed / f"{name}.png").read_bytes(), f"{name}.png is stale"

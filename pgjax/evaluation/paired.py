@@ -24,10 +24,13 @@ statistics across seeds (``pair["across_seeds"]``), which take the runs as a sam
   seeds_and_prompts   the mean over runs and prompts of B minus A's, and the two-way percentile
                       bootstrap interval that resamples the prompts (the same for both) and each
                       model's runs (``statistics.seeds_and_prompts_bootstrap``)
-  seeds_t             the t test across the runs' values (each run's mean rate over the prompts): Welch's
-                      unpaired t where both have two runs or more (``welch_across_seeds``), the one-sample
-                      t of the several runs against the single run's value where one has one
+  seeds_t             the t test across the runs' values (each run's mean rate over the prompts):
+                      Welch's unpaired t where both have two runs or more (``welch_across_seeds``), the
+                      one-sample t of the several runs against the single run's value where one has one
                       (``across_seeds``): its interval and p-value
+  seeds_paired_t      where the caller names each run's training seed (``run_seeds``: a study does) and
+                      both models have the same two seeds or more, also the t test paired by seed
+                      (``across_seeds``): runs from one seed share their prompts and sampling draws
 """
 from __future__ import annotations
 
@@ -103,9 +106,11 @@ def run_rates(runs: list[dict], metric: str) -> np.ndarray | None:
     return np.array([np.asarray(r["per_prompt"][field], np.float64) / trials(r) for r in runs])
 
 
-def seeds_statistics(rates_b: np.ndarray, rates_a: np.ndarray, resamples: int, seed: int) -> dict:
+def seeds_statistics(rates_b: np.ndarray, rates_a: np.ndarray, resamples: int, seed: int,
+                     same_seeds: bool = False) -> dict:
     """The across-seed statistics of B - A from each model's [runs, prompts] rates (module docstring),
-    at least one of them with two runs or more."""
+    at least one of them with two runs or more; ``same_seeds``: run i of both was trained from the
+    same seed (the t test is then paired by seed)."""
     values_b, values_a = rates_b.mean(1), rates_a.mean(1)
     if min(len(values_b), len(values_a)) >= 2:
         t_test = welch_across_seeds(values_b, values_a)
@@ -117,7 +122,10 @@ def seeds_statistics(rates_b: np.ndarray, rates_a: np.ndarray, resamples: int, s
                   "positive": int((values_b[0] > values_a).sum())}
     if len(values_b) < 2 or len(values_a) < 2:
         t_test = {**t_test, "test": "one-sample t", "interval": "t across seeds"}
-    return {"seeds_and_prompts": seeds_and_prompts_bootstrap(rates_b, rates_a, resamples, seed), "seeds_t": t_test}
+    out = {"seeds_and_prompts": seeds_and_prompts_bootstrap(rates_b, rates_a, resamples, seed), "seeds_t": t_test}
+    if same_seeds and len(values_b) == len(values_a) >= 2:
+        out["seeds_paired_t"] = {**across_seeds(values_b, values_a), "test": "paired t by seed"}
+    return out
 
 
 def check_same_prompts(models: dict[str, list[dict]]) -> None:
@@ -136,10 +144,12 @@ def check_same_prompts(models: dict[str, list[dict]]) -> None:
                              "--prompts and task options")
 
 
-def compare(models: dict[str, list[dict]], resamples: int = RESAMPLES, seed: int = 0) -> dict:
+def compare(models: dict[str, list[dict]], resamples: int = RESAMPLES, seed: int = 0,
+            run_seeds: dict[str, list[int]] | None = None) -> dict:
     """The across-seed summary of each model (``{label: [evaluations]}``, one per run) and, for every
     pair of models in order (A listed before B), the paired statistics of B - A on greedy accuracy,
-    pass@1 and the finish rate (those both models have). ValueError when the prompts differ or when
+    pass@1 and the finish rate (those both models have); ``run_seeds``: each label's runs' training
+    seeds, in order, where known. ValueError when the prompts differ or when
     ``resamples`` < 10,000 would make a loose interval."""
     if len(models) < 2 or any(not runs for runs in models.values()):
         raise ValueError("a comparison needs two or more models, each with one or more evaluations")
@@ -158,7 +168,8 @@ def compare(models: dict[str, list[dict]], resamples: int = RESAMPLES, seed: int
                 metrics[metric] = paired_difference(*pooled_a, *pooled_b, resamples=resamples, seed=seed)
                 rates_a, rates_b = run_rates(models[a], metric), run_rates(models[b], metric)
                 if rates_a is not None and rates_b is not None and max(len(rates_a), len(rates_b)) >= 2:
-                    seeds[metric] = seeds_statistics(rates_b, rates_a, resamples, seed)
+                    same = run_seeds is not None and a in run_seeds and run_seeds.get(b) == run_seeds[a]
+                    seeds[metric] = seeds_statistics(rates_b, rates_a, resamples, seed, same)
         pairs.append({"a": a, "b": b, "metrics": metrics, **({"across_seeds": seeds} if seeds else {})})
     return {"prompts": len(next(iter(models.values()))[0]["per_prompt"]["prompt"]),
             "bootstrap": {"resamples": resamples, "seed": seed}, "models": summary, "pairs": pairs}
@@ -198,11 +209,13 @@ def to_markdown(comparison: dict) -> str:
              for metric, stats in pair.get("across_seeds", {}).items()]
     across = markdown.table(
         ["B - A", "metric", "runs (B, A)", "mean difference", "95% CI (runs and prompts bootstrap)",
-         "95% CI (t across seeds)", "p (t across seeds)"],
+         "95% CI (t across seeds)", "p (t across seeds)", "p (t paired by seed)"],
         [[f"{pair['b']} - {pair['a']}", metric, "{}, {}".format(*s["seeds_and_prompts"]["runs"]),
           _signed(s["seeds_and_prompts"]["difference"]), _signed_interval(s["seeds_and_prompts"]["ci95"]),
           _signed_interval(s["seeds_t"]["ci95"]),
-          f"{s['seeds_t']['p_value']:.3g} ({s['seeds_t']['test']})"] for pair, metric, s in seeds], align="lllrrrr")
+          f"{s['seeds_t']['p_value']:.3g} ({s['seeds_t']['test']})",
+          f"{s['seeds_paired_t']['p_value']:.3g}" if "seeds_paired_t" in s else "-"]
+         for pair, metric, s in seeds], align="lllrrrrr")
     note = (f"{comparison['prompts']} prompts, the same for every model. Runs: mean ± standard deviation "
             "(min-max) over a model's runs. Pairs: per prompt each model's rate pooled over its runs; the "
             f"interval resamples prompts ({boot['resamples']} resamples, seed {boot['seed']}); the test flips "
@@ -213,7 +226,8 @@ def to_markdown(comparison: dict) -> str:
     seeds_note = ("Across seeds, the runs taken as a sample: the mean over runs and prompts; the bootstrap "
                   "interval resamples the prompts (the same for both models) and each model's runs "
                   f"({boot['resamples']} resamples, seed {boot['seed']}); the t interval and test are over the runs' "
-                  "mean rates: Welch's t where both models have two runs or more, the one-sample t of the "
-                  "several runs against the single run's value where one has one. With few runs the t interval "
+                  "mean rates: Welch's t where both models have two runs or more, the one-sample t of the several "
+                  "runs against the single run's value where one has one; where both have the same training seeds, "
+                  "also the t paired by seed. With few runs the t interval "
                   "has few degrees of freedom and can be wide.")
     return "\n\n".join([runs, pairs, note, across, seeds_note])

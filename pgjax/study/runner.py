@@ -239,15 +239,21 @@ class Study:
 
     def paired_report(self, evaluation: Evaluation, variant: str, runs: pathlib.Path, out: pathlib.Path) -> str | None:
         """``pgjax.eval compare``'s tables for one evaluation and variant: the references and each method
-        with the seeds evaluated so far; None unless a reference and one other model are evaluated."""
-        found = {ref: [self.output(EvalJob(evaluation.kind, ref, variant), runs, out)] for ref in self.references}
-        found.update({m: [self.output(EvalJob(evaluation.kind, self.run_name(m, s), variant), runs, out)
-                          for s in self.seeds_of(m)] for m in self.methods})
-        groups = {label: [paired.load_evaluation(p) for p in paths if p.exists()] for label, paths in found.items()}
-        groups = {label: reports for label, reports in groups.items() if reports}
-        if not set(groups) & set(self.references) or len(groups) < 2:
+        with the seeds evaluated so far (named, so that two methods with the same seeds are paired by
+        seed across seeds); None unless a reference and one other model are evaluated."""
+        def evaluated(model: str, seeds) -> list[tuple[int | None, pathlib.Path]]:
+            paths = [(s, self.output(EvalJob(evaluation.kind, model if s is None else self.run_name(model, s),
+                                             variant), runs, out)) for s in seeds]
+            return [(s, path) for s, path in paths if path.exists()]
+
+        found = {ref: evaluated(ref, [None]) for ref in self.references}
+        found.update({m: evaluated(m, self.seeds_of(m)) for m in self.methods})
+        found = {label: done for label, done in found.items() if done}
+        if not set(found) & set(self.references) or len(found) < 2:
             return None
-        return paired.to_markdown(paired.compare(groups))
+        groups = {label: [paired.load_evaluation(path) for _, path in done] for label, done in found.items()}
+        run_seeds = {m: [s for s, _ in found[m] if s is not None] for m in self.methods if m in found}
+        return paired.to_markdown(paired.compare(groups, run_seeds=run_seeds))
 
     def curves(self, out: pathlib.Path, metric: str = "eval_accuracy") -> dict:
         """``{method: {seed: [(step, value)]}}`` of ``metric`` in the runs whose records are kept: the
@@ -294,7 +300,7 @@ class Study:
         names = [*self.record_metrics, "greedy eval at the window's end"]
         return "\n".join([markdown.table(["method", "seeds", "steps", *names], rows, "lrl" + "r" * len(names)), "",
                           f"Each cell: per seed its mean over the window's steps, then the {ACROSS_SEEDS_NOTE}; "
-                          f"from the kept records in {out / 'records'}."])
+                          "from the kept records (records/ beside this report)."])
 
     def report(self, runs: pathlib.Path, out: pathlib.Path) -> str | None:
         """The study's markdown (written to ``OUT/NAME.md``) and plot, from the outputs that exist; None
