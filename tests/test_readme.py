@@ -238,6 +238,52 @@ def anchors(text: str) -> set[str]:
     return found
 
 
+def sections(text: str) -> dict[str, str]:
+    """Each heading's anchor (``slug``; the first of repeats) and the text under it, its subsections
+    included, outside fenced code as inside."""
+    found: dict[str, list[str]] = {}
+    open_headings: list[tuple[int, str]] = []
+    fenced = False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        heading = None if fenced else re.match(r"(#{1,6}) (.+)", line)
+        if heading:
+            level = len(heading.group(1))
+            open_headings = [(lv, a) for lv, a in open_headings if lv < level] + [(level, slug(heading.group(2)))]
+            found.setdefault(open_headings[-1][1], [])
+        for _, anchor in open_headings:
+            found[anchor].append(line)
+    return {anchor: "\n".join(lines) for anchor, lines in found.items()}
+
+
+def shown_in(number: str, text: str) -> bool:
+    """Whether ``text`` holds a number that ``number`` (as the README writes it, e.g. ``0.300`` or ``6.8``)
+    shows at its precision: one that rounds to it (``3.00e-01`` for ``0.300``, ``0.8161`` for ``0.82``); a
+    number in scientific notation (``1e-12``) as written."""
+    if "e" in number:
+        return number in text
+    decimals = len(number.split(".")[1]) if "." in number else 0
+    value = float(number)
+    return any(abs(abs(float(found)) - value) <= 0.5 * 10 ** -decimals + 1e-12
+               for found in re.findall(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?", text.replace(",", "")))
+
+
+def test_every_number_the_readme_links_is_in_the_section_it_links():
+    """Each README link whose text holds numbers (``[0.170 -> 0.455](docs/real_models.md#...)``) links a
+    docs section (its subsections included) that shows every one of them at the README's precision."""
+    pages: dict[str, dict[str, str]] = {}
+    checked = 0
+    for text, page, anchor in re.findall(r"\[([^\]]*\d[^\]]*)\]\((docs/[^)#]+)#([^)]+)\)", README):
+        section = pages.setdefault(page, sections((ROOT / page).read_text())).get(anchor)
+        assert section is not None, f"README links {page}#{anchor}, which is no heading of that page"
+        numbers = re.findall(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?", text.replace("95%", ""))
+        missing = [n for n in numbers if not shown_in(n, section)]
+        assert not missing, f"README's [{text}]({page}#{anchor}): {missing} appear nowhere in that section"
+        checked += 1
+    assert checked > 50
+
+
 def test_readme_and_docs_link_only_files_inside_the_repository():
     root = ROOT.resolve()
     assert len(DOCS) >= 3, "docs/ holds the design notes"
