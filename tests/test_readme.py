@@ -3,6 +3,7 @@ and whose main job is the Dr. GRPO experiment; its examples run as written; ever
 (the algorithm table, the exact audits, the benchmarks, the training studies) is its command's or
 its saved result's current output, on whichever page it lives; every link resolves, anchors
 included, and none leaves the repository; every command-line example parses."""
+import json
 import os
 import pathlib
 import re
@@ -132,8 +133,26 @@ def test_training_study_tables_are_the_saved_results():
     for path in (results / "comparison.md", results / "length_bias" / "length_bias.md",
                  results / "difficulty_bias" / "difficulty_bias.md", results / "off_policy" / "off_policy.md",
                  results / "off_policy_warm400" / "off_policy.md",
-                 results / "smollm2_off_policy" / "smollm2_off_policy.md", results / "switch_grid" / "switch_grid.md"):
+                 results / "smollm2_off_policy" / "smollm2_off_policy.md", results / "switch_grid" / "switch_grid.md",
+                 results / "main_job_seeds" / "main_job_seeds.md"):
         assert path.read_text().strip() in docs, f"the docs' copy of {path.relative_to(ROOT)} is stale: paste it"
+
+
+def test_the_main_job_table_is_seed_0s_kept_record():
+    """docs/experiments.md's per-step table of the main job: every row is seed 0's committed record."""
+    page = (ROOT / "docs" / "experiments.md").read_text()
+    table = page.split("## The main job", 1)[1].split("| step | sampled accuracy |", 1)[1].split("\n\n", 1)[0]
+    records = {r["step"]: r for r in map(json.loads, (ROOT / "experiments" / "results" / "main_job_seeds" / "records"
+                                                     / "dr_grpo_s0" / "metrics.jsonl").read_text().splitlines())}
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()[2:]]
+    assert len(rows) == 6
+    for step, sampled, greedy in rows:                   # three decimals, halves rounded up (0.5625: 0.563)
+        record = records[int(step.split()[0])]
+        assert abs(float(greedy) - record["eval_accuracy"]) <= 5e-4 + 1e-12, step
+        if step.startswith("0 "):
+            assert sampled == "", step
+        else:
+            assert abs(float(sampled) - record["accuracy"]) <= 5e-4 + 1e-12, step
 
 
 def test_quickstart_is_two_single_line_commands():

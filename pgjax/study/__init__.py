@@ -39,8 +39,10 @@ record is kept counts as trained unless a job still to run needs its policy.
 ``--report`` writes ``OUT/NAME.md`` (per paired evaluation and variant: each method's spread across
 seeds, the paired statistics of every pair of models with the runs fixed, and, where a model has
 several seeds, the statistics across seeds: the runs-and-prompts bootstrap interval, Welch's or the
-one-sample t test, and the t test paired by seed where two methods share their seeds; each unpaired evaluation's table; the training
-table of ``record_metrics``, each cell the mean over seeds and its t interval across seeds) and
+one-sample t test, and the t test paired by seed where two methods share their seeds; each unpaired
+evaluation's table; the training table of ``record_metrics``, each cell the mean over seeds and its t
+interval across seeds; each seed's first and last greedy evaluation in its kept record, with the last
+ones' mean, t interval and range) and
 ``OUT/NAME.png`` (each of ``curve_metrics`` against step, one panel each, per method the mean over its
 seeds and the min-max band, from the kept records: by default the greedy evaluation accuracy in
 training; a per-step training metric is averaged over windows of ``record_window`` steps).

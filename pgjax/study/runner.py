@@ -302,6 +302,34 @@ class Study:
                           f"Each cell: per seed its mean over the window's steps, then the {ACROSS_SEEDS_NOTE}; "
                           "from the kept records (records/ beside this report)."])
 
+    def final_table(self, out: pathlib.Path) -> str | None:
+        """Per method, each seed's first and last greedy evaluation in its kept record (the run's eval
+        prompts; the first is the starting policy's, after any warm start), the last ones' mean with its t
+        interval across seeds (``seed_cell``) and their range; None without kept records that hold an
+        evaluation."""
+        rows = []
+        for method in self.methods:
+            ends = {}
+            for seed in self.seeds_of(method):
+                path = kept_record(self.run_name(method, seed), out)
+                records = read_records(path.parent) if path.exists() else []
+                evaluated = [(r["step"], r["eval_accuracy"]) for r in records if r.get("eval_accuracy") is not None]
+                if evaluated:
+                    ends[seed] = (evaluated[0], evaluated[-1])
+            if ends:
+                last = [end[1] for _, end in ends.values()]
+                rows.append([method, len(ends),
+                             ", ".join(f"{seed}: {first[1]:.3f} -> {end[1]:.3f}"
+                                       for seed, (first, end) in ends.items()),
+                             seed_cell(last), f"{min(last):.3f}-{max(last):.3f}",
+                             ", ".join(sorted({f"{first[0]}-{end[0]}" for first, end in ends.values()}))])
+        if not rows:
+            return None
+        return "\n".join([markdown.table(["method", "seeds", "per seed: first -> last", "last: mean [95% t interval]",
+                                           "last: range", "steps"], rows, "lrlrrr"), "",
+                          f"Each seed's first and last greedy evaluation in its kept record; the last ones' "
+                          f"{ACROSS_SEEDS_NOTE}."])
+
     def report(self, runs: pathlib.Path, out: pathlib.Path) -> str | None:
         """The study's markdown (written to ``OUT/NAME.md``) and plot, from the outputs that exist; None
         while no table has its models evaluated (a paired one needs a reference and another model)."""
@@ -327,6 +355,9 @@ class Study:
         training = self.training_table(out)
         if training:
             sections.append(f"### training, per {self.record_window} steps\n\n{training}")
+        final = self.final_table(out)
+        if final:
+            sections.append(f"### the last greedy evaluation of each seed\n\n{final}")
         if not sections:
             return None
         text = "\n\n".join(sections)
