@@ -114,14 +114,8 @@ def seeds_statistics(rates_b: np.ndarray, rates_a: np.ndarray, resamples: int, s
     values_b, values_a = rates_b.mean(1), rates_a.mean(1)
     if min(len(values_b), len(values_a)) >= 2:
         t_test = welch_across_seeds(values_b, values_a)
-    elif len(values_b) >= 2:
-        t_test = across_seeds(values_b, np.full_like(values_b, values_a[0]))
-    else:
-        flipped = across_seeds(values_a, np.full_like(values_a, values_b[0]))      # A - B, then negated
-        t_test = {**flipped, "mean": -flipped["mean"], "ci95": [-flipped["ci95"][1], -flipped["ci95"][0]],
-                  "positive": int((values_b[0] > values_a).sum())}
-    if len(values_b) < 2 or len(values_a) < 2:
-        t_test = {**t_test, "test": "one-sample t", "interval": "t across seeds"}
+    else:                                   # the single run's value against each of the other's runs
+        t_test = {**across_seeds(*np.broadcast_arrays(values_b, values_a)), "test": "one-sample t"}
     out = {"seeds_and_prompts": seeds_and_prompts_bootstrap(rates_b, rates_a, resamples, seed), "seeds_t": t_test}
     if same_seeds and len(values_b) == len(values_a) >= 2:
         out["seeds_paired_t"] = {**across_seeds(values_b, values_a), "test": "paired t by seed"}

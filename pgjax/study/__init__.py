@@ -48,13 +48,13 @@ seeds and the min-max band, from the kept records: by default the greedy evaluat
 training; a per-step training metric is averaged over windows of ``record_window`` steps).
 """
 from pgjax.study.curves import (
-                                ACROSS_SEEDS_NOTE,
-                                moving_average,
-                                plot_band,
-                                plot_points_band,
-                                seed_cell,
-                                seed_statistics,
-                                tail_mean,
+    ACROSS_SEEDS_NOTE,
+    moving_average,
+    plot_band,
+    plot_points_band,
+    seed_cell,
+    seed_statistics,
+    tail_mean,
 )
 from pgjax.study.jobs import EvalJob, InProcess, Job, Subprocess, TrainJob
 from pgjax.study.runner import NO_VARIANT, Evaluation, Study, keep_record, kept_record, main

@@ -308,21 +308,13 @@ class Study:
         interval across seeds (``seed_cell``) and their range; None without kept records that hold an
         evaluation."""
         rows = []
-        for method in self.methods:
-            ends = {}
-            for seed in self.seeds_of(method):
-                path = kept_record(self.run_name(method, seed), out)
-                records = read_records(path.parent) if path.exists() else []
-                evaluated = [(r["step"], r["eval_accuracy"]) for r in records if r.get("eval_accuracy") is not None]
-                if evaluated:
-                    ends[seed] = (evaluated[0], evaluated[-1])
-            if ends:
-                last = [end[1] for _, end in ends.values()]
-                rows.append([method, len(ends),
-                             ", ".join(f"{seed}: {first[1]:.3f} -> {end[1]:.3f}"
-                                       for seed, (first, end) in ends.items()),
-                             seed_cell(last), f"{min(last):.3f}-{max(last):.3f}",
-                             ", ".join(sorted({f"{first[0]}-{end[0]}" for first, end in ends.values()}))])
+        for method, by_seed in self.curves(out, "eval_accuracy").items():
+            last = [points[-1][1] for points in by_seed.values()]
+            rows.append([method, len(by_seed),
+                         ", ".join(f"{seed}: {points[0][1]:.3f} -> {points[-1][1]:.3f}"
+                                   for seed, points in by_seed.items()),
+                         seed_cell(last), f"{min(last):.3f}-{max(last):.3f}",
+                         ", ".join(sorted({f"{points[0][0]}-{points[-1][0]}" for points in by_seed.values()}))])
         if not rows:
             return None
         return "\n".join([markdown.table(["method", "seeds", "per seed: first -> last", "last: mean [95% t interval]",
