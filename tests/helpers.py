@@ -19,6 +19,7 @@ import stat
 import struct
 import subprocess
 import sys
+import time
 from fractions import Fraction
 
 import jax
@@ -346,12 +347,12 @@ def read_texts(directory) -> dict:
             for tag in events.Tags()["tensors"] if events.SummaryMetadata(tag).plugin_data.plugin_name == "text"}
 
 
-def read_wandb_history(path) -> list[dict]:
-    """The history rows of an offline W&B run file: LevelDB-style log blocks of 32 KiB, each record
-    a 7-byte header (crc32, length, type: 1 full, 2 first, 3 middle, 4 last; 0 a zeroed rest of the
-    block) and a protobuf Record."""
+def wandb_records(data: bytes) -> list:
+    """The protobuf Records of an offline W&B run file's bytes: LevelDB-style log blocks of 32 KiB, each
+    record a 7-byte header (crc32, length, type: 1 full, 2 first, 3 middle, 4 last; 0 a zeroed rest of
+    the block) after the file's own 7-byte header (':W&B', version)."""
     from wandb.proto import wandb_internal_pb2
-    data, position, pending, rows = pathlib.Path(path).read_bytes(), 7, b"", []   # 7: the ':W&B' file header
+    position, pending, records = 7, b"", []
     while position + 7 <= len(data):
         if 32768 - position % 32768 < 7:
             position += 32768 - position % 32768
@@ -365,10 +366,24 @@ def read_wandb_history(path) -> list[dict]:
         if kind in (1, 4):
             record = wandb_internal_pb2.Record()
             record.ParseFromString(pending)
-            if record.WhichOneof("record_type") == "history":
-                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                             for item in record.history.item})
-    return rows
+            records.append(record)
+    return records
+
+
+def read_wandb_history(path, timeout: float = 60.0) -> list[dict]:
+    """The history rows of the offline W&B run file ``path``, once it is complete. ``run.finish()``
+    returns before wandb's service process has written the last records of the file, so a reader in
+    the same process waits (up to ``timeout`` seconds) for its ``exit`` record."""
+    deadline = time.monotonic() + timeout
+    while True:
+        records = wandb_records(pathlib.Path(path).read_bytes())
+        if any(record.WhichOneof("record_type") == "exit" for record in records):
+            break
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path} has no exit record {timeout:g} s after the run finished")
+        time.sleep(0.1)
+    return [{item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            for record in records if record.WhichOneof("record_type") == "history"]
 
 
 # ---------------------------------------------------------------- Hugging Face checkpoints (transformers)
