@@ -5,19 +5,22 @@
 A study (``pgjax.study``) whose methods are REINFORCE, REINFORCE with a baseline, ReMax, RLOO, PPO, GRPO
 and Dr. GRPO, each trained from its own ``experiments/arithmetic_<algorithm>.py`` (with the ``--set``
 overrides) in this process, into ``--out``/``<algorithm>`` (one seed) or ``<algorithm>/seed<k>``. It
-writes ``comparison.md`` (per algorithm the greedy eval accuracy at the start, the final and the best
-one, the first step whose eval accuracy reaches ``--target``, the wall time; over several seeds each
-the mean over seeds with its t interval across seeds) and ``comparison.png`` (eval accuracy against
-step: the mean over seeds and the min-max band) into ``--out``.
+keeps each finished run's ``metrics.jsonl`` in ``--out``/``records/`` and each run's wall time and the
+target in ``comparison.json``, and writes from those two ``comparison.md`` (per algorithm the greedy
+eval accuracy at the start, the final and the best one, the first step whose eval accuracy reaches
+``--target``, the wall time; over several seeds each the mean over seeds with its t interval across
+seeds) and ``comparison.png`` (eval accuracy against step: the mean over seeds and the min-max band).
+``--report`` writes them again from what ``--out`` keeps, training nothing.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import pathlib
 import time
 
 from pgjax import markdown
-from pgjax.study import ACROSS_SEEDS_NOTE, InProcess, Study, TrainJob, plot_points_band, seed_cell
+from pgjax.study import ACROSS_SEEDS_NOTE, InProcess, Study, TrainJob, kept_record, plot_points_band, seed_cell
 from pgjax.train.sinks import read_records
 
 ALGORITHMS = ("reinforce", "reinforce_baseline", "remax", "rloo", "ppo", "grpo", "dr_grpo")
@@ -28,7 +31,7 @@ def comparison_study(overrides: list[str], experiments, algorithms, seeds: int) 
     return Study(name="comparison", experiment="", base_model="", methods=dict.fromkeys(algorithms, tuple(overrides)),
                  experiments={a: str(pathlib.Path(experiments) / f"arithmetic_{a}.py") for a in algorithms},
                  seeds=tuple(range(seeds)), run_names="{method}" if seeds == 1 else "{method}/seed{seed}",
-                 runner=InProcess(), keep_records=False)
+                 runner=InProcess())
 
 
 def summarise(records: list[dict], target: float) -> dict:
@@ -47,7 +50,8 @@ def table(results: dict, target: float) -> str:
         runs = list(by_seed.values())
         reached = " / ".join("-" if r["steps_to_target"] is None else str(r["steps_to_target"]) for r in runs)
         rows.append([name, *(seed_cell([r[key] for r in runs]) for key in ("start", "final", "best")), reached,
-                     seed_cell([r["seconds"] for r in runs], ".0f")])
+                     seed_cell([r["seconds"] for r in runs], ".0f")
+                     if all(r["seconds"] is not None for r in runs) else "-"])
     text = markdown.table(["algorithm", "eval accuracy at start", "final", "best", f"steps to {target:.2f}",
                            "wall time (s)"], rows)
     seeds = max(len(by_seed) for by_seed in results.values())
@@ -72,20 +76,42 @@ def plot(results: dict, path) -> None:
 
 def compare(overrides: list[str], target: float, out, experiments="experiments", algorithms=ALGORITHMS,
             seeds: int = 1) -> dict:
-    """Train each algorithm's experiment file over ``seeds`` seeds under ``out``; returns
-    ``{algorithm: {seed: summary}}`` (``summarise`` and the run's wall time, ``seconds``)."""
+    """Train each algorithm's experiment file over ``seeds`` seeds under ``out`` and ``report`` them;
+    ``comparison.json`` records the target, the overrides and each run's wall time."""
     out = pathlib.Path(out)
     study = comparison_study(overrides, experiments, algorithms, seeds)
-    results: dict[str, dict[int, dict]] = {}
+    earlier = json.loads((out / "comparison.json").read_text())["seconds"] if (out / "comparison.json").exists() else {}
+    seconds: dict[str, dict[str, float | None]] = {}
     for job in study.jobs():
         assert isinstance(job, TrainJob)
-        start = time.perf_counter()
-        study.run_job(job, out, out, "")
-        records = read_records(out / study.trained_by(job))
-        summary = {**summarise(records, target), "seconds": time.perf_counter() - start}
-        results.setdefault(job.method, {})[job.seed] = summary
-        print(f"{job}: eval accuracy {summary['start']:.3f} -> {summary['final']:.3f}")
-    text = table(results, target)
+        start, trained = time.perf_counter(), not study.done(job, out, out)
+        study.run_job(job, out, out, "")        # a run finished before keeps the time it was saved with
+        seconds.setdefault(job.method, {})[str(job.seed)] = (time.perf_counter() - start if trained else
+                                                             earlier.get(job.method, {}).get(str(job.seed)))
+    (out / "comparison.json").write_text(json.dumps({"target": target, "overrides": overrides,
+                                                     "run_names": study.run_names, "seconds": seconds},
+                                                    indent=1) + "\n")
+    return report(out)
+
+
+def report(out) -> dict:
+    """Write ``comparison.md`` and ``comparison.png`` from the kept records and ``comparison.json`` in
+    ``out``; returns ``{algorithm: {seed: summary}}`` (``summarise`` and the run's wall time, ``seconds``:
+    None for a run found finished with no time saved).
+    ValueError naming a missing file."""
+    out = pathlib.Path(out)
+    if not (out / "comparison.json").is_file():
+        raise ValueError(f"{out} holds no comparison.json: train the comparison first")
+    saved = json.loads((out / "comparison.json").read_text())
+    results: dict[str, dict[int, dict]] = {}
+    for algorithm, by_seed in saved["seconds"].items():
+        for seed, wall in by_seed.items():
+            record = kept_record(saved["run_names"].format(method=algorithm, seed=seed), out)
+            if not record.is_file():
+                raise ValueError(f"{record} is missing: the run of {algorithm}, seed {seed}, did not finish")
+            results.setdefault(algorithm, {})[int(seed)] = {**summarise(read_records(record.parent), saved["target"]),
+                                                            "seconds": wall}
+    text = table(results, saved["target"])
     (out / "comparison.md").write_text(text + "\n")
     plot(results, out / "comparison.png")
     print(text)
@@ -99,10 +125,17 @@ def main(argv=None) -> None:
     parser.add_argument("--seeds", type=int, default=1, help="seeds per algorithm (0..N-1)")
     parser.add_argument("--out", default="runs/compare")
     parser.add_argument("--experiments", default="experiments", help="folder of arithmetic_<algorithm>.py")
+    parser.add_argument("--report", action="store_true", help="only write the table and plot again from --out")
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error("--seeds must be >= 1")
-    compare(args.set, args.target, args.out, args.experiments, seeds=args.seeds)
+    if args.report:
+        try:
+            report(args.out)
+        except ValueError as error:
+            parser.exit(1, f"pgjax.compare: {error}\n")
+    else:
+        compare(args.set, args.target, args.out, args.experiments, seeds=args.seeds)
 
 
 if __name__ == "__main__":

@@ -708,6 +708,15 @@ def test_evaluation_plays_episodes_and_reports_their_counts(setup):
     correct = np.asarray(report["per_prompt"]["sampled_correct"])          # of 4 samples, per prompt
     assert metrics["pass@1"]["value"] == pytest.approx(correct.mean() / 4) and metrics["call_rate"]["ci95"] is not None
     assert report["strata"] == {} and len(report["per_prompt"]["sampled_correct"]) == 4
+    # per prompt, the episodes' counts the totals come from, so that two models' call rates pair prompt by prompt
+    per_prompt = report["per_prompt"]
+    calling, calls, valid = (np.asarray(per_prompt[name]) for name in ("sampled_calling", "calls", "valid_calls"))
+    assert np.all((0 <= calling) & (calling <= 4) & (calling <= calls) & (valid <= calls))
+    assert metrics["call_rate"]["value"] == pytest.approx(calling.mean() / 4)
+    assert metrics["mean_turns"]["value"] == pytest.approx(np.mean(per_prompt["turns"]) / 4)
+    assert metrics["mean_episode_tokens"]["value"] == pytest.approx(np.mean(per_prompt["mean_episode_tokens"]))
+    if calls.sum():
+        assert metrics["valid_call_rate"]["value"] == pytest.approx(valid.sum() / calls.sum())
 
 
 def test_the_evaluation_command_plays_tool_episodes(tmp_path, capsys):

@@ -63,12 +63,38 @@ def test_outcome_metrics_by_hand():
     assert one["pass@1"] == {"value": 0.5, "ci95": None, "interval": "bootstrap"}
 
 
+def test_pass_at_k_differences_by_hand():
+    """Three prompts, two samples each: B - A of per-prompt pass@k, its bootstrap interval (NumPy's
+    percentiles of the same resampled prompts) and the exact sign-flip test where the differences lie on
+    a lattice (k = 1: c_B n_A - c_A n_B = 4, 2, -2, so p = 6/8; k = n = 2: solved or not, 1, 0, 0, p = 1)."""
+    def evaluation(correct, source):
+        return {"samples": 2, "source": source, "decoding": {"max_new_tokens": 8},
+                "metrics": {"pass@1": {}, "pass@2": {}},
+                "per_prompt": {"prompt": ["p", "q", "r"], "sampled_correct": correct}}
+    a, b = evaluation([0, 1, 2], "a.json"), evaluation([2, 2, 1], "b.json")
+    for k, d, p_value in [(1, [1.0, 0.5, -0.5], 0.75), (2, [1.0, 0.0, 0.0], 1.0)]:
+        stats = paired.pass_at_k_difference(a, b, k)
+        draws = np.asarray(d)[np.random.default_rng(0).integers(0, 3, size=(statistics.RESAMPLES, 3))].mean(1)
+        assert stats["difference"] == pytest.approx(np.mean(d))
+        assert stats["ci95"] == pytest.approx(tuple(np.percentile(draws, [2.5, 97.5])))
+        assert stats["p_value"] == pytest.approx(p_value)
+    more = {**b, "samples": 3, "metrics": {"pass@2": {}},
+            "per_prompt": {**b["per_prompt"], "sampled_correct": [3, 0, 1]}}
+    assert paired.pass_at_k_difference(a, more, 2)["p_value"] is None        # 2 of 3 samples: no lattice
+    table = paired.pass_at_k_pairs(("base", [a]), {"tuned": [b]})
+    assert "| tuned - base | 8 | 1 | +0.333 |" in table and "| tuned - base | 8 | 2 | +0.333 |" in table
+    assert paired.pass_at_k_pairs(("base", [a]), {"tuned": [{**b, "decoding": {"max_new_tokens": 9}}]}) is None
+    with pytest.raises(ValueError, match="different prompts"):
+        paired.pass_at_k_difference(a, {**b, "per_prompt": {**b["per_prompt"], "prompt": ["p", "q", "s"]}}, 1)
+
+
 def test_across_runs_summary_by_hand():
     runs = [{"metrics": {"pass@1": {"value": v}, "accuracy_finished": {"value": f}}}
             for v, f in ((0.5, 0.9), (0.25, None), (0.75, 0.7))]
     summary = paired.across_runs(runs)
     assert list(summary) == ["pass@1"]                       # a metric some run lacks a value of is left out
     # mean 0.5; std: sqrt((0 + 0.0625 + 0.0625) / 2) = 0.25
+    assert summary["pass@1"].pop("values") == [0.5, 0.25, 0.75]
     assert summary["pass@1"] == pytest.approx({"mean": 0.5, "std": 0.25, "min": 0.25, "max": 0.75, "runs": 3})
     assert paired.across_runs(runs[:1])["pass@1"]["std"] is None
 
@@ -249,7 +275,8 @@ def test_compare_command_pairs_the_reports(reports, tmp_path, capsys):
     cold, two_runs = (json.loads(budgets.read_text())["budgets"][1], json.loads(hot.read_text()))
     assert comparison["models"]["hot"]["metrics"]["pass@1"] == {
         "mean": two_runs["metrics"]["pass@1"]["value"], "std": 0.0, "min": two_runs["metrics"]["pass@1"]["value"],
-        "max": two_runs["metrics"]["pass@1"]["value"], "runs": 2}
+        "max": two_runs["metrics"]["pass@1"]["value"], "runs": 2,
+        "values": [two_runs["metrics"]["pass@1"]["value"]] * 2}
     difference = comparison["pairs"][0]["metrics"]["pass@1"]       # pooled runs: the same rate per prompt
     want = (np.array(two_runs["per_prompt"]["sampled_correct"]) - np.array(cold["per_prompt"]["sampled_correct"])) / 4
     assert difference["difference"] == pytest.approx(want.mean())
@@ -292,7 +319,8 @@ def test_compare_pools_runs_per_prompt_and_summarises_them_across_runs(synthetic
     assert comparison["models"]["trained"]["budgets"] == [3] and comparison["models"]["base"]["budgets"] == [2]
     assert comparison["models"]["trained"]["metrics"]["pass@1"] == paired.across_runs(runs)["pass@1"]
     (pair,) = comparison["pairs"]
-    assert (pair["a"], pair["b"]) == ("base", "trained") and list(pair["metrics"]) == list(paired.PAIRED)
+    assert (pair["a"], pair["b"]) == ("base", "trained") and list(pair["metrics"]) == ["greedy_accuracy", "pass@1",
+                                                                                       "finish_rate"]
     for metric, (field, trials) in {"greedy_accuracy": ("greedy_correct", 1), "pass@1": ("sampled_correct", 4),
                                     "finish_rate": ("sampled_finished", 4)}.items():
         pooled = np.sum([r["per_prompt"][field] for r in runs], axis=0)        # successes of 2 x trials
@@ -300,6 +328,12 @@ def test_compare_pools_runs_per_prompt_and_summarises_them_across_runs(synthetic
         assert pair["metrics"][metric] == want
     table = paired.to_markdown(comparison)
     assert "| trained | 2 | 3 |" in table and "| trained - base | greedy_accuracy |" in table
+    # each run of a model with several: its own value, named by its place (no seeds given) or its seed
+    for i, run in enumerate(runs):
+        assert f"| trained | run {i + 1} | {run['metrics']['greedy_accuracy']['value']:.3f} |" in table
+    assert "| base | run 1 |" not in table
+    seeded = paired.to_markdown(paired.compare({"base": [base], "trained": runs}, run_seeds={"trained": [4, 7]}))
+    assert "| trained | seed 4 |" in seeded and "| trained | seed 7 |" in seeded
     greedy_only = {**base, "per_prompt": {k: v for k, v in base["per_prompt"].items() if not k.startswith("sampled")}}
     assert list(paired.compare({"a": [greedy_only], "b": runs})["pairs"][0]["metrics"]) == ["greedy_accuracy"]
 

@@ -130,11 +130,10 @@ def test_training_study_tables_are_the_saved_results():
     """Each study's saved table (``experiments/results/<folder>/<name>.md``) is in the docs verbatim."""
     docs = "\n".join(doc.read_text() for doc in DOCS)
     results = ROOT / "experiments" / "results"
-    for path in (results / "comparison.md", results / "length_bias" / "length_bias.md",
+    for path in (results / "length_bias" / "length_bias.md",
                  results / "difficulty_bias" / "difficulty_bias.md", results / "off_policy" / "off_policy.md",
                  results / "off_policy_warm400" / "off_policy.md",
-                 results / "smollm2_off_policy" / "smollm2_off_policy.md", results / "switch_grid" / "switch_grid.md",
-                 results / "main_job_seeds" / "main_job_seeds.md"):
+                 results / "smollm2_off_policy" / "smollm2_off_policy.md", results / "switch_grid" / "switch_grid.md"):
         assert path.read_text().strip() in docs, f"the docs' copy of {path.relative_to(ROOT)} is stale: paste it"
 
 
@@ -379,6 +378,101 @@ def test_the_benchmark_tables_are_the_saved_results():
     assert tables.doc_pages() == DOCS
     pages = {doc.name: doc.read_text() for doc in DOCS}
     assert tables.stale(pages, saved) == [], "run `python benchmarks/readme_tables.py` after a benchmark's --json"
+
+
+SMOLLM2_64 = {"SmolLM2-135M-Instruct": "base", "after 40 Dr. GRPO steps": "trained",
+              "after 40 GRPO steps (`--set algorithm.preset=grpo`)": "grpo",
+              "after 40 Dr. GRPO steps with LoRA r16 (below)": "lora"}
+
+
+def smollm2_64_row(label: str, metrics: dict) -> str:
+    """One row of real_models.md's 64-prompt SmolLM2 table from its evaluation file's metrics: rates to
+    0.001 with their interval to 0.01, the format and cut-off rates in percent, the length to 0.1."""
+    def rate(name):
+        m = metrics[name]
+        return "{:.3f} [{:.2f}, {:.2f}]".format(m["value"], *m["ci95"])
+
+    def percent(name):
+        m = metrics[name]
+        return "{:.1f}% [{:.1f}, {:.1f}]".format(100 * m["value"], *(100 * x for x in m["ci95"]))
+    length = metrics["mean_length"]
+    return (f"| {label} | {rate('greedy_accuracy')} | {rate('pass@1')} | {rate('pass@8')} | {percent('format_rate')} "
+            "| {:.1f} [{:.1f}, {:.1f}] | {} |".format(length["value"], *length["ci95"], percent("truncation_rate")))
+
+def test_the_64_prompt_smollm2_table_is_its_evaluation_files():
+    """docs/real_models.md's one-seed SmolLM2 rows are what experiments/results/smollm2_*.json hold."""
+    text = (ROOT / "docs" / "real_models.md").read_text()
+    for label, name in SMOLLM2_64.items():
+        metrics = json.loads((ROOT / "experiments" / "results" / f"smollm2_{name}.json").read_text())["metrics"]
+        assert smollm2_64_row(label, metrics) in text.splitlines(), \
+            f"the {label!r} row differs from smollm2_{name}.json"
+
+
+def test_the_study_excerpts_are_the_committed_reports():
+    """Every excerpt block of the docs is what its committed study report gives (each report regenerates from
+    its study's evaluation files: tests/test_study.py), and the real-model studies are quoted, not copied."""
+    tables = _readme_tables()
+    pages = {doc.name: doc.read_text() for doc in DOCS}
+    assert tables.stale_excerpts(pages) == [], "run `python benchmarks/readme_tables.py` after a study's --report"
+    quoted = {match.group(2) for text in pages.values() for match in tables.EXCERPT.finditer(text)}
+    studies = {f"experiments/results/{path.stem}/{path.stem}.md"
+               for path in (ROOT / "experiments" / "studies").glob("*.py")}
+    run = {report for report in studies if (ROOT / report).exists()}       # a study not yet run: test_study
+    assert run and run <= quoted, f"studies with a report that no page quotes: {sorted(run - quoted)}"
+
+
+REPORT = """# a report
+
+### first split (`held_out=none`)
+
+| model | runs | score |
+| --- | ---: | ---: |
+| base | 1 | 0.100 |
+| tuned | 2 | 0.500 ± 0.100 (0.400-0.600) |
+
+| B - A | metric | mean difference |
+| --- | --- | ---: |
+| tuned - base | score | +0.400 |
+| tuned - base | a\\|b | +0.300 |
+
+### second split (`held_out=numbers`)
+
+| model | runs | score |
+| --- | ---: | ---: |
+| base | 1 | 0.050 |
+| tuned | 2 | 0.150 ± 0.050 (0.100-0.200) |
+"""
+
+
+def test_an_excerpt_selects_sections_tables_rows_and_columns_and_names_what_is_missing(tmp_path):
+    tables = _readme_tables()
+    (tmp_path / "r.md").write_text(REPORT)
+    assert tables.excerpt("r.md", "", tmp_path) == "\n".join([
+        "| model | runs | score |", "| --- | ---: | ---: |", "| base | 1 | 0.100 |",
+        "| tuned | 2 | 0.500 ± 0.100 (0.400-0.600) |"])
+    assert tables.excerpt("r.md", 'sections="first;second" rows="tuned" columns="model,score"', tmp_path) == "\n".join([
+        "| split | model | score |", "| --- | --- | ---: |", "| first split | tuned | 0.500 ± 0.100 (0.400-0.600) |",
+        "| second split | tuned | 0.150 ± 0.050 (0.100-0.200) |"])
+    assert tables.excerpt("r.md", 'table=2 where="metric=a.*"', tmp_path).splitlines()[2] == \
+        "| tuned - base | a\\|b | +0.300 |"
+    for spec, error in [('sections="third"', "0 sections start with 'third'"), ("table=3", "has 2 tables"),
+                        ('columns="model,loss"', "no column ['loss']"), ('rows="nobody"', "no row"),
+                        ('where="loss=1"', "is not COLUMN=REGEX"), ("colour=red", "excerpt option 'colour=red'"),
+                        ('sections="first;second" table=2', "has 1 tables")]:
+        with pytest.raises(ValueError, match=re.escape(error)):
+            tables.excerpt("r.md", spec, tmp_path)
+    with pytest.raises(ValueError, match="no report gone.md"):
+        tables.excerpt("gone.md", "", tmp_path)
+    page = ('<!-- excerpt:r.md rows="base" -->\n| stale |\n<!-- /excerpt -->\n'
+            '<!-- excerpt:r.md table=9 -->\n<!-- /excerpt -->')
+    assert [p.split(" in ")[1] for p in tables.stale_excerpts({"p.md": page}, tmp_path)] == [
+        "p.md differs from the report",
+        "p.md: r.md: section 'first split (`held_out=none`)' has 2 tables, not a table 9"]
+    fixed = tables.regenerate_excerpts(page, tmp_path)
+    assert ('<!-- excerpt:r.md rows="base" -->\n| model | runs | score |\n| --- | ---: | ---: |\n'
+            '| base | 1 | 0.100 |\n<!-- /excerpt -->') in fixed
+    assert "<!-- excerpt:r.md table=9 -->\n<!-- /excerpt -->" in fixed
+    assert len(tables.stale_excerpts({"p.md": fixed}, tmp_path)) == 1
 
 
 def test_the_table_check_finds_stale_missing_orphan_and_duplicate_blocks():

@@ -201,6 +201,45 @@ def test_the_training_table_averages_each_window_then_the_seeds(tmp_path):
     assert dataclasses.replace(study, record_metrics=()).training_table(out) is None
 
 
+def test_the_contrast_table_tests_each_methods_change_and_the_last_window_across_seeds(tmp_path):
+    """Windows of 2 steps over 4 steps, three seeds each: each method's last window minus its first is
+    Student's t paired by seed and B - A in the last window Welch's t (scipy's) and, with the same seeds,
+    the t paired by seed (scipy's ttest_rel)."""
+    from scipy import stats as scipy_stats
+    study = studies.Study(
+        name="s", experiment="e.py", base_model="ckpt", methods={"a": (), "b": ()}, seeds=(0, 1, 2),
+        references={"base": ()}, evaluations=(studies.Evaluation("eval", (), 1),), train_minutes=1, machine="x",
+        record_metrics=("length_incorrect",), record_window=2, record_contrasts=(("b", "a"),))
+    out = tmp_path / "out"
+    lengths = {"a": [[10, 12, 11, 13], [9, 9, 10, 12], [14, 12, 13, 13]],
+               "b": [[10, 14, 20, 26], [11, 9, 15, 17], [12, 12, 22, 30]]}
+    for method, seeds in lengths.items():
+        for seed, values in enumerate(seeds):
+            path = studies.kept_record(f"{method}_s{seed}", out)
+            path.parent.mkdir(parents=True)
+            path.write_text("".join(json.dumps({"step": step + 1, "length_incorrect": v}) + "\n"
+                                    for step, v in enumerate(values)))
+    first = {m: np.mean(np.asarray(v)[:, :2], 1) for m, v in lengths.items()}
+    last = {m: np.mean(np.asarray(v)[:, 2:], 1) for m, v in lengths.items()}
+    table = study.contrast_table(out).splitlines()
+    assert table[0] == ("| contrast | metric | steps | mean difference | 95% CI (t across seeds) | p (t across seeds) "
+                        "| p (t paired by seed) |")
+    for row, method in zip(table[2:4], ("b", "a"), strict=True):
+        change = last[method] - first[method]
+        t = scipy_stats.ttest_1samp(change, 0.0)
+        low, high = t.confidence_interval(0.95)
+        assert row == (f"| {method} | length_incorrect | 1-2 -> 3-4 | {change.mean():+.1f} | [{low:+.1f}, {high:+.1f}] "
+                       f"| {t.pvalue:.3g} (paired t) | - |")
+    welch = scipy_stats.ttest_ind(last["b"], last["a"], equal_var=False)
+    low, high = welch.confidence_interval(0.95)
+    paired_p = scipy_stats.ttest_rel(last["b"], last["a"]).pvalue
+    assert table[4] == (f"| b - a | length_incorrect | 3-4 | {last['b'].mean() - last['a'].mean():+.1f} "
+                        f"| [{low:+.1f}, {high:+.1f}] | {welch.pvalue:.3g} (Welch t) | {paired_p:.3g} |")
+    assert dataclasses.replace(study, record_contrasts=()).contrast_table(out) is None
+    with pytest.raises(ValueError, match="record_contrasts are \\(B, A\\) pairs of its methods"):
+        dataclasses.replace(study, record_contrasts=(("b", "c"),))
+
+
 def test_a_method_that_continues_another_starts_from_its_run_of_the_same_seed(tmp_path, monkeypatch):
     """experiments/studies/smollm2_tools_seeds.py: ``warm_rl`` of seed s starts from ``warm`` of seed s, waits for
     it, and keeps it needed while ``warm_rl`` is to train; the tool-prompt reference sets the tools."""
@@ -403,8 +442,21 @@ EXPERIMENTS = pathlib.Path(__file__).resolve().parents[1] / "experiments"
 STUDY_FILES = sorted(p.stem for p in (EXPERIMENTS / "studies").glob("*.py"))
 
 
+@pytest.mark.parametrize("name", [name for name in STUDY_FILES if not (EXPERIMENTS / "results" / name).exists()])
+def test_a_study_not_yet_run_plans_every_job_and_the_docs_name_it_planned(name, tmp_path):
+    """A study file whose results are not committed yet: its plan lists every job as missing with the
+    hours it needs, and a page of docs/ names it with its --plan command and as not yet run."""
+    study = load_experiment_script(name).STUDY
+    plan = study.plan(study.jobs(), tmp_path / "runs", tmp_path / "out").splitlines()
+    assert len(plan) == len(study.jobs()) + 1 and all("missing (~" in line for line in plan[:-1])
+    assert float(plan[-1].split("~")[1].split(" h")[0]) > 0
+    pages = [doc.read_text() for doc in (EXPERIMENTS.parent / "docs").glob("*.md")]
+    assert any(f"python experiments/studies/{name}.py --plan" in page and "not yet run" in page for page in pages), \
+        f"no page of docs/ names experiments/studies/{name}.py as planned and not yet run"
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", STUDY_FILES)
+@pytest.mark.parametrize("name", [name for name in STUDY_FILES if (EXPERIMENTS / "results" / name).exists()])
 def test_each_committed_study_report_regenerates_from_its_committed_evaluations(name, tmp_path):
     """``python experiments/studies/NAME.py --report`` on a copy of ``experiments/results/NAME`` (its
     evaluation files and kept records, no runs) writes the committed ``NAME.md`` byte for byte, and a plot
@@ -422,3 +474,19 @@ def test_each_committed_study_report_regenerates_from_its_committed_evaluations(
     assert_plotted(out / f"{name}.png")
     size = [matplotlib.image.imread(path).shape for path in (out / f"{name}.png", committed / f"{name}.png")]
     assert size[0] == size[1], f"{name}.png is stale: run python experiments/studies/{name}.py --report"
+
+
+def test_the_committed_seven_algorithm_comparison_regenerates_from_its_kept_records(tmp_path):
+    """``python -m pgjax.compare --report --out experiments/results/comparison`` on a copy (the kept records
+    and comparison.json, no runs) writes the committed comparison.md byte for byte, one row per algorithm."""
+    from pgjax import compare
+    committed = EXPERIMENTS / "results" / "comparison"
+    out = tmp_path / "comparison"
+    shutil.copytree(committed, out)
+    (out / "comparison.md").unlink()
+    results = compare.report(out)
+    assert list(results) == list(compare.ALGORITHMS)
+    assert (out / "comparison.md").read_text() == (committed / "comparison.md").read_text(), \
+        "experiments/results/comparison/comparison.md is stale: run python -m pgjax.compare --report " \
+        "--out experiments/results/comparison"
+    assert_plotted(out / "comparison.png")

@@ -3,6 +3,7 @@ gradient accumulation is exact, the rollout options do what they say, and bad in
 import dataclasses
 import json
 import pathlib
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -372,6 +373,20 @@ def test_the_comparison_trains_each_algorithm_and_writes_a_table_and_a_plot(tmp_
     assert len(rows) == 2 + 3 and rows[2].startswith("| reinforce |")
     assert_plotted(tmp_path / "comparison.png")
     assert len({r[0]["start"] for r in results.values()}) == 1          # the same warm start for all
+    table = (tmp_path / "comparison.md").read_text()
+    # again over the finished runs: nothing trains, and each run keeps the wall time it was saved with
+    assert compare.compare(tiny, target=0.0, out=tmp_path, experiments=experiments, algorithms=chosen) == results
+    assert (tmp_path / "comparison.md").read_text() == table
+    # the table again from the kept records and comparison.json alone, the runs' directories gone
+    for name in chosen:
+        assert (tmp_path / "records" / name / "metrics.jsonl").read_bytes() == (tmp_path / name / "metrics.jsonl"
+                                                                               ).read_bytes()
+        shutil.rmtree(tmp_path / name)
+    (tmp_path / "comparison.md").unlink()
+    assert compare.report(tmp_path) == results and (tmp_path / "comparison.md").read_text() == table
+    (tmp_path / "records" / "ppo" / "metrics.jsonl").unlink()
+    with pytest.raises(ValueError, match="the run of ppo, seed 0, did not finish"):
+        compare.report(tmp_path)
 
 
 def test_decoding_strips_whichever_stop_token_ended_a_response():

@@ -183,7 +183,9 @@ def _strata(tags: dict[str, list], greedy_correct, sampled: dict | None, ks, res
 
 
 def _per_prompt(examples: list[dict], tags: dict, greedy_correct, sampled: dict | None) -> dict:
-    """Each prompt's text, tags and outcome counts (what ``pgjax.evaluation.paired`` compares)."""
+    """Each prompt's text, tags and outcome counts (what ``pgjax.evaluation.paired`` compares); for
+    episodes also, over its samples, the episodes with a tool call (``sampled_calling``), the calls, the
+    valid calls and the turns summed, and the mean tokens of an episode."""
     out = {"prompt": [e["prompt"] for e in examples], "tags": tags,
            "greedy_correct": greedy_correct.astype(int).tolist()}
     if sampled is not None:
@@ -191,6 +193,12 @@ def _per_prompt(examples: list[dict], tags: dict, greedy_correct, sampled: dict 
         out |= {"sampled_correct": correct.sum(1).tolist(), "sampled_finished": finished.sum(1).tolist(),
                 "finished_correct": (correct & finished).sum(1).tolist(),
                 "mean_length": sampled["length"].mean(1).tolist()}
+        if "calls" in sampled:
+            calls = np.asarray(sampled["calls"])
+            out |= {"sampled_calling": (calls > 0).sum(1).tolist(), "calls": calls.sum(1).tolist(),
+                    "valid_calls": np.asarray(sampled["valid_calls"]).sum(1).tolist(),
+                    "turns": np.asarray(sampled["turns"]).sum(1).tolist(),
+                    "mean_episode_tokens": np.asarray(sampled["episode_tokens"], np.float64).mean(1).tolist()}
     return out
 
 

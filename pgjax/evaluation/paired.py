@@ -4,7 +4,8 @@ what ``python -m pgjax.eval compare`` computes from the JSON reports of ``python
 Each model is one or more evaluations (runs: e.g. one per training seed) on the same prompts. Per
 prompt i a model's outcome is a rate x_i / n_i pooled over its runs: for ``greedy_accuracy`` the
 greedy responses that are correct of the runs, for ``pass@1`` the correct sampled responses of all
-its samples, for ``finish_rate`` the finished ones. For a pair of models (B against A):
+its samples, for ``finish_rate`` the finished ones, for ``call_rate`` (episodes with tools) the
+episodes with a tool call. For a pair of models (B against A):
 
   difference      the mean over prompts of d_i = x_i^B / n_i^B - x_i^A / n_i^A (B - A)
   ci95            the paired percentile bootstrap interval: the prompts are resampled with replacement
@@ -45,25 +46,32 @@ from pgjax.evaluation.held_out import budgets_of, digits_of
 from pgjax.evaluation.statistics import (
     RESAMPLES,
     across_seeds,
+    bootstrap_means,
     paired_difference,
+    pass_at_k,
+    percentile_interval,
     seeds_and_prompts_bootstrap,
+    sign_flip_test,
     welch_across_seeds,
 )
 
 # metric: (the per-prompt count of successes in a report's per_prompt, the trials per run per prompt)
 PAIRED = {"greedy_accuracy": ("greedy_correct", lambda ev: 1), "pass@1": ("sampled_correct", lambda ev: ev["samples"]),
-          "finish_rate": ("sampled_finished", lambda ev: ev["samples"])}
+          "finish_rate": ("sampled_finished", lambda ev: ev["samples"]),
+          "call_rate": ("sampled_calling", lambda ev: ev["samples"])}
 
 
 def across_runs(runs: list[dict]) -> dict:
-    """``{metric: {"mean", "std", "min", "max", "runs"}}`` over ``runs`` (evaluations) of every metric all
-    of them report with a value; ``std`` is the sample standard deviation (ddof 1), None for one run."""
+    """``{metric: {"mean", "std", "min", "max", "runs", "values"}}`` over ``runs`` (evaluations) of every
+    metric all of them report with a value; ``std`` is the sample standard deviation (ddof 1), None for one
+    run; ``values``: each run's, in order."""
     names = [n for n in runs[0]["metrics"] if all(r["metrics"].get(n, {}).get("value") is not None for r in runs)]
     out = {}
     for name in names:
         values = np.array([r["metrics"][name]["value"] for r in runs], np.float64)
         out[name] = {"mean": float(values.mean()), "std": float(values.std(ddof=1)) if len(values) > 1 else None,
-                     "min": float(values.min()), "max": float(values.max()), "runs": len(values)}
+                     "min": float(values.min()), "max": float(values.max()), "runs": len(values),
+                     "values": values.tolist()}
     return out
 
 
@@ -142,7 +150,7 @@ def compare(models: dict[str, list[dict]], resamples: int = RESAMPLES, seed: int
             run_seeds: dict[str, list[int]] | None = None) -> dict:
     """The across-seed summary of each model (``{label: [evaluations]}``, one per run) and, for every
     pair of models in order (A listed before B), the paired statistics of B - A on greedy accuracy,
-    pass@1 and the finish rate (those both models have); ``run_seeds``: each label's runs' training
+    pass@1, the finish rate and the call rate (those both models have); ``run_seeds``: each label's runs' training
     seeds, in order, where known. ValueError when the prompts differ or when
     ``resamples`` < 10,000 would make a loose interval."""
     if len(models) < 2 or any(not runs for runs in models.values()):
@@ -152,7 +160,8 @@ def compare(models: dict[str, list[dict]], resamples: int = RESAMPLES, seed: int
     check_same_prompts(models)
     summary = {label: {"runs": [r["source"] for r in runs], "budgets": sorted({r["decoding"]["max_new_tokens"]
                                                                               for r in runs}),
-                       "metrics": across_runs(runs)} for label, runs in models.items()}
+                       "metrics": across_runs(runs), "seeds": (run_seeds or {}).get(label)}
+               for label, runs in models.items()}
     pairs = []
     for a, b in itertools.combinations(models, 2):
         metrics, seeds = {}, {}
@@ -167,6 +176,54 @@ def compare(models: dict[str, list[dict]], resamples: int = RESAMPLES, seed: int
         pairs.append({"a": a, "b": b, "metrics": metrics, **({"across_seeds": seeds} if seeds else {})})
     return {"prompts": len(next(iter(models.values()))[0]["per_prompt"]["prompt"]),
             "bootstrap": {"resamples": resamples, "seed": seed}, "models": summary, "pairs": pairs}
+
+
+def pass_at_k_difference(a: dict, b: dict, k: int, resamples: int = RESAMPLES, seed: int = 0) -> dict:
+    """B - A of pass@k, two evaluations (one run each) on the same prompts: per prompt i each model's
+    unbiased pass@k estimate from its n samples with c_i correct (``statistics.pass_at_k``), d_i their
+    difference; the mean of d, its paired percentile bootstrap 95% interval over prompts, and the exact
+    sign-flip test where d lies on an integer lattice: k = 1 (c_i^B n^A - c_i^A n^B) or k = n of both
+    (solved or not: [c_i^B > 0] - [c_i^A > 0]); elsewhere ``p_value`` is None."""
+    check_same_prompts({"A": [a], "B": [b]})
+    (na, ca), (nb, cb) = ((ev["samples"], np.asarray(ev["per_prompt"]["sampled_correct"])) for ev in (a, b))
+    d = pass_at_k(nb, cb, k) - pass_at_k(na, ca, k)
+    if k == 1:
+        p_value: float | None = sign_flip_test(cb * na - ca * nb)
+    elif k == na == nb:
+        p_value = sign_flip_test((cb > 0).astype(np.int64) - (ca > 0).astype(np.int64))
+    else:
+        p_value = None
+    return {"k": k, "difference": float(d.mean()),
+            "ci95": percentile_interval(bootstrap_means(d[:, None], resamples, seed)[:, 0]), "p_value": p_value}
+
+
+def pass_at_k_pairs(reference: tuple[str, list[dict]], others: dict[str, list[dict]], resamples: int = RESAMPLES,
+                    seed: int = 0) -> str | None:
+    """The table of each of ``others`` ({label: evaluations, one per budget}) against ``reference``
+    (label, evaluations) in pass@k at every k and budget both report (``pass_at_k_difference``); None
+    when they share no budget with sampled outcomes."""
+    ref_label, ref_evaluations = reference
+    by_budget = {ev["decoding"]["max_new_tokens"]: ev for ev in ref_evaluations}
+    rows = []
+    for label, evaluations in others.items():
+        for ev in evaluations:
+            base = by_budget.get(ev["decoding"]["max_new_tokens"])
+            if base is None or "sampled_correct" not in ev["per_prompt"] or "sampled_correct" not in base["per_prompt"]:
+                continue
+            ks = [int(name[5:]) for name in ev["metrics"] if name.startswith("pass@") and name in base["metrics"]]
+            for k in ks:
+                stats = pass_at_k_difference(base, ev, k, resamples, seed)
+                rows.append([f"{label} - {ref_label}", ev["decoding"]["max_new_tokens"], k,
+                             _signed(stats["difference"]), _signed_interval(stats["ci95"]),
+                             "-" if stats["p_value"] is None else f"{stats['p_value']:.3g}"])
+    if not rows:
+        return None
+    return (markdown.table(["B - A", "budget", "k", "mean difference", "95% CI (paired bootstrap)",
+                            "p (exact sign-flip)"], rows, align="lrrrrr")
+            + f"\n\nPer prompt each model's unbiased pass@k from its samples; the interval resamples the prompts "
+            f"({resamples} resamples, seed {seed}); the exact sign-flip test where the differences are on a lattice "
+            "(k = 1, and k = the samples of both: solved or not), else -. One run per model: the runs are taken "
+            "as fixed.")
 
 
 def _spread(stats: dict, digits: int) -> str:
@@ -186,14 +243,31 @@ def _signed_interval(interval) -> str:
     return f"[{_signed(interval[0])}, {_signed(interval[1])}]"
 
 
+def _each_run(models: dict, names: list[str]) -> str | None:
+    """The table of each run's metrics of the models with two runs or more (a run named by its training
+    seed where known, else by its place); None when every model has one run."""
+    rows = []
+    for label, m in models.items():
+        if len(m["runs"]) > 1:
+            names_of = [f"seed {s}" for s in m["seeds"]] if m.get("seeds") else [f"run {i + 1}" for i in
+                                                                                  range(len(m["runs"]))]
+            rows += [[label, run, *(f"{m['metrics'][n]['values'][i]:.{digits_of(n)}f}" if n in m["metrics"]
+                                    else None for n in names)] for i, run in enumerate(names_of)]
+    return markdown.table(["model", "run", *names], rows, align="ll" + "r" * len(names)) if rows else None
+
+
 def to_markdown(comparison: dict) -> str:
-    """Two tables: each model's metrics across its runs, and each pair's paired statistics."""
+    """Each model's metrics across its runs, each run's (where a model has several), each pair's paired
+    statistics and, where there are several runs, the statistics across seeds."""
     models = comparison["models"]
     names = list(dict.fromkeys(n for m in models.values() for n in m["metrics"]))
     runs = markdown.table(["model", "runs", "budget", *names],
                           [[label, len(m["runs"]), ", ".join(map(str, m["budgets"])),
                             *(_spread(m["metrics"][n], digits_of(n)) if n in m["metrics"] else None for n in names)]
                            for label, m in models.items()])
+    each_run = _each_run(models, names)
+    if each_run is not None:
+        runs = f"{runs}\n\n{each_run}"
     pairs = markdown.table(["B - A", "metric", "mean difference", "95% CI (paired bootstrap)", "p (exact sign-flip)"],
                            [[f"{pair['b']} - {pair['a']}", metric, _signed(s["difference"]),
                              _signed_interval(s["ci95"]), f"{s['p_value']:.3g}"]

@@ -18,6 +18,7 @@ from pgjax import markdown
 from pgjax.evaluation import paired
 from pgjax.evaluation.held_out import budgets_of, digits_of
 from pgjax.evaluation.held_out import to_markdown as evaluation_table
+from pgjax.evaluation.statistics import across_seeds, welch_across_seeds
 from pgjax.study.curves import ACROSS_SEEDS_NOTE, plot_points_band, seed_cell
 from pgjax.study.jobs import EvalJob, Job, Runner, Subprocess, TrainJob
 from pgjax.train.sinks import read_records
@@ -70,7 +71,8 @@ class Study:
     policy of the earlier method's run of the same seed, not from the base model (a warm start
     shared by the methods compared after it). ``curve_metrics``: the record fields the plot shows.
     ``method_seeds``: ``{method: seeds}`` for a method trained on other seeds than ``seeds`` (a longer
-    run on one seed, say)."""
+    run on one seed, say). ``record_contrasts``: ``(B, A)`` pairs of methods whose ``record_metrics`` the
+    report tests across seeds (``contrast_table``)."""
     name: str
     experiment: str | config_lib.Experiment
     base_model: str
@@ -90,6 +92,7 @@ class Study:
     continues: Mapping[str, str] = field(default_factory=dict)
     curve_metrics: tuple[str, ...] = ("eval_accuracy",)
     method_seeds: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    record_contrasts: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
         order = list(self.methods)
@@ -97,6 +100,10 @@ class Study:
         if wrong:
             raise ValueError(f"study {self.name}: a method continues an earlier method of the study, got {wrong} "
                              f"(methods in order: {order})")
+        unknown = {m for pair in self.record_contrasts for m in pair} - set(order)
+        if unknown or any(len(pair) != 2 for pair in self.record_contrasts):
+            raise ValueError(f"study {self.name}: record_contrasts are (B, A) pairs of its methods, got "
+                             f"{self.record_contrasts} (methods: {order})")
         if set(self.method_seeds) - set(self.methods):
             raise ValueError(f"study {self.name}: method_seeds names methods not in the study: "
                              f"{sorted(set(self.method_seeds) - set(self.methods))}")
@@ -255,6 +262,19 @@ class Study:
         run_seeds = {m: [s for s, _ in found[m] if s is not None] for m in self.methods if m in found}
         return paired.to_markdown(paired.compare(groups, run_seeds=run_seeds))
 
+    def reference_pairs(self, evaluated: dict[str, pathlib.Path]) -> str | None:
+        """``paired.pass_at_k_pairs`` of each model of an unpaired evaluation (``{model: report path}``, in
+        order) against the first, when that one is a reference: pass@k differences per prompt."""
+        first = next(iter(evaluated), "")
+        if first not in self.references or len(evaluated) < 2:
+            return None
+
+        def loaded(path: pathlib.Path) -> list[dict]:
+            return [paired.load_evaluation(path, ev["decoding"]["max_new_tokens"])
+                    for ev in budgets_of(json.loads(path.read_text()))]
+        return paired.pass_at_k_pairs((first, loaded(evaluated[first])),
+                                      {model: loaded(path) for model, path in evaluated.items() if model != first})
+
     def curves(self, out: pathlib.Path, metric: str = "eval_accuracy") -> dict:
         """``{method: {seed: [(step, value)]}}`` of ``metric`` in the runs whose records are kept: the
         greedy evaluation accuracy where measured, a per-step metric as its mean over each window of
@@ -302,6 +322,66 @@ class Study:
                           f"Each cell: per seed its mean over the window's steps, then the {ACROSS_SEEDS_NOTE}; "
                           "from the kept records (records/ beside this report)."])
 
+    def window_means(self, method: str, out: pathlib.Path, name: str) -> dict[tuple[int, int], dict[int, float]]:
+        """``{(first step, last step): {seed: the mean of record field name over the window}}`` of ``method``'s
+        kept records, windows of ``record_window`` steps, seeds where the field is defined in the window."""
+        records = {seed: read_records(path.parent) for seed in self.seeds_of(method)
+                   if (path := kept_record(self.run_name(method, seed), out)).exists()}
+        if not records:
+            return {}
+        found: dict[tuple[int, int], dict[int, float]] = {}
+        for start, end in _windows(max(r["step"] for rs in records.values() for r in rs), self.record_window):
+            for seed, rs in records.items():
+                value = _window_mean(rs, name, start, end)
+                if value is not None:
+                    found.setdefault((start, end), {})[seed] = value
+        return found
+
+    def contrast_table(self, out: pathlib.Path) -> str | None:
+        """For each ``record_contrasts`` pair (B, A) and each of ``record_metrics``, across seeds (each seed's
+        mean over a window of steps, from the kept records): each method's change from its first window to
+        its last (Student's t paired by seed, ``across_seeds``), and B - A in the last window both have
+        (Welch's t, ``welch_across_seeds``; where both have the same seeds, also the t paired by seed).
+        None without contrasts or with fewer than two seeds a method."""
+        rows = []
+        methods = list(dict.fromkeys(method for pair in self.record_contrasts for method in pair))
+        for name in self.record_metrics:
+            means = {method: self.window_means(method, out, name) for method in methods}
+            for method, windows in means.items():
+                first, last = (windows[w] for w in (min(windows), max(windows))) if windows else ({}, {})
+                seeds = sorted(set(first) & set(last))
+                if len(seeds) >= 2 and len(windows) >= 2:
+                    change = across_seeds([last[s] for s in seeds], [first[s] for s in seeds])
+                    (start, end), (start_last, end_last) = min(windows), max(windows)
+                    rows.append(self._contrast_row(method, name, f"{start}-{end} -> {start_last}-{end_last}",
+                                                   change, "paired t", None))
+            for b, a in self.record_contrasts:
+                shared = sorted(set(means[b]) & set(means[a]))
+                at_b, at_a = (means[b][shared[-1]], means[a][shared[-1]]) if shared else ({}, {})
+                if min(len(at_b), len(at_a)) >= 2:
+                    seeds = sorted(at_b)
+                    paired_t = (across_seeds([at_b[s] for s in seeds], [at_a[s] for s in seeds])
+                                if seeds == sorted(at_a) else None)
+                    rows.append(self._contrast_row(f"{b} - {a}", name, f"{shared[-1][0]}-{shared[-1][1]}",
+                                                   welch_across_seeds(list(at_b.values()), list(at_a.values())),
+                                                   "Welch t", paired_t))
+        if not rows:
+            return None
+        return "\n".join([markdown.table(["contrast", "metric", "steps", "mean difference", "95% CI (t across seeds)",
+                                           "p (t across seeds)", "p (t paired by seed)"], rows, "lllrrrr"), "",
+                          "Each seed's mean over a window of steps, from the kept records; a method's row: its last "
+                          "window minus its first, Student's t paired by seed; B - A: the last window both have, "
+                          "Welch's t over the two methods' seeds and, where they share their seeds, the t paired "
+                          "by seed (pgjax.evaluation.statistics). The seeds are the sample: few seeds, few degrees "
+                          "of freedom."])
+
+    @staticmethod
+    def _contrast_row(label: str, name: str, steps: str, stats: dict, test: str, paired_t: dict | None) -> list:
+        digits = digits_of(name)
+        return [label, name, steps, f"{stats['mean']:+.{digits}f}",
+                "[{:+.{d}f}, {:+.{d}f}]".format(*stats["ci95"], d=digits), f"{stats['p_value']:.3g} ({test})",
+                "-" if paired_t is None else f"{paired_t['p_value']:.3g}"]
+
     def final_table(self, out: pathlib.Path) -> str | None:
         """Per method, each seed's first and last greedy evaluation in its kept record (the run's eval
         prompts; the first is the starting policy's, after any warm start), the last ones' mean with its t
@@ -333,11 +413,17 @@ class Study:
                     if table:
                         sections.append(f"### {evaluation.title(variant)}\n\n{table}")
                     continue
+                evaluated = {}
                 for model in evaluation.models or self.models():
                     path = self.output(EvalJob(evaluation.kind, model, variant), runs, out)
                     if path.exists():
+                        evaluated[model] = path
                         table = evaluation_table(budgets_of(json.loads(path.read_text())))
                         sections.append(f"### {evaluation.title(variant)}: {model}\n\n{table}")
+                pairs = self.reference_pairs(evaluated)
+                if pairs:
+                    sections.append(f"### {evaluation.title(variant)}: paired against {next(iter(evaluated))}\n\n"
+                                    f"{pairs}")
         for model in self.trained() if self.keep_records else ():
             if not kept_record(model, out).exists():
                 keep_record(model, runs, out)
@@ -347,6 +433,9 @@ class Study:
         training = self.training_table(out)
         if training:
             sections.append(f"### training, per {self.record_window} steps\n\n{training}")
+        contrasts = self.contrast_table(out)
+        if contrasts:
+            sections.append(f"### training, across seeds\n\n{contrasts}")
         final = self.final_table(out)
         if final:
             sections.append(f"### the last greedy evaluation of each seed\n\n{final}")
