@@ -42,9 +42,13 @@ Peak bf16 dense FLOP/s and HBM bandwidth per device come from ``SPECS`` by
 ``device_kind`` (override with ``--peak-flops`` / ``--hbm-bandwidth``); unknown devices (CPU)
 get "n/a" fractions.
 
-    python benchmarks/accelerator.py                          # 0.5B, on the accelerator
+    python benchmarks/accelerator.py --json benchmarks/results/accelerator_h100.json   # 0.5B, on the accelerator
+    python benchmarks/accelerator.py --attention cudnn        # cuDNN's fused attention (NVIDIA GPU)
     python benchmarks/accelerator.py --fsdp 8 --data 1        # parameters sharded over 8 devices
     python benchmarks/accelerator.py --tiny --repeats 1       # CPU smoke test (< 1 min)
+
+``--json`` saves the table with the machine, the devices and the commit (``readme_tables.save_table``),
+for ``python benchmarks/readme_tables.py`` to paste into docs/benchmarks.md.
 """
 import argparse
 import math
@@ -63,8 +67,10 @@ from flax import nnx
 
 # benchmarks/ is sys.path[0] when this file runs as a script
 from logprob_memory import compile_value_and_grad, make_losses, memory, time_call
+from readme_tables import save_table
 
 from pgjax import core, markdown
+from pgjax.checks import ConfigError
 from pgjax.config import UpdateConfig
 from pgjax.models.transformer import CausalLM, ModelConfig
 from pgjax.parallel import mesh as mesh_lib
@@ -123,6 +129,9 @@ def parse_args(argv=None):
     p.add_argument("--peak-flops", type=float, help="per-device peak FLOP/s (overrides SPECS)")
     p.add_argument("--hbm-bandwidth", type=float, help="per-device HBM bytes/s (overrides SPECS)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--attention", choices=("einsum", "cudnn"), default="einsum",
+                   help="model.attention: the einsum, or cuDNN's fused attention (an NVIDIA GPU)")
+    p.add_argument("--json", help="save the table and its provenance here (benchmarks/results/NAME.json)")
     args = p.parse_args(argv)
     for name, value in (TINY_SIZES if args.tiny else FULL_SIZES).items():
         if getattr(args, name) is None:
@@ -280,7 +289,12 @@ def update_rows(policy, args, mesh, peak, devices, body):
 
 def main(argv=None):
     args = parse_args(argv)
-    config = ModelConfig(**(TINY if args.tiny else QWEN25_05B))
+    config = ModelConfig(**(TINY if args.tiny else QWEN25_05B), attention=args.attention)
+    try:
+        CausalLM(ModelConfig(**TINY, attention=args.attention), nnx.Rngs(0))   # refuses what this backend lacks
+    except ConfigError as error:
+        print(f"accelerator.py: {error}", file=sys.stderr)
+        sys.exit(2)
     mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig(args.data, args.fsdp, args.tensor))
     devices, kind = len(jax.devices()), jax.devices()[0].device_kind
     peak, bandwidth = device_specs(kind, args)
@@ -297,11 +311,15 @@ def main(argv=None):
     rows.insert(0, sampler_row(policy, args, mesh, bandwidth))
     rows[:0] = update_rows(policy, args, mesh, peak, devices, body)
 
-    print(f"\nmedian of {args.repeats} after one warm-up; GRPO group size {args.group_size}, "
-          f"{args.micro_batches} micro-batch(es), chunk {args.chunk_size}\n")
-    print(markdown.table(["measurement", "shape", "time (s)", "achieved", "peak / bound", "fraction"],
-                         [[name, shape, f"{seconds:.4f}", achieved, reference, fraction]
-                          for name, shape, seconds, achieved, reference, fraction in rows], align="llrrrr"))
+    note = (f"{devices} x {kind}, jax {jax.__version__} ({jax.default_backend()}), mesh {dict(mesh.shape)}, "
+            f"attention {args.attention}; median of {args.repeats} after one warm-up; GRPO group size "
+            f"{args.group_size}, {args.micro_batches} micro-batch(es), chunk {args.chunk_size}.")
+    table = markdown.table(["measurement", "shape", "time (s)", "achieved", "peak / bound", "fraction"],
+                           [[name, shape, f"{seconds:.4f}", achieved, reference, fraction]
+                            for name, shape, seconds, achieved, reference, fraction in rows], align="llrrrr")
+    save_table(args.json, sys.argv[1:] if argv is None else argv, [*table.splitlines(), "", note],
+               rows=[dict(zip(("measurement", "shape", "seconds", "achieved", "reference", "fraction"), row,
+                              strict=True)) for row in rows])
 
 
 if __name__ == "__main__":

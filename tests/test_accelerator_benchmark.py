@@ -1,4 +1,6 @@
-"""benchmarks/accelerator.py --tiny runs on CPU and prints its table with finite, positive numbers."""
+"""benchmarks/accelerator.py --tiny runs on CPU and prints its table with finite, positive numbers, and
+saves it with its provenance (--json)."""
+import json
 import math
 import os
 import re
@@ -20,10 +22,11 @@ def number(text):
 
 
 @pytest.mark.slow
-def test_tiny_accelerator_benchmark_runs_on_cpu():
+def test_tiny_accelerator_benchmark_runs_on_cpu(tmp_path):
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    done = subprocess.run([sys.executable, "benchmarks/accelerator.py", "--tiny", "--repeats", "1"], cwd=ROOT,
-                          check=False, env=env, capture_output=True, text=True, timeout=300)
+    saved = tmp_path / "accelerator.json"
+    command = [sys.executable, "benchmarks/accelerator.py", "--tiny", "--repeats", "1", "--json", str(saved)]
+    done = subprocess.run(command, cwd=ROOT, check=False, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert HEADER in out and "parameters:" in out and "command:" in out, out
@@ -40,3 +43,13 @@ def test_tiny_accelerator_benchmark_runs_on_cpu():
     assert table["sampler (generate)"][2].endswith("tok/s"), table
     plain, chunked = (table[n] for n in table if n.startswith("log-prob grad"))
     assert number(plain[2].removeprefix("temp")) > 0 and number(chunked[2].removeprefix("temp")) > 0, table
+    record = json.loads(saved.read_text())
+    assert record["table"][0] == HEADER and record["argv"] == ["--tiny", "--repeats", "1", "--json", str(saved)]
+    assert record["provenance"]["commit"] and "jax_devices" in json.dumps(record["provenance"])
+    assert [row["measurement"] for row in record["rows"]] == [n for n in table if n not in ("measurement", "---")]
+    assert "attention einsum" in record["table"][-3]
+    refused = subprocess.run([sys.executable, "benchmarks/accelerator.py", "--tiny", "--attention", "cudnn"], cwd=ROOT,
+                             check=False, env=env, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        "accelerator.py: model.attention='cudnn' needs an NVIDIA GPU with cuDNN; this process's JAX backend is cpu: "
+        "use model.attention=einsum there"], refused.stderr

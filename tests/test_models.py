@@ -11,9 +11,17 @@ import pytest
 from flax import nnx
 from helpers import GEMMA3_TINY, per_layer, save_tiny_tokenizer, tiny_hf_config
 
+from pgjax.checks import ConfigError
 from pgjax.core import chunked_logprobs_and_entropy, token_logprobs
 from pgjax.models import hf, lora
-from pgjax.models.transformer import CausalLM, ModelConfig, rope_frequencies
+from pgjax.models.transformer import (
+    CausalLM,
+    ModelConfig,
+    attention_bias,
+    fused_attention,
+    grouped_query_attention,
+    rope_frequencies,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -398,3 +406,55 @@ def test_gemma3_lora_adapters_load_into_peft_and_merge(gemma, tmp_path):
     for reference in (with_adapter, merged):
         np.testing.assert_allclose(reference_logits(reference, tokens, mask)[mask > 0], want[mask > 0],
                                    rtol=1e-4, atol=1e-5)
+
+
+def attention_reference(q, k, v, allowed, query_scale):
+    """float64 NumPy softmax(q k^T / sqrt(s)) v over the allowed keys, each query head h reading key head
+    h // (H / KV): q [B, T, H, D], k, v [B, KV, S, D], allowed [B, T, S]."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    group = q.shape[2] // k.shape[1]
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)             # [B, H, S, D]
+    scores = np.einsum("bthd,bhsd->bhts", q, k) / np.sqrt(query_scale or q.shape[-1])
+    scores = np.where(allowed[:, None], scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights = np.where(allowed[:, None], weights, 0.0)
+    return np.einsum("bhts,bhsd->bthd", weights / weights.sum(-1, keepdims=True), v)
+
+
+@pytest.mark.parametrize("window, query_scale, new", [(None, None, 5), (3, 256.0, 5), (None, None, 1), (2, None, 1)])
+def test_fused_attention_and_the_einsum_agree_with_a_float64_reference(window, query_scale, new):
+    """``fused_attention`` (jax.nn.dot_product_attention, here lowered by XLA: the call model.attention=cudnn
+    makes on a GPU) and the einsum give the same attention as NumPy in float64, with grouped query heads,
+    left padding, a sliding window, Gemma's query scale, and a KV cache read after ``new`` new tokens."""
+    batch, slots, heads, kv_heads, d = 2, 7, 4, 2, 8
+    keys = jax.random.split(jax.random.key(0), 3)
+    q = jax.random.normal(keys[0], (batch, new, heads, d))
+    k, v = (jax.random.normal(key, (batch, kv_heads, slots, d)) for key in keys[1:])
+    mask = jnp.asarray([[0, 0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1]])
+    positions = jnp.maximum(jnp.cumsum(mask, 1) - 1, 0)
+    index = slots - new
+    bias = attention_bias(mask, positions, index, new, window)
+    query_slots = index + np.arange(new)
+    allowed = (np.arange(slots)[None, :] <= query_slots[:, None])[None] & (np.asarray(mask)[:, None, :] > 0)
+    if window is not None:
+        pos = np.asarray(positions)
+        allowed &= pos[:, query_slots][:, :, None] - pos[:, None, :] < window
+    want = attention_reference(q, k, v, allowed, query_scale)
+    for got in (grouped_query_attention(q, k, v, bias, query_scale),
+                jax.jit(fused_attention, static_argnames=("query_scale", "implementation"))(q, k, v, bias, query_scale,
+                                                                            implementation="xla")):
+        np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-5, atol=1e-5)
+    bf16 = [x.astype(jnp.bfloat16) for x in (q, k, v)]
+    np.testing.assert_allclose(np.asarray(fused_attention(*bf16, bias, query_scale, "xla"), np.float64),
+                               np.asarray(grouped_query_attention(*bf16, bias, query_scale), np.float64), atol=2e-2)
+
+
+def test_cudnn_attention_is_refused_without_bfloat16_or_off_a_gpu():
+    with pytest.raises(ConfigError, match="model.attention='cudnn' is invalid: einsum with compute_dtype=float32"):
+        ModelConfig(family="llama", vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+                    num_attention_heads=2, num_key_value_heads=1, head_dim=4, attention="cudnn")
+    config = ModelConfig(family="llama", vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=4, attention="cudnn",
+                         compute_dtype="bfloat16")
+    with pytest.raises(ConfigError, match="needs an NVIDIA GPU with cuDNN; this process's JAX backend is cpu"):
+        CausalLM(config, nnx.Rngs(0))

@@ -68,7 +68,9 @@ class ModelSection:
     compile time does not grow with depth; a run resumes only with the layout it started with).
     The defaults, stacked layers each recomputed in the backward pass, are the fastest and smallest
     update measured on SmolLM2-135M (docs/benchmarks.md, "The model options"); ``scan_layers=false``
-    with ``remat=off`` resume a run begun when they were the default.
+    with ``remat=off`` resume a run begun when they were the default. ``attention``: ``einsum`` (every
+    backend) or ``cudnn`` (cuDNN's fused attention on an NVIDIA GPU, with ``compute_dtype=bfloat16``;
+    ``pgjax.models.transformer.ATTENTION``).
 
     ``family``: ``llama``, ``qwen2``, ``qwen3``, ``gemma3`` (``pgjax.models.transformer.FAMILIES``) or the
     import path ``package.module:NAME`` of a ``Family`` of your own (transformers' model_type and
@@ -91,6 +93,7 @@ class ModelSection:
     compute_dtype: str = "float32"
     remat: str = "save_nothing"
     scan_layers: bool = True
+    attention: str = "einsum"
     lora: LoRASection = LoRASection()
 
     def __post_init__(self):

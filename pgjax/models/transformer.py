@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import jax
 import jax.numpy as jnp
@@ -86,8 +86,12 @@ DTYPES = ("float32", "bfloat16")      # parameter and compute dtypes
 # "save_nothing" keeps only each layer's input and recomputes the whole layer
 REMAT_POLICIES = {"off": None, "save_matmuls": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
                   "save_nothing": jax.checkpoint_policies.nothing_saveable}
+# how attention is computed: "einsum", ``grouped_query_attention`` on every backend (XLA fuses it; on a
+# CPU it reads the KV cache in place); "cudnn", ``fused_attention``: jax.nn.dot_product_attention's
+# cuDNN kernel, for an NVIDIA GPU with bfloat16 compute (the same function in float32 terms)
+ATTENTION = ("einsum", "cudnn")
 # ModelConfig fields that are pgjax's choices for running a checkpoint, not part of its config.json
-RUNTIME_OPTIONS = ("param_dtype", "compute_dtype", "remat", "scan_layers", "lora")
+RUNTIME_OPTIONS = ("param_dtype", "compute_dtype", "remat", "scan_layers", "attention", "lora")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +122,7 @@ class ModelConfig:
     compute_dtype: str = "float32"
     remat: str = "off"                    # a key of REMAT_POLICIES
     scan_layers: bool = False             # layers stored stacked and run by one lax.scan (``CausalLM``)
+    attention: str = "einsum"             # a name of ATTENTION
     lora: LoRAConfig | None = None        # low-rank adapters on the projections (``pgjax.models.lora``)
     # carried from and back to config.json (None: not set there); the forward pass does not read them
     max_position_embeddings: int | None = None
@@ -150,6 +155,9 @@ class ModelConfig:
                  ("param_dtype", lambda: self.param_dtype in DTYPES, f"one of {DTYPES}"),
                  ("compute_dtype", lambda: self.compute_dtype in DTYPES, f"one of {DTYPES}"),
                  ("remat", lambda: self.remat in REMAT_POLICIES, f"one of {tuple(REMAT_POLICIES)}"),
+                 ("attention", lambda: self.attention in ATTENTION, f"one of {ATTENTION}"),
+                 ("attention", lambda: self.attention != "cudnn" or self.compute_dtype == "bfloat16",
+                  "einsum with compute_dtype=float32: cuDNN's fused attention takes bfloat16"),
                  *((name, lambda name=name: getattr(self, name) is None or family.gemma,
                     "None unless family='gemma3' (or another Family with gemma=True)") for name in GEMMA_FIELDS),
                  ("layer_types", lambda: self.layer_types is None or (
@@ -305,7 +313,10 @@ class Attention(nnx.Module):
         if cache is not None:
             k = jax.lax.dynamic_update_slice_in_dim(cache[0], k.astype(cache[0].dtype), index, axis=2)
             v = jax.lax.dynamic_update_slice_in_dim(cache[1], v.astype(cache[1].dtype), index, axis=2)
-        out = grouped_query_attention(q, k, v, bias, self.config.query_pre_attn_scalar)
+        if self.config.attention == "cudnn":
+            out = fused_attention(q, k, v, bias, self.config.query_pre_attn_scalar)
+        else:
+            out = grouped_query_attention(q, k, v, bias, self.config.query_pre_attn_scalar)
         b, t, h, d = out.shape
         out = out.reshape(b, t, h * d)
         projected = _adapted(out, self.o[...].reshape(h * d, -1), adapter(self, "o_proj"), dropout_key, 3)
@@ -382,6 +393,20 @@ def grouped_query_attention(q, k, v, bias, query_scale=None):
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
 
 
+def fused_attention(q, k, v, bias, query_scale=None, implementation: Literal["cudnn", "xla"] = "cudnn"):
+    """``grouped_query_attention`` through ``jax.nn.dot_product_attention``: the same
+    softmax(q k^T / sqrt(s) + bias) v, with k, v [B, KV, S, D] read as its [B, S, KV, D] and ``bias``
+    [B, 1, 1, T, S] as [B, 1, T, S] in q's dtype (its minimum where the float32 one is below it).
+    ``implementation``: ``cudnn`` (``model.attention=cudnn``: cuDNN's fused kernel, NVIDIA GPUs, bfloat16)
+    or ``xla`` (the same call lowered by XLA on any backend: how the tests check it on a CPU). On a CPU
+    the einsum is faster: its KV cache needs no transpose."""
+    d = q.shape[-1]
+    scale = 1.0 / math.sqrt(d if query_scale is None else query_scale)
+    bias = jnp.maximum(bias[:, :, 0], jnp.finfo(q.dtype).min).astype(q.dtype)
+    return jax.nn.dot_product_attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), bias=bias, scale=scale,
+                                        implementation=implementation)
+
+
 class MLP(nnx.Module):
     """SwiGLU: down(silu(gate(x)) * up(x)); Gemma's GeGLU: down(gelu(gate(x)) * up(x)) with the tanh
     approximation of GELU (transformers' ``gelu_pytorch_tanh``)."""
@@ -433,6 +458,10 @@ class CausalLM(nnx.Module):
     """Token ids [B, T] -> final hidden states [B, T, D] or logits [B, T, V]."""
 
     def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
+        if config.attention == "cudnn" and jax.default_backend() != "gpu":
+            raise ConfigError(f"model.attention='cudnn' needs an NVIDIA GPU with cuDNN; this process's JAX backend "
+                              f"is {jax.default_backend()}: use model.attention=einsum there",
+                              "model.attention", "cudnn")
         dtype = jnp.dtype(config.param_dtype)
         self.config = config
         self.embed = _param(rngs, (config.vocab_size, config.hidden_size), ("vocab", "embed"), dtype)
