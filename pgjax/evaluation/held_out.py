@@ -328,8 +328,8 @@ INTERVALS = {"wilson": "Wilson score interval (one 0/1 outcome per prompt)",
 
 
 def digits_of(name: str) -> int:
-    """Decimals a table shows of metric ``name``: lengths (tokens) to 0.1, rates to 0.001."""
-    return 1 if "length" in name else 3
+    """Decimals a table shows of metric ``name``: lengths and token counts to 0.1, rates to 0.001."""
+    return 1 if "length" in name or name.endswith("tokens") else 3
 
 
 def _cell(name: str, metric: dict) -> str:
