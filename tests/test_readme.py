@@ -408,6 +408,45 @@ def test_the_64_prompt_smollm2_table_is_its_evaluation_files():
             f"the {label!r} row differs from smollm2_{name}.json"
 
 
+
+def gemma3_window_rows(records: list[dict], width: int = 10) -> list[str]:
+    """real_models.md's per-10-step rows of a one-seed Gemma 3 run from its record: each window's mean of
+    the steps' training accuracy, lengths (where defined) and cut-off share, and the greedy evaluation at
+    its last step; the first row the starting model's evaluation."""
+    evals = {r["step"]: r["eval_accuracy"] for r in records if r.get("eval_accuracy") is not None}
+    rows = [f"| 0 (base) | - | - | - | - | - | {evals[0]:.3f} |"]
+    last = max(r["step"] for r in records)
+    for start in range(1, last + 1, width):
+        steps = [r for r in records if start <= r["step"] < start + width and "accuracy" in r]
+
+        def mean(name, steps=steps):
+            return np.mean([r[name] for r in steps if r.get(name) is not None])
+        rows.append(f"| {start}-{start + width - 1} | {mean('accuracy'):.3f} | {mean('length'):.1f} "
+                    f"| {mean('length_correct'):.1f} | {mean('length_incorrect'):.1f} | {mean('truncated'):.2f} "
+                    f"| {evals[start + width - 1]:.3f} |")
+    return rows
+
+
+def test_the_gemma3_one_seed_tables_are_their_records():
+    """docs/real_models.md's Gemma 3 base-model evaluation and its two one-seed zero-RL runs' per-step tables
+    are what experiments/results/gemma3/ holds."""
+    lines = (ROOT / "docs" / "real_models.md").read_text().splitlines()
+    results = ROOT / "experiments" / "results" / "gemma3"
+    for name in ("dr_grpo_metrics.jsonl", "dr_grpo_lr2e-6_metrics.jsonl"):
+        records = [json.loads(line) for line in (results / name).read_text().splitlines()]
+        rows = gemma3_window_rows(records)
+        assert len(rows) == 5 and all(row in lines for row in rows), (name, rows)
+    base = json.loads((results / "base.json").read_text())
+
+    def cell(metric):
+        return "{:.3f} [{:.3f}, {:.3f}]".format(metric["value"], *metric["ci95"])
+    for label, part in [("all 128", base), *((f"{d}-digit operands (64)", base["strata"]["difficulty"][d])
+                                               for d in ("1", "2"))]:
+        m = part["metrics"]
+        row = (f"| {label} | {cell(m['greedy_accuracy'])} | {cell(m['pass@1'])} | {cell(m['pass@8'])} "
+               f"| {m['finish_rate']['value']:.3f} | {m['mean_length']['value']:.1f} |")
+        assert row in lines, row
+
 def test_the_study_excerpts_are_the_committed_reports():
     """Every excerpt block of the docs is what its committed study report gives (each report regenerates from
     its study's evaluation files: tests/test_study.py), and the real-model studies are quoted, not copied."""
