@@ -447,6 +447,20 @@ def test_the_gemma3_one_seed_tables_are_their_records():
                f"| {m['finish_rate']['value']:.3f} | {m['mean_length']['value']:.1f} |")
         assert row in lines, row
 
+
+def test_the_reward_models_held_out_table_is_its_record():
+    """docs/reward_models.md's held-out pairwise accuracy, Wilson interval and loss per evaluation step are
+    experiments/results/smollm2_reward_model/metrics.jsonl's."""
+    lines = (ROOT / "docs" / "reward_models.md").read_text().splitlines()
+    path = ROOT / "experiments" / "results" / "smollm2_reward_model" / "metrics.jsonl"
+    evaluations = [r for r in map(json.loads, path.read_text().splitlines()) if r.get("eval_accuracy") is not None]
+    assert [r["step"] for r in evaluations] == [0, 25, 50]
+    for r in evaluations:
+        accuracy = f"{r['eval_accuracy']:.3f}" + (" (every pair a tie)" if r["step"] == 0 else "")
+        row = (f"| {r['step']} | {accuracy} | [{r['eval_accuracy_low']:.3f}, {r['eval_accuracy_high']:.3f}] "
+               f"| {r['eval_loss']:.3f} |")
+        assert row in lines, row
+
 def test_the_study_excerpts_are_the_committed_reports():
     """Every excerpt block of the docs is what its committed study report gives (each report regenerates from
     its study's evaluation files: tests/test_study.py), and the real-model studies are quoted, not copied."""
