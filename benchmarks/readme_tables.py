@@ -108,13 +108,14 @@ def regenerate(text: str, tables: dict) -> str:
     return text
 
 
-EXCERPT = re.compile(r"(<!-- excerpt:(\S+)([^\n]*?) -->)\n(.*?)\n?(<!-- /excerpt -->)", re.S)
+EXCERPT = re.compile(r"(<!-- excerpt:(\S+)([^\n]*?) -->)\n((?:(?!<!-- excerpt:).)*?)\n?(<!-- /excerpt -->)", re.S)
+EXCERPT_OPENER = "<!-- excerpt:"
 EXCERPT_OPTIONS = {"sections", "table", "rows", "where", "columns"}
 
 
 def table_cells(line: str) -> list[str]:
-    """The cells of one markdown table row, ``\\|`` kept as part of its cell."""
-    return [cell.strip() for cell in re.split(r"(?<!\\)\|", line.strip()[1:-1])]
+    """The cells of one markdown table row, unescaped (``\\|`` is a ``|`` inside its cell)."""
+    return [cell.strip().replace("\\|", "|") for cell in re.split(r"(?<!\\)\|", line.strip()[1:-1])]
 
 
 def report_sections(text: str) -> dict[str, list[list[list[str]]]]:
@@ -147,7 +148,10 @@ def excerpt_options(spec: str) -> dict[str, str]:
 
 
 def _section(sections: dict, start: str, report: str) -> tuple[str, list]:
-    found = [heading for heading in sections if heading.startswith(start)]
+    """The section whose heading is ``start``, else the one heading that starts with it."""
+    if start in sections:
+        return start, sections[start]
+    found = [heading for heading in sections if heading and heading.startswith(start)]
     if len(found) != 1:
         raise ValueError(f"{report}: {len(found)} sections start with {start!r} (headings: "
                          f"{[h for h in sections if h]})")
@@ -200,7 +204,7 @@ def excerpt(report: str, spec: str = "", root: pathlib.Path = ROOT) -> str:
         raise ValueError(f"{report}: no row's first cell matches {pattern.pattern!r}")
     align = "".join("r" if found[1][i].endswith(":") else "l" for i in kept)
     return table(["split", *header] if len(starts) > 1 else header,
-                 [[cell.replace("\\|", "|") for cell in row] for row in rows],
+                 rows,
                  align=("l" + align) if len(starts) > 1 else align)
 
 
@@ -209,6 +213,10 @@ def stale_excerpts(pages, root: pathlib.Path = ROOT) -> list[str]:
     its report, or whose report, section, table, column or rows do not exist."""
     problems = []
     for page, text in pages.items():
+        unmatched = text.count(EXCERPT_OPENER) - len(EXCERPT.findall(text))
+        if unmatched:
+            problems.append(f"{page}: {unmatched} excerpt marker(s) without their closing <!-- /excerpt --> or "
+                            "with options over more than one line")
         for match in EXCERPT.finditer(text):
             try:
                 if match.group(4) != excerpt(match.group(2), match.group(3), root):

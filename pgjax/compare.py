@@ -20,7 +20,16 @@ import pathlib
 import time
 
 from pgjax import markdown
-from pgjax.study import ACROSS_SEEDS_NOTE, InProcess, Study, TrainJob, kept_record, plot_points_band, seed_cell
+from pgjax.study import (
+    ACROSS_SEEDS_NOTE,
+    InProcess,
+    Study,
+    TrainJob,
+    keep_record,
+    kept_record,
+    plot_points_band,
+    seed_cell,
+)
 from pgjax.train.sinks import read_records
 
 ALGORITHMS = ("reinforce", "reinforce_baseline", "remax", "rloo", "ppo", "grpo", "dr_grpo")
@@ -76,41 +85,45 @@ def plot(results: dict, path) -> None:
 
 def compare(overrides: list[str], target: float, out, experiments="experiments", algorithms=ALGORITHMS,
             seeds: int = 1) -> dict:
-    """Train each algorithm's experiment file over ``seeds`` seeds under ``out`` and ``report`` them;
-    ``comparison.json`` records the target, the overrides and each run's wall time."""
+    """Train each algorithm's experiment file over ``seeds`` seeds under ``out`` and ``report`` them.
+    ``comparison.json`` holds the target, the overrides, each algorithm's runs by seed and each run's wall
+    time by run name; it is written after every run, so a comparison stopped part way keeps the times of
+    the runs it finished (a run found finished keeps its saved time, when the overrides are the same)."""
     out = pathlib.Path(out)
     study = comparison_study(overrides, experiments, algorithms, seeds)
-    earlier = json.loads((out / "comparison.json").read_text())["seconds"] if (out / "comparison.json").exists() else {}
-    seconds: dict[str, dict[str, float | None]] = {}
+    saved_path = out / "comparison.json"
+    saved = json.loads(saved_path.read_text()) if saved_path.exists() else {}
+    seconds: dict[str, float] = saved.get("seconds", {}) if saved.get("overrides") == overrides else {}
+    runs: dict[str, dict[str, str]] = {}
     for job in study.jobs():
         assert isinstance(job, TrainJob)
-        start, trained = time.perf_counter(), not study.done(job, out, out)
-        study.run_job(job, out, out, "")        # a run finished before keeps the time it was saved with
-        seconds.setdefault(job.method, {})[str(job.seed)] = (time.perf_counter() - start if trained else
-                                                             earlier.get(job.method, {}).get(str(job.seed)))
-    (out / "comparison.json").write_text(json.dumps({"target": target, "overrides": overrides,
-                                                     "run_names": study.run_names, "seconds": seconds},
-                                                    indent=1) + "\n")
+        name, start, trained = study.trained_by(job), time.perf_counter(), not study.done(job, out, out)
+        study.run_job(job, out, out, "")
+        if trained:
+            seconds[name] = time.perf_counter() - start
+        keep_record(name, out, out)                  # a run finished before its record was kept
+        runs.setdefault(job.method, {})[str(job.seed)] = name
+        saved_path.write_text(json.dumps({"target": target, "overrides": overrides, "runs": runs,
+                                          "seconds": seconds}, indent=1) + "\n")
     return report(out)
 
 
 def report(out) -> dict:
     """Write ``comparison.md`` and ``comparison.png`` from the kept records and ``comparison.json`` in
     ``out``; returns ``{algorithm: {seed: summary}}`` (``summarise`` and the run's wall time, ``seconds``:
-    None for a run found finished with no time saved).
-    ValueError naming a missing file."""
+    None for a run with no time saved). ValueError naming a missing file."""
     out = pathlib.Path(out)
     if not (out / "comparison.json").is_file():
         raise ValueError(f"{out} holds no comparison.json: train the comparison first")
     saved = json.loads((out / "comparison.json").read_text())
     results: dict[str, dict[int, dict]] = {}
-    for algorithm, by_seed in saved["seconds"].items():
-        for seed, wall in by_seed.items():
-            record = kept_record(saved["run_names"].format(method=algorithm, seed=seed), out)
+    for algorithm, by_seed in saved["runs"].items():
+        for seed, name in by_seed.items():
+            record = kept_record(name, out)
             if not record.is_file():
                 raise ValueError(f"{record} is missing: the run of {algorithm}, seed {seed}, did not finish")
             results.setdefault(algorithm, {})[int(seed)] = {**summarise(read_records(record.parent), saved["target"]),
-                                                            "seconds": wall}
+                                                            "seconds": saved["seconds"].get(name)}
     text = table(results, saved["target"])
     (out / "comparison.md").write_text(text + "\n")
     plot(results, out / "comparison.png")

@@ -358,6 +358,8 @@ def wandb_records(data: bytes) -> list:
             position += 32768 - position % 32768
             continue
         _, length, kind = struct.unpack("<IHB", data[position:position + 7])
+        if position + 7 + length > len(data):           # a record still being written
+            break
         chunk, position = data[position + 7:position + 7 + length], position + 7 + length
         if kind == 0:                                   # a zeroed rest of a block: the next block goes on
             position += -position % 32768
@@ -374,9 +376,13 @@ def read_wandb_history(path, timeout: float = 60.0) -> list[dict]:
     """The history rows of the offline W&B run file ``path``, once it is complete. ``run.finish()``
     returns before wandb's service process has written the last records of the file, so a reader in
     the same process waits (up to ``timeout`` seconds) for its ``exit`` record."""
+    from google.protobuf.message import DecodeError
     deadline = time.monotonic() + timeout
     while True:
-        records = wandb_records(pathlib.Path(path).read_bytes())
+        try:
+            records = wandb_records(pathlib.Path(path).read_bytes())
+        except DecodeError:                             # a block caught half-written: read it again
+            records = []
         if any(record.WhichOneof("record_type") == "exit" for record in records):
             break
         if time.monotonic() > deadline:

@@ -51,5 +51,5 @@ def test_tiny_accelerator_benchmark_runs_on_cpu(tmp_path):
     refused = subprocess.run([sys.executable, "benchmarks/accelerator.py", "--tiny", "--attention", "cudnn"], cwd=ROOT,
                              check=False, env=env, capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
-        "accelerator.py: model.attention='cudnn' needs an NVIDIA GPU with cuDNN; this process's JAX backend is cpu: "
-        "use model.attention=einsum there"], refused.stderr
+        "accelerator.py: model.attention='cudnn' needs an NVIDIA GPU with cuDNN; this process's JAX devices are "
+        "cpu (cpu): use model.attention=einsum there"], refused.stderr

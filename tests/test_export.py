@@ -1,7 +1,7 @@
 """The jitted training step and the sampler lower for an NVIDIA GPU and a TPU: ``jax.export`` with
 ``platforms=("cuda", "tpu")`` on this CPU (lowering only; nothing runs there), so that a first run on an
-accelerator does not fail on an operation a CPU never lowered. The same export for the CPU, called,
-gives what the jitted functions give."""
+accelerator does not fail on an operation a CPU never lowered. The sampler's export for the CPU,
+called, samples what the jitted sampler samples."""
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -456,5 +456,30 @@ def test_cudnn_attention_is_refused_without_bfloat16_or_off_a_gpu():
     config = ModelConfig(family="llama", vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=1, head_dim=4, attention="cudnn",
                          compute_dtype="bfloat16")
-    with pytest.raises(ConfigError, match="needs an NVIDIA GPU with cuDNN; this process's JAX backend is cpu"):
+    with pytest.raises(ConfigError, match=r"needs an NVIDIA GPU with cuDNN; this process's JAX devices are cpu"):
         CausalLM(config, nnx.Rngs(0))
+
+
+def test_a_model_with_fused_attention_gives_the_einsums_logits_and_cached_decoding(monkeypatch):
+    """``model.attention=cudnn`` through the whole model, its cuDNN call swapped for the same call lowered by
+    XLA (this CPU has no cuDNN) and the backend check let through: the logits of a left-padded batch and of
+    a KV-cache decode equal the einsum model's (bfloat16 compute, as cudnn requires)."""
+    import functools
+
+    from pgjax.models import transformer
+    from pgjax.sample import SamplingConfig, generate
+    monkeypatch.setattr(transformer, "check_attention_backend", lambda config: None)
+    monkeypatch.setattr(transformer, "fused_attention", functools.partial(fused_attention, implementation="xla"))
+    options = dict(family="llama", vocab_size=16, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=8, compute_dtype="bfloat16")
+    einsum = CausalLM(ModelConfig(**options), nnx.Rngs(0))
+    fused = CausalLM(ModelConfig(**options, attention="cudnn"), nnx.Rngs(0))
+    tokens = jnp.asarray([[0, 0, 3, 4, 5, 6, 7], [2, 3, 4, 5, 6, 7, 8]])
+    mask = (tokens > 0).astype(jnp.int32)
+    logits = [np.asarray(model(tokens, mask), np.float32) for model in (einsum, fused)]
+    np.testing.assert_allclose(logits[1], logits[0], atol=3e-2)
+    config = SamplingConfig(max_new_tokens=5, eos_ids=(), n=2)
+    decoded = [generate(model, tokens, mask, jax.random.key(1), config) for model in (einsum, fused)]
+    np.testing.assert_array_equal(np.asarray(decoded[1].tokens), np.asarray(decoded[0].tokens))
+    np.testing.assert_allclose(np.asarray(decoded[1].policy_logprobs), np.asarray(decoded[0].policy_logprobs),
+                               atol=5e-2)

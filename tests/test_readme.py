@@ -463,7 +463,7 @@ def test_the_reward_models_held_out_table_is_its_record():
 
 def test_the_study_excerpts_are_the_committed_reports():
     """Every excerpt block of the docs is what its committed study report gives (each report regenerates from
-    its study's evaluation files: tests/test_study.py), and the real-model studies are quoted, not copied."""
+    its study's evaluation files: tests/test_study.py), and every study that has a report is quoted."""
     tables = _readme_tables()
     pages = {doc.name: doc.read_text() for doc in DOCS}
     assert tables.stale_excerpts(pages) == [], "run `python benchmarks/readme_tables.py` after a study's --report"
@@ -494,6 +494,12 @@ REPORT = """# a report
 | --- | ---: | ---: |
 | base | 1 | 0.050 |
 | tuned | 2 | 0.150 ± 0.050 (0.100-0.200) |
+
+### second
+
+| model | runs | score |
+| --- | ---: | ---: |
+| other | 1 | 0.900 |
 """
 
 
@@ -503,15 +509,20 @@ def test_an_excerpt_selects_sections_tables_rows_and_columns_and_names_what_is_m
     assert tables.excerpt("r.md", "", tmp_path) == "\n".join([
         "| model | runs | score |", "| --- | ---: | ---: |", "| base | 1 | 0.100 |",
         "| tuned | 2 | 0.500 ± 0.100 (0.400-0.600) |"])
-    assert tables.excerpt("r.md", 'sections="first;second" rows="tuned" columns="model,score"', tmp_path) == "\n".join([
+    spec = 'sections="first;second split" rows="tuned" columns="model,score"'
+    assert tables.excerpt("r.md", spec, tmp_path) == "\n".join([
         "| split | model | score |", "| --- | --- | ---: |", "| first split | tuned | 0.500 ± 0.100 (0.400-0.600) |",
         "| second split | tuned | 0.150 ± 0.050 (0.100-0.200) |"])
-    assert tables.excerpt("r.md", 'table=2 where="metric=a.*"', tmp_path).splitlines()[2] == \
+    # a heading that is the start of another is picked by its whole text; a unique start picks the other
+    assert tables.excerpt("r.md", 'sections="second"', tmp_path).splitlines()[2] == "| other | 1 | 0.900 |"
+    assert tables.excerpt("r.md", 'sections="second split" rows="base"', tmp_path).splitlines()[2] == \
+        "| base | 1 | 0.050 |"
+    assert tables.excerpt("r.md", 'table=2 where="metric=a\\|b"', tmp_path).splitlines()[2] == \
         "| tuned - base | a\\|b | +0.300 |"
     for spec, error in [('sections="third"', "0 sections start with 'third'"), ("table=3", "has 2 tables"),
                         ('columns="model,loss"', "no column ['loss']"), ('rows="nobody"', "no row"),
                         ('where="loss=1"', "is not COLUMN=REGEX"), ("colour=red", "excerpt option 'colour=red'"),
-                        ('sections="first;second" table=2', "has 1 tables")]:
+                        ('sections="first;second split" table=2', "has 1 tables")]:
         with pytest.raises(ValueError, match=re.escape(error)):
             tables.excerpt("r.md", spec, tmp_path)
     with pytest.raises(ValueError, match="no report gone.md"):
@@ -526,6 +537,12 @@ def test_an_excerpt_selects_sections_tables_rows_and_columns_and_names_what_is_m
             '| base | 1 | 0.100 |\n<!-- /excerpt -->') in fixed
     assert "<!-- excerpt:r.md table=9 -->\n<!-- /excerpt -->" in fixed
     assert len(tables.stale_excerpts({"p.md": fixed}, tmp_path)) == 1
+    # a marker whose options run over two lines, or with no closing marker, is a problem, and a block after
+    # an unclosed one keeps its own markers when the page is regenerated
+    broken = '<!-- excerpt:r.md\n rows="base" -->\n<!-- /excerpt -->\n<!-- excerpt:r.md -->\n| x |\n'
+    after = '<!-- excerpt:r.md rows="base" -->\n| stale |\n<!-- /excerpt -->'
+    assert any("2 excerpt marker(s) without" in p for p in tables.stale_excerpts({"p.md": broken + after}, tmp_path))
+    assert tables.regenerate_excerpts(broken + after, tmp_path).startswith(broken)
 
 
 def test_the_table_check_finds_stale_missing_orphan_and_duplicate_blocks():

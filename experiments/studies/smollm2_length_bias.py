@@ -25,9 +25,8 @@ for Dr. GRPO, and a positive difference. The base model and every run are evalua
 ``EVAL_PROMPTS`` held-out prompts (seed ``EVAL_SEED``), greedy and ``EVAL_SAMPLES`` samples at T = 0.7,
 at the training budget.
 
-The time is an estimate, not a measurement: the 64-token runs of ``smollm2_seeds.py`` took about 30
-minutes each on the 2-core Xeon; the instruct model's answers average about 78 tokens at a 256-token
-budget (``smollm2_seeds.md``, response budgets), so the first steps sample about twice as long.
+The time is an estimate, not a measurement: from the 64-token runs of ``smollm2_seeds.py`` and the
+instruct model's longer answers at a 256-token budget (``smollm2_seeds.md``, response budgets).
 """
 from pgjax import study
 

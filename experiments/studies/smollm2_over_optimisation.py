@@ -33,8 +33,7 @@ A process reward model beside the outcome one is the next step and not part of t
 labels come from ``python -m pgjax.pairs ... --steps`` (docs/reward_models.md, "Training a process
 reward model"), and RL against it takes ``task.reward.model=<its run>``.
 
-Times are estimates from the 20-step runs of ``smollm2_reward_model_seeds.py`` (about 10 minutes each
-on the 2-core AMD EPYC), not measurements.
+Times are estimates from the 20-step runs of ``smollm2_reward_model_seeds.py``, not measurements.
 """
 from pgjax import study
 

@@ -396,15 +396,34 @@ def grouped_query_attention(q, k, v, bias, query_scale=None):
 def fused_attention(q, k, v, bias, query_scale=None, implementation: Literal["cudnn", "xla"] = "cudnn"):
     """``grouped_query_attention`` through ``jax.nn.dot_product_attention``: the same
     softmax(q k^T / sqrt(s) + bias) v, with k, v [B, KV, S, D] read as its [B, S, KV, D] and ``bias``
-    [B, 1, 1, T, S] as [B, 1, T, S] in q's dtype (its minimum where the float32 one is below it).
-    ``implementation``: ``cudnn`` (``model.attention=cudnn``: cuDNN's fused kernel, NVIDIA GPUs, bfloat16)
-    or ``xla`` (the same call lowered by XLA on any backend: how the tests check it on a CPU). On a CPU
-    the einsum is faster: its KV cache needs no transpose."""
-    d = q.shape[-1]
+    [B, 1, 1, T, S] as the boolean mask of its zeros (jax fills the masked scores itself). cuDNN trains
+    with a mask only on even lengths, so an odd T or S is padded by one: the padded key is masked
+    everywhere, the padded query attends to slot 0 (finite) and is dropped. ``implementation``: ``cudnn``
+    (``model.attention=cudnn``: cuDNN's fused kernel, NVIDIA GPUs, bfloat16) or ``xla`` (the same call
+    lowered by XLA on any backend: how the tests check it on a CPU). On a CPU the einsum is faster: its KV
+    cache needs no transpose."""
+    t, s, d = q.shape[1], k.shape[2], q.shape[-1]
+    allowed = bias[:, :, 0] == 0                                                    # [B, 1, T, S]
+    pad_t, pad_s = t % 2, s % 2
+    if pad_t or pad_s:
+        q = jnp.pad(q, ((0, 0), (0, pad_t), (0, 0), (0, 0)))
+        k, v = (jnp.pad(x, ((0, 0), (0, 0), (0, pad_s), (0, 0))) for x in (k, v))
+        allowed = jnp.pad(allowed, ((0, 0), (0, 0), (0, pad_t), (0, pad_s))).at[:, :, t:, 0].set(True)
     scale = 1.0 / math.sqrt(d if query_scale is None else query_scale)
-    bias = jnp.maximum(bias[:, :, 0], jnp.finfo(q.dtype).min).astype(q.dtype)
-    return jax.nn.dot_product_attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), bias=bias, scale=scale,
-                                        implementation=implementation)
+    out = jax.nn.dot_product_attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask=allowed,
+                                       scale=scale, implementation=implementation)
+    return out[:, :t]
+
+
+def check_attention_backend(config: "ModelConfig") -> None:
+    """ConfigError unless ``model.attention=cudnn`` runs on NVIDIA GPUs (jax's CUDA backend: cuDNN is
+    NVIDIA's; an AMD GPU is a "gpu" too, with no cuDNN)."""
+    device = jax.devices()[0]
+    nvidia = device.platform == "gpu" and "cuda" in device.client.platform_version.lower()
+    if config.attention == "cudnn" and not nvidia:
+        raise ConfigError(f"model.attention='cudnn' needs an NVIDIA GPU with cuDNN; this process's JAX devices are "
+                          f"{device.platform} ({device.device_kind}): use model.attention=einsum there",
+                          "model.attention", "cudnn")
 
 
 class MLP(nnx.Module):
@@ -458,10 +477,7 @@ class CausalLM(nnx.Module):
     """Token ids [B, T] -> final hidden states [B, T, D] or logits [B, T, V]."""
 
     def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
-        if config.attention == "cudnn" and jax.default_backend() != "gpu":
-            raise ConfigError(f"model.attention='cudnn' needs an NVIDIA GPU with cuDNN; this process's JAX backend "
-                              f"is {jax.default_backend()}: use model.attention=einsum there",
-                              "model.attention", "cudnn")
+        check_attention_backend(config)
         dtype = jnp.dtype(config.param_dtype)
         self.config = config
         self.embed = _param(rngs, (config.vocab_size, config.hidden_size), ("vocab", "embed"), dtype)

@@ -264,7 +264,8 @@ class Study:
 
     def reference_pairs(self, evaluated: dict[str, pathlib.Path]) -> str | None:
         """``paired.pass_at_k_pairs`` of each model of an unpaired evaluation (``{model: report path}``, in
-        order) against the first, when that one is a reference: pass@k differences per prompt."""
+        order) against the first, when that one is a reference: pass@k differences per prompt (a line saying
+        why not where an evaluation holds no per-prompt outcomes)."""
         first = next(iter(evaluated), "")
         if first not in self.references or len(evaluated) < 2:
             return None
@@ -272,8 +273,11 @@ class Study:
         def loaded(path: pathlib.Path) -> list[dict]:
             return [paired.load_evaluation(path, ev["decoding"]["max_new_tokens"])
                     for ev in budgets_of(json.loads(path.read_text()))]
-        return paired.pass_at_k_pairs((first, loaded(evaluated[first])),
-                                      {model: loaded(path) for model, path in evaluated.items() if model != first})
+        try:
+            return paired.pass_at_k_pairs((first, loaded(evaluated[first])),
+                                          {model: loaded(path) for model, path in evaluated.items() if model != first})
+        except ValueError as error:         # an evaluation written without per-prompt outcomes: no pairs
+            return f"No pairs: {error}"
 
     def curves(self, out: pathlib.Path, metric: str = "eval_accuracy") -> dict:
         """``{method: {seed: [(step, value)]}}`` of ``metric`` in the runs whose records are kept: the
