@@ -567,33 +567,15 @@ def logits_gap(work: Workload, plan) -> float:
 
 def parse(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", help="a converted Hugging Face model directory (default: a random tiny Qwen2)")
-    parser.add_argument("--steps", type=int, default=5, help="timed steps of each child process")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed first steps of each child process")
-    parser.add_argument("--rounds", type=int, default=2,
-                        help="child processes per row, in ABBA order; each row's timed steps are pooled")
+    measure.add_harness_arguments(parser, "trl")
     parser.add_argument("--lengths", choices=("ragged", "forced"), default="ragged",
                         help="ragged: a row ends at its stop token; forced: every row generates --new-tokens")
     parser.add_argument("--tuned", action="store_true",
                         help="also rows with tuned allocators (pgjax's PGJAX_KEEP_FREED_MEMORY=1; huge pages and "
                              "jemalloc / tcmalloc when installed, for both)")
-    parser.add_argument("--prompts", type=int, help="prompts per step (default 8; 4 with --model)")
-    parser.add_argument("--samples", type=int, help="samples per prompt (default 8)")
-    parser.add_argument("--new-tokens", type=int, help="max new tokens (default 16; 64 with --model)")
-    parser.add_argument("--hidden", type=int, default=128)
-    parser.add_argument("--intermediate", type=int, default=384)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--kv-heads", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--torch-threads", type=int, default=None, help="default: torch's own (one per core)")
     parser.add_argument("--compile-cache", action="store_true",
                         help="also pgjax's first step with a cold and a warm persistent compilation cache")
-    parser.add_argument("--only", choices=("pgjax", "trl"),
-                        help="run one side in this process and print its steps as JSON (what the rows' children do)")
-    parser.add_argument("--random-dir", help=argparse.SUPPRESS)
-    parser.add_argument("--plan-steps", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--json", help="save the results here")
     return parser.parse_args(argv)
 
 

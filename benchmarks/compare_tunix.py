@@ -425,28 +425,10 @@ def table_lines(summary: dict, args) -> list[str]:
 
 def parse(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", help="a converted Hugging Face model directory (default: a random tiny Qwen2)")
-    parser.add_argument("--steps", type=int, default=5, help="timed steps of each child process")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed first steps of each child process")
-    parser.add_argument("--rounds", type=int, default=2,
-                        help="child processes per side, in ABBA order; each side's timed steps are pooled")
-    parser.add_argument("--prompts", type=int, help="prompts per step (default 8; 4 with --model)")
-    parser.add_argument("--samples", type=int, help="samples per prompt (default 8)")
-    parser.add_argument("--new-tokens", type=int, help="new tokens of every row (default 16; 64 with --model)")
-    parser.add_argument("--hidden", type=int, default=128)
-    parser.add_argument("--intermediate", type=int, default=384)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--kv-heads", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
+    measure.add_harness_arguments(parser, "tunix")
     parser.add_argument("--tunix-python", default=TUNIX_PYTHON,
                         help="the Python of an environment with tunix and pgjax (pip install --no-deps -e .)")
-    parser.add_argument("--only", choices=("pgjax", "tunix"),
-                        help="run one side in this process and print its steps as JSON (what the children do)")
     parser.add_argument("--job", help=argparse.SUPPRESS)
-    parser.add_argument("--random-dir", help=argparse.SUPPRESS)
-    parser.add_argument("--plan-steps", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--json", help="save the results here")
     args = parser.parse_args(argv)
     args.lengths = "forced"                 # compare_trl's PgjaxStep and check_matched read it
     return args

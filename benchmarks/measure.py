@@ -9,6 +9,7 @@ is 3 forwards. MFU is achieved model FLOP/s over the measured peak.
 PyTorch is imported only by the functions that compare with it, so a machine without it (the
 accelerator script's) can use the rest.
 """
+import argparse
 import resource
 import time
 
@@ -79,3 +80,28 @@ def logits_gap(ref, model, tokens, mask) -> float:
                        position_ids=torch.from_numpy(positions).long()).logits.numpy()
     real = mask.astype(bool)
     return float(np.abs(np.asarray(model(tokens, mask))[real] - expected[real]).max())
+
+
+def add_harness_arguments(parser: argparse.ArgumentParser, other: str) -> None:
+    """The options of the matched-work GRPO harnesses (``compare_trl.py``, ``compare_tunix.py``): the
+    workload (a converted model, or the random tiny Qwen2's shape), the batch, the timed steps and rounds,
+    the seed, and the child processes' hidden ones; ``other``: the other side's name (``--only``)."""
+    parser.add_argument("--model", help="a converted Hugging Face model directory (default: a random tiny Qwen2)")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps of each child process")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed first steps of each child process")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="child processes per row, in ABBA order; each row's timed steps are pooled")
+    parser.add_argument("--prompts", type=int, help="prompts per step (default 8; 4 with --model)")
+    parser.add_argument("--samples", type=int, help="samples per prompt (default 8)")
+    parser.add_argument("--new-tokens", type=int, help="new tokens of a row at most (default 16; 64 with --model)")
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--intermediate", type=int, default=384)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--kv-heads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", choices=("pgjax", other),
+                        help="run one side in this process and print its steps as JSON (what the children do)")
+    parser.add_argument("--random-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--plan-steps", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--json", help="save the results here")
