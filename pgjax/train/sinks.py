@@ -190,8 +190,7 @@ class WandB(Sink):
         if completions:
             import wandb
             columns = table_columns(completions)
-            # (wandb annotates the columns list[str | int], which a list[str] is not: lists are invariant)
-            row["completions"] = wandb.Table(columns=columns,  # type: ignore[arg-type]
+            row["completions"] = wandb.Table(columns=columns,
                                              data=[[r.get(c) for c in columns] for r in completions])
         self.run.log(row, step=record["step"])
 
