@@ -558,7 +558,8 @@ def compile_cache_first_steps(args) -> dict:
 
 
 def logits_gap(work: Workload, plan) -> float:
-    """Max |logit difference| of pgjax and torch on two of the plan's prompts (the same model?)."""
+    """Max |logit difference| of pgjax and torch on two of the plan's prompts: the check that both
+    sides loaded the same model (a gap near float32 rounding), reported beside the timings."""
     model = transformers.AutoModelForCausalLM.from_pretrained(work.directory, dtype=torch.float32)
     tokens, mask = encode_prompts(work.tokenizer, [e["prompt"] for e in plan[0][:2]], work.prompt_width,
                                   work.prompt_format)
