@@ -222,19 +222,25 @@ def test_the_contrast_table_tests_each_methods_change_and_the_last_window_across
     first = {m: np.mean(np.asarray(v)[:, :2], 1) for m, v in lengths.items()}
     last = {m: np.mean(np.asarray(v)[:, 2:], 1) for m, v in lengths.items()}
     table = study.contrast_table(out).splitlines()
-    assert table[0] == ("| contrast | metric | steps | mean difference | 95% CI (t across seeds) | p (t across seeds) "
-                        "| p (t paired by seed) |")
+    assert table[0] == ("| contrast | metric | steps | seeds | mean difference | 95% CI (t across seeds) "
+                        "| p (t across seeds) | p (t paired by seed) |")
     for row, method in zip(table[2:4], ("b", "a"), strict=True):
         change = last[method] - first[method]
         t = scipy_stats.ttest_1samp(change, 0.0)
         low, high = t.confidence_interval(0.95)
-        assert row == (f"| {method} | length_incorrect | 1-2 -> 3-4 | {change.mean():+.1f} | [{low:+.1f}, {high:+.1f}] "
-                       f"| {t.pvalue:.3g} (paired t) | - |")
+        assert row == (f"| {method} | length_incorrect | 1-2 -> 3-4 | 3 | {change.mean():+.1f} "
+                       f"| [{low:+.1f}, {high:+.1f}] | {t.pvalue:.3g} (paired t) | - |")
     welch = scipy_stats.ttest_ind(last["b"], last["a"], equal_var=False)
     low, high = welch.confidence_interval(0.95)
     paired_p = scipy_stats.ttest_rel(last["b"], last["a"]).pvalue
-    assert table[4] == (f"| b - a | length_incorrect | 3-4 | {last['b'].mean() - last['a'].mean():+.1f} "
+    assert table[4] == (f"| b - a | length_incorrect | 3-4 | 3, 3 | {last['b'].mean() - last['a'].mean():+.1f} "
                         f"| [{low:+.1f}, {high:+.1f}] | {welch.pvalue:.3g} (Welch t) | {paired_p:.3g} |")
+    studies.kept_record("a_s2", out).unlink()             # a with two seeds: Welch's t only, no pairing
+    welch = scipy_stats.ttest_ind(last["b"], last["a"][:2], equal_var=False)
+    low, high = welch.confidence_interval(0.95)
+    assert study.contrast_table(out).splitlines()[4] == (
+        f"| b - a | length_incorrect | 3-4 | 3, 2 | {last['b'].mean() - last['a'][:2].mean():+.1f} "
+        f"| [{low:+.1f}, {high:+.1f}] | {welch.pvalue:.3g} (Welch t) | - |")
     assert dataclasses.replace(study, record_contrasts=()).contrast_table(out) is None
     with pytest.raises(ValueError, match="record_contrasts are \\(B, A\\) pairs of its methods"):
         dataclasses.replace(study, record_contrasts=(("b", "c"),))

@@ -358,7 +358,7 @@ class Study:
                     change = across_seeds([last[s] for s in seeds], [first[s] for s in seeds])
                     (start, end), (start_last, end_last) = min(windows), max(windows)
                     rows.append(self._contrast_row(method, name, f"{start}-{end} -> {start_last}-{end_last}",
-                                                   change, "paired t", None))
+                                                   str(len(seeds)), change, "paired t", None))
             for b, a in self.record_contrasts:
                 shared = sorted(set(means[b]) & set(means[a]))
                 at_b, at_a = (means[b][shared[-1]], means[a][shared[-1]]) if shared else ({}, {})
@@ -367,22 +367,26 @@ class Study:
                     paired_t = (across_seeds([at_b[s] for s in seeds], [at_a[s] for s in seeds])
                                 if seeds == sorted(at_a) else None)
                     rows.append(self._contrast_row(f"{b} - {a}", name, f"{shared[-1][0]}-{shared[-1][1]}",
+                                                   f"{len(at_b)}, {len(at_a)}",
                                                    welch_across_seeds(list(at_b.values()), list(at_a.values())),
                                                    "Welch t", paired_t))
         if not rows:
             return None
-        return "\n".join([markdown.table(["contrast", "metric", "steps", "mean difference", "95% CI (t across seeds)",
-                                           "p (t across seeds)", "p (t paired by seed)"], rows, "lllrrrr"), "",
+        return "\n".join([markdown.table(["contrast", "metric", "steps", "seeds", "mean difference",
+                                           "95% CI (t across seeds)", "p (t across seeds)", "p (t paired by seed)"],
+                                          rows, "llllrrrr"), "",
                           "Each seed's mean over a window of steps, from the kept records; a method's row: its last "
                           "window minus its first, Student's t paired by seed; B - A: the last window both have, "
+                          "seeds: how many of B's and of A's, "
                           "Welch's t over the two methods' seeds and, where they share their seeds, the t paired "
                           "by seed (pgjax.evaluation.statistics). The seeds are the sample: few seeds, few degrees "
                           "of freedom."])
 
     @staticmethod
-    def _contrast_row(label: str, name: str, steps: str, stats: dict, test: str, paired_t: dict | None) -> list:
+    def _contrast_row(label: str, name: str, steps: str, seeds: str, stats: dict, test: str,
+                      paired_t: dict | None) -> list:
         digits = digits_of(name)
-        return [label, name, steps, f"{stats['mean']:+.{digits}f}",
+        return [label, name, steps, seeds, f"{stats['mean']:+.{digits}f}",
                 "[{:+.{d}f}, {:+.{d}f}]".format(*stats["ci95"], d=digits), f"{stats['p_value']:.3g} ({test})",
                 "-" if paired_t is None else f"{paired_t['p_value']:.3g}"]
 
