@@ -101,7 +101,6 @@ runs in its own process and reports its peak RSS.)
 """
 import argparse
 import dataclasses
-import functools
 import json
 import os
 import platform
@@ -293,22 +292,13 @@ class PgjaxStep:
 def time_method(obj, name, totals, on_call=None, on_return=None):
     """Wrap the bound method ``obj.name`` to add its seconds to ``totals[name]`` (and pass its
     arguments to ``on_call``, its result to ``on_return``)."""
-    method = getattr(obj, name)
-
-    @functools.wraps(method)
-    def timed(*args, **kwargs):
-        if on_call:
-            on_call(*args, **kwargs)
-        start = time.perf_counter()
-        try:
-            result = method(*args, **kwargs)
-        finally:
-            totals[name] = totals.get(name, 0.0) + time.perf_counter() - start
+    def timed(result, seconds):
+        totals[name] = totals.get(name, 0.0) + seconds
         if on_return:
             on_return(result)
         return result
 
-    setattr(obj, name, timed)
+    measure.wrap_method(obj, name, on_call, timed)
 
 
 class TrlTimer(transformers.TrainerCallback):

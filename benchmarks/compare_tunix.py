@@ -223,22 +223,6 @@ def tunix_logits_gap(model, directory: str, tokenizer, prompt_format: PromptForm
     return float(np.abs(np.asarray(logits)[real] - expected[real]).max())
 
 
-def wrap(obj, name: str, before=None, after=None):
-    """Replace the bound method ``obj.name`` by one that calls ``before(*args, **kwargs)`` first and returns
-    ``after(result, seconds)``."""
-    method = getattr(obj, name)
-
-    @functools.wraps(method)
-    def wrapped(*args, **kwargs):
-        if before:
-            before(*args, **kwargs)
-        start = time.perf_counter()
-        result = method(*args, **kwargs)
-        return after(result, time.perf_counter() - start)
-
-    setattr(obj, name, wrapped)
-
-
 class TunixSteps:
     """Times each global step of a tunix ``GRPOLearner`` (split by wrapping its methods) and sets each step's
     sampling seed; checks the prompt tokens the sampler fed the model."""
@@ -247,10 +231,10 @@ class TunixSteps:
         self.learner, self.rollout, self.tokenizer = learner, rollout, tokenizer
         self.samples, self.seed, self.warmup = samples, seed, warmup
         self.steps, self.totals, self.k = [], {}, 0
-        wrap(learner.rl_cluster, "generate", self.seed_step, self.sampled)
-        wrap(learner, "_compute_rewards", after=self.rewarded)
-        wrap(learner, "_generate_and_compute_advantage", after=self.prepared)
-        wrap(learner, "_run_global_step", self.begin, self.end)
+        measure.wrap_method(learner.rl_cluster, "generate", self.seed_step, self.sampled)
+        measure.wrap_method(learner, "_compute_rewards", after=self.rewarded)
+        measure.wrap_method(learner, "_generate_and_compute_advantage", after=self.prepared)
+        measure.wrap_method(learner, "_run_global_step", self.begin, self.end)
 
     def seed_step(self, prompts, *_, **__):
         self.rollout.seed = step_seed(self.seed, self.k)

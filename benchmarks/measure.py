@@ -10,6 +10,7 @@ PyTorch is imported only by the functions that compare with it, so a machine wit
 accelerator script's) can use the rest.
 """
 import argparse
+import functools
 import resource
 import time
 
@@ -80,6 +81,23 @@ def logits_gap(ref, model, tokens, mask) -> float:
                        position_ids=torch.from_numpy(positions).long()).logits.numpy()
     real = mask.astype(bool)
     return float(np.abs(np.asarray(model(tokens, mask))[real] - expected[real]).max())
+
+
+def wrap_method(obj, name: str, before=None, after=None) -> None:
+    """Replace the bound method ``obj.name`` by one that calls ``before(*args, **kwargs)`` first (when
+    given) and returns ``after(result, seconds)``: how the matched-work harnesses split a peer's step
+    into its parts without editing the peer."""
+    method = getattr(obj, name)
+
+    @functools.wraps(method)
+    def wrapped(*args, **kwargs):
+        if before:
+            before(*args, **kwargs)
+        start = time.perf_counter()
+        result = method(*args, **kwargs)
+        return after(result, time.perf_counter() - start)
+
+    setattr(obj, name, wrapped)
 
 
 def add_harness_arguments(parser: argparse.ArgumentParser, other: str) -> None:

@@ -24,6 +24,10 @@ import time
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from provenance import record
+from readme_tables import save_table
+
+from pgjax import markdown
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SLOWEST = 25
@@ -102,7 +106,6 @@ def share(part: float, whole: float) -> str:
 def profile_table(records: dict) -> list[str]:
     """The slowest tests: wall seconds, compile-path seconds (trace, lower, backend) and their share of
     the wall time, programs compiled and read from the cache, subprocess CPU seconds."""
-    from pgjax import markdown
     slowest = sorted(records.items(), key=lambda item: -item[1]["wall"])[:SLOWEST]
     rows = []
     for name, r in slowest:
@@ -116,7 +119,6 @@ def profile_table(records: dict) -> list[str]:
 
 def totals_table(records: dict, wall: float) -> list[str]:
     """The whole run: its wall time and, summed over the tests of both workers, each part."""
-    from pgjax import markdown
     total = {key: sum(r[key] for r in records.values()) for key in
              ("wall", "trace", "lower", "backend", "compiled", "cache_hits", "subprocess_cpu")}
     return markdown.table(
@@ -131,8 +133,6 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="save the tables and every test's record here")
     args, pytest_arguments = parser.parse_known_args(argv)
-    from provenance import record
-    from readme_tables import save_table
     provenance = record()
     with tempfile.TemporaryDirectory(prefix="pgjax-profile-") as scratch:
         output, cache = pathlib.Path(scratch) / "records", pathlib.Path(scratch) / "jax_compilation"
