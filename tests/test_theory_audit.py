@@ -201,6 +201,60 @@ def test_per_step_rloo_moments_match_brute_force_enumeration():
     assert result.direction_bias < TOL
 
 
+@pytest.mark.parametrize("policy", ["tabular", "shared"])
+@pytest.mark.parametrize("name, correction", [("grpo", None), ("rloo", "token"), ("ppo", None)])
+def test_audit_moments_are_each_pairs_own_gradient_weighted_by_its_probability(policy, name, correction):
+    """E[g], E|g|^2 and the token weights' sums by a plain loop over every pair of responses to every
+    prompt, each g = -jax.grad in theta of ``core.loss`` on a Batch built here, its rows sampled from
+    pi or (with an off-policy correction) from a behaviour policy mu; the audit's chain rule through the
+    log-probs' Jacobian must give the same numbers."""
+    from pgjax.theory import off_policy as op
+    from pgjax.theory.audit import correction_weights
+    mdp = mdp_lib.make_mdp(vocab=3, horizon=2, prompts=2, reward="process", seed=5)
+    pol = mdp_lib.tabular_policy(mdp) if policy == "tabular" else mdp_lib.shared_policy(mdp)
+    rng = np.random.default_rng(6)
+    theta = jnp.asarray(rng.normal(size=pol[1]))
+    algo = core.preset(name)
+    hp = algo.hparams.replace(kl_coef=0.0)
+    mu_logits = None
+    if correction is not None:
+        algo, hp = op.Correction(correction, correction).apply(algo)
+        mu_logits = pol[0](theta) + jnp.asarray(rng.normal(size=(mdp.num_prompts, mdp.num_states, mdp.vocab)))
+    logits = pol[0](theta)
+    sampler = logits if mu_logits is None else mu_logits
+    values = np.asarray(mdp_lib.state_values(mdp, logits))
+    greedy = np.asarray(mdp_lib.greedy_rewards(mdp, logits))
+    draw_logp = np.asarray(mdp_lib.trajectory_logprobs(mdp, sampler))                     # [P, N, T]
+
+    def batch(th, p, rows):
+        logp = mdp_lib.trajectory_logprobs(mdp, pol[0](th))[p, rows]
+        return core.Batch(mask=jnp.asarray(mdp.mask)[rows], rewards=jnp.asarray(mdp.rewards)[p, rows], logp=logp,
+                          values=jnp.asarray(values)[p][jnp.asarray(mdp.states)[rows]],
+                          greedy_rewards=jnp.full((2,), greedy[p]), group_size=2,
+                          behaviour_logp=None if mu_logits is None else jnp.asarray(draw_logp)[p, rows])
+
+    def loss(th, p, rows):
+        b = batch(th, p, rows)
+        b = b.replace(advantages=algo.advantages(b.replace(logp=jax.lax.stop_gradient(b.logp)), hp))
+        return algo.loss(b, hp, core.loss_normalizer(b.mask, 2))[0]
+
+    gradient = jax.jit(jax.grad(loss), static_argnums=1)
+    weights = jax.jit(lambda th, p, rows: correction_weights(algo, hp, batch(th, p, rows)), static_argnums=1)
+    mean, second, sums = 0.0, 0.0, np.zeros(3)
+    for p in range(mdp.num_prompts):
+        for rows in itertools.product(range(mdp.num_trajectories), repeat=2):
+            weight = mdp.prompt_probs[p] * np.exp(draw_logp[p, list(rows)].sum())
+            g = -np.asarray(gradient(theta, p, jnp.asarray(rows))).reshape(-1)
+            c = np.asarray(weights(theta, p, jnp.asarray(rows)))
+            mean, second = mean + weight * g, second + weight * g @ g
+            sums += weight * np.array([mdp.mask[list(rows)].sum(), c.sum(), (c * c).sum()])
+    result = audit(mdp, pol, theta, algo, hp, k=2, behaviour_logits=mu_logits)
+    np.testing.assert_allclose(result.mean, mean, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(result.second_moment_trace, second, rtol=1e-10)
+    np.testing.assert_allclose([result.token_count, result.weight_sum, result.weight_sq_sum], sums, rtol=1e-10)
+    assert np.linalg.norm(mean) > 1e-3 and (correction is None or sums[2] - sums[0] > 1e-3)   # not trivial
+
+
 def test_greedy_values_follow_the_argmax_from_every_prefix():
     """A plain walk down the token tree from each prefix, taking the argmax token each step."""
     mdp, pol, theta = _setup(reward="process")

@@ -74,16 +74,16 @@ def _tuples(num_trajectories: int, k: int) -> np.ndarray:
     return np.stack([g.reshape(-1) for g in grids], axis=1)
 
 
-def _batch(mdp, prompt, rows, logp_all, values_all, greedy, k, behaviour_all=None, reference_all=None):
-    """The library's Batch for K responses ``rows`` to ``prompt`` (with mu's and the reference policy's
-    log-probs when given)."""
+def _batch(mdp, prompt, rows, logp, values_all, greedy, k, behaviour_all=None, reference_all=None):
+    """The library's Batch for K responses ``rows`` to ``prompt`` whose log-probs are ``logp`` [K, T]
+    (with mu's and the reference policy's log-probs when given)."""
     mask = jnp.asarray(mdp_lib.loss_mask(mdp))[rows]
     rewards = jnp.asarray(mdp.outcome_rewards)[prompt, rows] if mdp.outcome \
         else jnp.asarray(mdp.rewards)[prompt, rows]
     values = values_all[prompt][jnp.asarray(mdp.states)[rows]]
     behaviour = None if behaviour_all is None else behaviour_all[prompt, rows]
     reference = None if reference_all is None else reference_all[prompt, rows]
-    return core.Batch(mask=mask, rewards=rewards, logp=logp_all[prompt, rows], values=values,
+    return core.Batch(mask=mask, rewards=rewards, logp=logp, values=values,
                       greedy_rewards=jnp.full((k,), greedy[prompt]), group_size=k, behaviour_logp=behaviour,
                       ref_logp=reference)
 
@@ -131,37 +131,50 @@ def spec_correction_weights(spec: core.Spec, hp: core.HParams, batch: core.Batch
 _COMPILED: dict = {}
 
 
-def _moments_fn(mdp, logits_fn, algo: core.Estimator, hp, k: int):
+def _moments_fn(mdp, algo: core.Estimator, hp, k: int):
     """The jitted chunk moments (sum_i w_i g_i, sum_i w_i |g_i|^2 and the weighted sums of E[sum_t 1],
-    E[sum_t c_t], E[sum_t c_t^2]) for one (MDP, policy, estimator, hyperparameters, K); kept, so that
-    audits at other parameters or behaviour policies reuse its compilation (a preset is known by its
-    spec, any other estimator by its identity). ``hp`` stays a constant of the program (as the loss
-    sees it eagerly: its concrete checks still raise)."""
+    E[sum_t c_t], E[sum_t c_t^2]) for one (MDP, estimator, hyperparameters, K); kept, so that audits at
+    other parameters, policies or behaviour policies reuse its compilation (a preset is known by its spec,
+    any other estimator by its identity). ``hp`` stays a constant of the program (as the loss sees it
+    eagerly: its concrete checks still raise).
+
+    theta enters a batch only through its log-probs, so one tuple's estimate is, by the chain rule,
+
+      g = -sum_{k,t} dL/dlogp_{k,t} J[p, tau_k, t],      J = d logp / d theta [P, N, T, D],
+
+    and with the Gram matrix G[p, n, t, m, u] = <J[p, n, t], J[p, m, u]>, both taken once per audit,
+
+      sum_i w_i g_i   = -sum_{n,t} (sum_i w_i sum_k [tau_ik = n] dL_i/dlogp_{k,t}) J[p, n, t],
+      |g_i|^2         = sum_{k,t,l,u} dL_i/dlogp_{k,t} dL_i/dlogp_{l,u} G[p, tau_ik, t, tau_il, u]:
+
+    a tuple costs the loss's gradient in its own K x T log-probs, not a backward pass through the policy."""
     hp_key = tuple(np.asarray(x, np.float64).tobytes() for x in jax.tree.leaves(hp))
     static = algo.spec if isinstance(algo, core.Algorithm) else id(algo)
-    key = (id(mdp), id(logits_fn), static, hp_key, k)
+    key = (id(mdp), static, hp_key, k)
     hit = _COMPILED.get(key)
-    if hit is not None and hit[0] is mdp and hit[1] is logits_fn and (isinstance(algo, core.Algorithm)
-                                                                      or hit[3] is algo):
-        return hit[2]
+    if hit is not None and hit[0] is mdp and (isinstance(algo, core.Algorithm) or hit[2] is algo):
+        return hit[1]
 
-    def estimate(th, values_all, greedy, behaviour_all, reference_all, prompt, rows):
-        def batch(t):
-            logp_all = mdp_lib.loss_logprobs(mdp, logits_fn(t))
-            return _batch(mdp, prompt, rows, logp_all, values_all, greedy, k, behaviour_all, reference_all)
-        c = correction_weights(algo, hp, batch(th))
+    def estimate(logp_all, gram, values_all, greedy, behaviour_all, reference_all, prompt, rows):
+        def batch(logp):
+            return _batch(mdp, prompt, rows, logp, values_all, greedy, k, behaviour_all, reference_all)
+        logp = logp_all[prompt, rows]                                                     # [K, T]
+        c = correction_weights(algo, hp, batch(logp))
         sums = jnp.stack([jnp.sum(jnp.asarray(mdp_lib.loss_mask(mdp))[rows]), jnp.sum(c), jnp.sum(c * c)])
-        return -jax.grad(lambda t: estimate_loss(algo, batch(t), hp))(th).reshape(-1), sums
+        dloss = jax.grad(lambda lp: estimate_loss(algo, batch(lp), hp))(logp)            # [K, T]
+        square = jnp.einsum("kt,ktlu,lu->", dloss, gram[prompt][rows][:, :, rows], dloss)
+        return dloss, square, sums
 
     @jax.jit
-    def moments(th, values_all, greedy, behaviour_all, reference_all, prompt, rows, weights):
-        g, sums = jax.vmap(estimate, in_axes=(None, None, None, None, None, None, 0))(
-            th, values_all, greedy, behaviour_all, reference_all, prompt, rows)
-        return weights @ g, weights @ jnp.sum(g * g, axis=1), weights @ sums
+    def moments(logp_all, jacobian, gram, values_all, greedy, behaviour_all, reference_all, prompt, rows, weights):
+        dloss, square, sums = jax.vmap(estimate, in_axes=(None, None, None, None, None, None, None, 0))(
+            logp_all, gram, values_all, greedy, behaviour_all, reference_all, prompt, rows)
+        weighted = jnp.zeros(logp_all.shape[1:], dloss.dtype).at[rows].add(weights[:, None, None] * dloss)
+        return -jnp.einsum("nt,ntd->d", weighted, jacobian[prompt]), weights @ square, weights @ sums
 
     if len(_COMPILED) >= 64:
         _COMPILED.clear()
-    _COMPILED[key] = (mdp, logits_fn, moments, algo)
+    _COMPILED[key] = (mdp, moments, algo)
     return moments
 
 
@@ -202,7 +215,11 @@ def audit(mdp: mdp_lib.TokenMDP, policy, theta, algo: core.Estimator, hp=None,
     traj_logp = np.asarray(jnp.sum(mdp_lib.step_logprobs(mdp, sampler), axis=2))         # [P, N]
     tuples = _tuples(mdp.num_trajectories, k)
     true_grad = np.asarray(jax.grad(lambda th: mdp_lib.objective(mdp, logits_fn(th)))(theta)).reshape(-1)
-    moments = _moments_fn(mdp, logits_fn, algo, hp, k)
+    moments = _moments_fn(mdp, algo, hp, k)
+    loss_logp = lambda th: mdp_lib.loss_logprobs(mdp, logits_fn(th))                     # noqa: E731
+    logp_all = loss_logp(theta)                                                            # [P, N, T]
+    jacobian = jax.jacfwd(loss_logp)(theta).reshape(logp_all.shape + (-1,))               # [P, N, T, D]
+    gram = jnp.einsum("pntd,pmud->pntmu", jacobian, jacobian)                            # [P, N, T, N, T]
 
     algo.check_hparams(hp, k)
     mean = np.zeros(true_grad.shape)
@@ -216,8 +233,8 @@ def audit(mdp: mdp_lib.TokenMDP, policy, theta, algo: core.Estimator, hp=None,
                 pad = chunk - len(rows)
                 rows = np.concatenate([rows, np.zeros((pad, k), rows.dtype)])
                 w = np.concatenate([w, np.zeros(pad)])
-            m, s, c = moments(theta, values_all, greedy, behaviour_all, reference_all, p, jnp.asarray(rows),
-                              jnp.asarray(w, theta.dtype))
+            m, s, c = moments(logp_all, jacobian, gram, values_all, greedy, behaviour_all, reference_all, p,
+                              jnp.asarray(rows), jnp.asarray(w, theta.dtype))
             mean += np.asarray(m)
             second += float(s)
             sums += np.asarray(c)
