@@ -74,13 +74,19 @@ def _tuples(num_trajectories: int, k: int) -> np.ndarray:
     return np.stack([g.reshape(-1) for g in grids], axis=1)
 
 
-def _batch(mdp, prompt, rows, logp, values_all, greedy, k, behaviour_all=None, reference_all=None):
+def _tables(mdp: mdp_lib.TokenMDP) -> tuple:
+    """What a batch reads of the MDP, as arrays: the loss mask [N, T], the rewards the estimator sees
+    [P, N, T] (outcome rewards on the last token, or per-step ones) and each step's state [N, T]."""
+    rewards = mdp.outcome_rewards if mdp.outcome else mdp.rewards
+    return jnp.asarray(mdp_lib.loss_mask(mdp)), jnp.asarray(rewards), jnp.asarray(mdp.states)
+
+
+def _batch(tables, prompt, rows, logp, values_all, greedy, k, behaviour_all=None, reference_all=None):
     """The library's Batch for K responses ``rows`` to ``prompt`` whose log-probs are ``logp`` [K, T]
-    (with mu's and the reference policy's log-probs when given)."""
-    mask = jnp.asarray(mdp_lib.loss_mask(mdp))[rows]
-    rewards = jnp.asarray(mdp.outcome_rewards)[prompt, rows] if mdp.outcome \
-        else jnp.asarray(mdp.rewards)[prompt, rows]
-    values = values_all[prompt][jnp.asarray(mdp.states)[rows]]
+    (``tables``: ``_tables`` of the MDP; with mu's and the reference policy's log-probs when given)."""
+    mask_all, rewards_all, states = tables
+    mask, rewards = mask_all[rows], rewards_all[prompt, rows]
+    values = values_all[prompt][states[rows]]
     behaviour = None if behaviour_all is None else behaviour_all[prompt, rows]
     reference = None if reference_all is None else reference_all[prompt, rows]
     return core.Batch(mask=mask, rewards=rewards, logp=logp, values=values,
@@ -131,12 +137,12 @@ def spec_correction_weights(spec: core.Spec, hp: core.HParams, batch: core.Batch
 _COMPILED: dict = {}
 
 
-def _moments_fn(mdp, algo: core.Estimator, hp, k: int):
+def _moments_fn(algo: core.Estimator, hp, k: int):
     """The jitted chunk moments (sum_i w_i g_i, sum_i w_i |g_i|^2 and the weighted sums of E[sum_t 1],
-    E[sum_t c_t], E[sum_t c_t^2]) for one (MDP, estimator, hyperparameters, K); kept, so that audits at
-    other parameters, policies or behaviour policies reuse its compilation (a preset is known by its spec,
-    any other estimator by its identity). ``hp`` stays a constant of the program (as the loss sees it
-    eagerly: its concrete checks still raise).
+    E[sum_t c_t], E[sum_t c_t^2]) for one (estimator, hyperparameters, K); kept, so that audits of MDPs of
+    the same shapes, at other parameters, policies or behaviour policies, reuse its compilation (a preset
+    is known by its spec, any other estimator by its identity). ``hp`` stays a constant of the program
+    (as the loss sees it eagerly: its concrete checks still raise).
 
     theta enters a batch only through its log-probs, so one tuple's estimate is, by the chain rule,
 
@@ -150,31 +156,32 @@ def _moments_fn(mdp, algo: core.Estimator, hp, k: int):
     a tuple costs the loss's gradient in its own K x T log-probs, not a backward pass through the policy."""
     hp_key = tuple(np.asarray(x, np.float64).tobytes() for x in jax.tree.leaves(hp))
     static = algo.spec if isinstance(algo, core.Algorithm) else id(algo)
-    key = (id(mdp), static, hp_key, k)
+    key = (static, hp_key, k)
     hit = _COMPILED.get(key)
-    if hit is not None and hit[0] is mdp and (isinstance(algo, core.Algorithm) or hit[2] is algo):
-        return hit[1]
+    if hit is not None and (isinstance(algo, core.Algorithm) or hit[1] is algo):
+        return hit[0]
 
-    def estimate(logp_all, gram, values_all, greedy, behaviour_all, reference_all, prompt, rows):
+    def estimate(tables, logp_all, gram, values_all, greedy, behaviour_all, reference_all, prompt, rows):
         def batch(logp):
-            return _batch(mdp, prompt, rows, logp, values_all, greedy, k, behaviour_all, reference_all)
+            return _batch(tables, prompt, rows, logp, values_all, greedy, k, behaviour_all, reference_all)
         logp = logp_all[prompt, rows]                                                     # [K, T]
         c = correction_weights(algo, hp, batch(logp))
-        sums = jnp.stack([jnp.sum(jnp.asarray(mdp_lib.loss_mask(mdp))[rows]), jnp.sum(c), jnp.sum(c * c)])
+        sums = jnp.stack([jnp.sum(tables[0][rows]), jnp.sum(c), jnp.sum(c * c)])
         dloss = jax.grad(lambda lp: estimate_loss(algo, batch(lp), hp))(logp)            # [K, T]
         square = jnp.einsum("kt,ktlu,lu->", dloss, gram[prompt][rows][:, :, rows], dloss)
         return dloss, square, sums
 
     @jax.jit
-    def moments(logp_all, jacobian, gram, values_all, greedy, behaviour_all, reference_all, prompt, rows, weights):
-        dloss, square, sums = jax.vmap(estimate, in_axes=(None, None, None, None, None, None, None, 0))(
-            logp_all, gram, values_all, greedy, behaviour_all, reference_all, prompt, rows)
+    def moments(tables, logp_all, jacobian, gram, values_all, greedy, behaviour_all, reference_all, prompt, rows,
+                weights):
+        dloss, square, sums = jax.vmap(estimate, in_axes=(None,) * 8 + (0,))(
+            tables, logp_all, gram, values_all, greedy, behaviour_all, reference_all, prompt, rows)
         weighted = jnp.zeros(logp_all.shape[1:], dloss.dtype).at[rows].add(weights[:, None, None] * dloss)
         return -jnp.einsum("nt,ntd->d", weighted, jacobian[prompt]), weights @ square, weights @ sums
 
     if len(_COMPILED) >= 64:
         _COMPILED.clear()
-    _COMPILED[key] = (mdp, moments, algo)
+    _COMPILED[key] = (moments, algo)
     return moments
 
 
@@ -215,7 +222,8 @@ def audit(mdp: mdp_lib.TokenMDP, policy, theta, algo: core.Estimator, hp=None,
     traj_logp = np.asarray(jnp.sum(mdp_lib.step_logprobs(mdp, sampler), axis=2))         # [P, N]
     tuples = _tuples(mdp.num_trajectories, k)
     true_grad = np.asarray(jax.grad(lambda th: mdp_lib.objective(mdp, logits_fn(th)))(theta)).reshape(-1)
-    moments = _moments_fn(mdp, algo, hp, k)
+    moments = _moments_fn(algo, hp, k)
+    tables = _tables(mdp)
     loss_logp = lambda th: mdp_lib.loss_logprobs(mdp, logits_fn(th))                     # noqa: E731
     logp_all = loss_logp(theta)                                                            # [P, N, T]
     jacobian = jax.jacfwd(loss_logp)(theta).reshape(logp_all.shape + (-1,))               # [P, N, T, D]
@@ -233,7 +241,7 @@ def audit(mdp: mdp_lib.TokenMDP, policy, theta, algo: core.Estimator, hp=None,
                 pad = chunk - len(rows)
                 rows = np.concatenate([rows, np.zeros((pad, k), rows.dtype)])
                 w = np.concatenate([w, np.zeros(pad)])
-            m, s, c = moments(logp_all, jacobian, gram, values_all, greedy, behaviour_all, reference_all, p,
+            m, s, c = moments(tables, logp_all, jacobian, gram, values_all, greedy, behaviour_all, reference_all, p,
                               jnp.asarray(rows), jnp.asarray(w, theta.dtype))
             mean += np.asarray(m)
             second += float(s)
