@@ -8,7 +8,9 @@ resolved through the program's ``StackFrames`` table (the optimised HLO, dumped 
 the operation is booked to the innermost pgjax function of ``PARTS``. The table gives each part's
 milliseconds per token step (op time summed over XLA's threads), its share, and a rate: the matmuls'
 GFLOP/s, and for attention the GB/s of the KV cache it reads (every one of the cache's slots, filled
-or not, at every step).
+or not, at every step). The roofline bound of a part is max(FLOPs / peak, bytes read / bandwidth), with
+this host's measured ``jnp.dot`` peak and the bytes per second a jitted ``jnp.sum`` reads of 512 MiB;
+"of its bound" is the bound's share of the part's time (100% = at the roofline).
 
     python benchmarks/decode_profile.py --model models/smollm2-135m-instruct --batch 64 --new-tokens 128 \\
         --json benchmarks/results/decode_profile_smollm2.json
@@ -130,15 +132,28 @@ def op_times(trace_file: pathlib.Path, stacks: dict) -> tuple[collections.Counte
 
 
 def work_per_step(config, rows: int, cache_slots: int) -> dict:
-    """FLOPs of each matmul part and bytes of KV cache attention reads (the cache holds the compute
-    dtype), per token step of ``rows`` rows."""
+    """(FLOPs, bytes read) per token step of ``rows`` rows: of each matmul part, its FLOPs and its weights
+    plus the rows' inputs and outputs; of attention over the KV cache, the cache's bytes (the cache holds
+    the compute dtype), which is what bounds it."""
     c = config
-    d, layers, dh, itemsize = c.hidden_size, c.num_hidden_layers, c.head_dim, jnp.dtype(c.compute_dtype).itemsize
-    return {"MLP matmuls": 2 * rows * 3 * d * c.intermediate_size * layers,
-            "q, k, v projections": 2 * rows * d * (c.num_attention_heads + 2 * c.num_key_value_heads) * dh * layers,
-            "attention output projection": 2 * rows * c.num_attention_heads * dh * d * layers,
-            "unembedding (logits)": 2 * rows * d * c.vocab_size,
-            "attention over the KV cache": 2 * layers * rows * c.num_key_value_heads * cache_slots * dh * itemsize}
+    d, layers, dh, item = c.hidden_size, c.num_hidden_layers, c.head_dim, jnp.dtype(c.compute_dtype).itemsize
+    qkv = (c.num_attention_heads + 2 * c.num_key_value_heads) * dh
+    shapes = {"MLP matmuls": [(d, c.intermediate_size)] * 2 * layers + [(c.intermediate_size, d)] * layers,
+              "q, k, v projections": [(d, qkv)] * layers,
+              "attention output projection": [(c.num_attention_heads * dh, d)] * layers,
+              "unembedding (logits)": [(d, c.vocab_size)]}
+    work = {part: (sum(2 * rows * i * o for i, o in mats), sum((i * o + rows * (i + o)) * item for i, o in mats))
+            for part, mats in shapes.items()}
+    cache = 2 * layers * rows * c.num_key_value_heads * cache_slots * dh * item
+    work["attention over the KV cache"] = (0, cache)
+    return work
+
+
+def roofline(flops: float, bytes_read: float, peak: float, bandwidth: float) -> tuple[float, str]:
+    """The roofline's lower bound on a part's seconds, max(flops / peak, bytes / bandwidth), and which
+    side binds it ("compute" or "memory")."""
+    compute, memory = flops / peak, bytes_read / bandwidth
+    return max(compute, memory), "compute" if compute >= memory else "memory"
 
 
 def main(argv=None):
@@ -171,7 +186,7 @@ def main(argv=None):
     steps, wall = args.new_tokens, float(np.median(seconds))
     work = work_per_step(model.config, args.batch, tokens.shape[1] + args.new_tokens)
     total = sum(parts.values())
-    peak = measure.matmul_peak()["jnp.dot"]
+    peak, bandwidth = measure.matmul_peak()["jnp.dot"], measure.memory_bandwidth()
     header = (f"jax {jax.__version__}; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; "
               f"{os.path.basename(os.path.normpath(args.model))}, float32, a run's model options "
               f"({ModelSection().runtime_options()})")
@@ -179,23 +194,34 @@ def main(argv=None):
              f"median of {args.repeats} untraced calls {wall:.2f} s ({wall / steps * 1e3:.0f} ms a token step, "
              f"{args.batch * steps / wall:.0f} tokens/s), first call {first:.1f} s; the traced call: "
              f"{total / 1e3 / steps:.0f} ms of XLA operations a step summed over threads, "
-             f"{covered / 1e3 / steps:.0f} ms of wall time with one running; jnp.dot peak (2048^3) "
-             f"{peak / 1e9:.0f} GFLOP/s")
+             f"{covered / 1e3 / steps:.0f} ms of wall time with one running; roofline: jnp.dot peak (2048^3) "
+             f"{peak / 1e9:.0f} GFLOP/s, memory read (jnp.sum of 512 MiB) {bandwidth / 1e9:.1f} GB/s")
     print(header + "\n" + setup + "\n", flush=True)
     rows, cells = [], []
+    bound_ms = 0.0
     for part, micros in parts.most_common():
         ms = micros / 1e3 / steps
-        rate = ""
+        rate = bound_cell = share_cell = ""
+        bound = None
         if part in work:
-            per_second = work[part] / (ms / 1e3) / 1e9
-            rate = f"{per_second:.1f} GB/s of cache read" if part.startswith("attention over") else \
-                f"{per_second:.0f} GFLOP/s"
-        rows.append({"part": part, "ms_per_step": ms, "share": micros / total, "work_per_step": work.get(part)})
-        cells.append([part, f"{ms:.1f}", f"{100 * micros / total:.1f}%", rate])
-    table = markdown.table(["part of the decode step", "ms / token step", "share of op time", "rate"], cells)
+            flops, bytes_read = work[part]
+            bound, side = roofline(flops, bytes_read, peak, bandwidth)
+            bound_ms += bound * 1e3
+            rate = f"{bytes_read / (ms / 1e3) / 1e9:.1f} GB/s of cache read" if not flops else \
+                f"{flops / (ms / 1e3) / 1e9:.0f} GFLOP/s"
+            bound_cell, share_cell = f"{bound * 1e3:.1f} ({side})", f"{100 * bound * 1e3 / ms:.0f}%"
+        rows.append({"part": part, "ms_per_step": ms, "share": micros / total, "work_per_step": work.get(part),
+                     "roofline_ms": None if bound is None else bound * 1e3})
+        cells.append([part, f"{ms:.1f}", f"{100 * micros / total:.1f}%", rate, bound_cell, share_cell])
+    table = markdown.table(["part of the decode step", "ms / token step", "share of op time", "rate",
+                            "roofline bound, ms", "of its bound"], cells)
+    bounded = sum(r["ms_per_step"] for r in rows if r["roofline_ms"] is not None)
+    print(f"parts with a roofline: {bounded:.1f} ms a step against a bound of {bound_ms:.1f} ms "
+          f"({100 * bound_ms / bounded:.0f}%)")
     save_table(args.json, sys.argv[1:], table.splitlines(), header=header, setup=setup, parts=rows, seconds=seconds,
                first_call_s=first, op_ms_per_step=total / 1e3 / steps, covered_ms_per_step=covered / 1e3 / steps,
-               matmul_peak_flops=peak)
+               matmul_peak_flops=peak, memory_bandwidth=bandwidth, roofline_ms_per_step=bound_ms,
+               bounded_ms_per_step=bounded)
 
 
 if __name__ == "__main__":

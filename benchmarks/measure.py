@@ -35,6 +35,14 @@ def matmul_peak(size=2048, repeats=10) -> dict:
     return {"jnp.dot": rate(lambda: dot(x, x).block_until_ready()), "torch.mm": rate(lambda: torch.mm(ta, ta))}
 
 
+def memory_bandwidth(mib=512, repeats=5) -> float:
+    """Bytes/s a jitted ``jnp.sum`` reads of a float32 array of ``mib`` MiB (far above the caches), the
+    best of ``repeats``: the memory side of a roofline."""
+    x = jnp.ones((mib << 18,), jnp.float32)
+    total = jax.jit(jnp.sum)
+    return x.nbytes / min(call_times(lambda: total(x).block_until_ready(), repeats)[1])
+
+
 def call_times(fn, repeats: int) -> tuple[float, list[float]]:
     """(seconds of a warm-up call, seconds of each of ``repeats`` further calls) of ``fn`` (which blocks)."""
     start = time.perf_counter()

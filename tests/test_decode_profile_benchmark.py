@@ -129,12 +129,20 @@ def test_a_program_compiled_here_is_booked_through_its_own_stack_frames(decode_p
 
 
 def test_work_per_step_counts_each_matmul_and_the_cache_read(decode_profile):
+    """(FLOPs, bytes read) by hand for a 2-layer model, 3 rows, a 5-slot cache, float32."""
     from pgjax.models.transformer import ModelConfig
     c = ModelConfig(family="qwen2", vocab_size=100, hidden_size=8, intermediate_size=16, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, head_dim=2)
     work = decode_profile.work_per_step(c, rows=3, cache_slots=5)
-    assert work["MLP matmuls"] == 2 * 3 * (3 * 8 * 16) * 2
-    assert work["q, k, v projections"] == 2 * 3 * 8 * (4 + 2 * 2) * 2 * 2
-    assert work["attention output projection"] == 2 * 3 * 4 * 2 * 8 * 2
-    assert work["unembedding (logits)"] == 2 * 3 * 8 * 100
-    assert work["attention over the KV cache"] == 2 * 2 * 3 * 2 * 5 * 2 * 4     # K and V, float32 bytes
+    # MLP: gate and up 8 -> 16, down 16 -> 8, per layer; bytes: weights plus 3 rows in and out
+    assert work["MLP matmuls"] == (2 * 3 * (3 * 8 * 16) * 2, 4 * 2 * (3 * 8 * 16 + 3 * 3 * (8 + 16)))
+    assert work["q, k, v projections"] == (2 * 3 * 8 * (4 + 2 * 2) * 2 * 2, 4 * 2 * (8 * 16 + 3 * (8 + 16)))
+    assert work["attention output projection"] == (2 * 3 * 4 * 2 * 8 * 2, 4 * 2 * (8 * 8 + 3 * (8 + 8)))
+    assert work["unembedding (logits)"] == (2 * 3 * 8 * 100, 4 * (8 * 100 + 3 * (8 + 100)))
+    assert work["attention over the KV cache"] == (0, 2 * 2 * 3 * 2 * 5 * 2 * 4)     # K and V, float32 bytes
+
+
+def test_the_roofline_bound_is_the_slower_of_compute_and_memory(decode_profile):
+    assert decode_profile.roofline(2e9, 1e8, peak=1e11, bandwidth=1e10) == (0.02, "compute")
+    assert decode_profile.roofline(1e9, 1e9, peak=1e11, bandwidth=1e10) == (0.1, "memory")
+    assert decode_profile.roofline(0, 5e9, peak=1e11, bandwidth=1e10) == (0.5, "memory")
