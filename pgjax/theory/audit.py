@@ -206,7 +206,9 @@ def audit(mdp: mdp_lib.TokenMDP, policy, theta, algo: core.Estimator, hp=None,
     KL term (``Batch.ref_logp``; None: none, and the term must be off; ``true_grad`` stays grad J of the
     MDP's reward, without the KL term, whatever the estimator regularises). The result also holds
     E[sum_t 1], E[sum_t c_t] and E[sum_t c_t^2] of the correction's token weights
-    (``spec_correction_weights``).
+    (``spec_correction_weights``). Memory: the log-probs' Jacobian [P, N, T, D] and its Gram matrix
+    [P, N, T, N, T] (``_moments_fn``) are held for the whole audit, and each of the N^K / ``chunk``
+    programs' calls handles ``chunk`` tuples.
     """
     logits_fn, _ = policy
     hp = algo.hparams if hp is None else hp
