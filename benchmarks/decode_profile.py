@@ -198,7 +198,6 @@ def main(argv=None):
              f"{peak / 1e9:.0f} GFLOP/s, memory read (jnp.sum of 512 MiB) {bandwidth / 1e9:.1f} GB/s")
     print(header + "\n" + setup + "\n", flush=True)
     rows, cells = [], []
-    bound_ms = 0.0
     for part, micros in parts.most_common():
         ms = micros / 1e3 / steps
         rate = bound_cell = share_cell = ""
@@ -206,7 +205,6 @@ def main(argv=None):
         if part in work:
             flops, bytes_read = work[part]
             bound, side = roofline(flops, bytes_read, peak, bandwidth)
-            bound_ms += bound * 1e3
             rate = f"{bytes_read / (ms / 1e3) / 1e9:.1f} GB/s of cache read" if not flops else \
                 f"{flops / (ms / 1e3) / 1e9:.0f} GFLOP/s"
             bound_cell, share_cell = f"{bound * 1e3:.1f} ({side})", f"{100 * bound * 1e3 / ms:.0f}%"
@@ -215,7 +213,8 @@ def main(argv=None):
         cells.append([part, f"{ms:.1f}", f"{100 * micros / total:.1f}%", rate, bound_cell, share_cell])
     table = markdown.table(["part of the decode step", "ms / token step", "share of op time", "rate",
                             "roofline bound, ms", "of its bound"], cells)
-    bounded = sum(r["ms_per_step"] for r in rows if r["roofline_ms"] is not None)
+    bounded, bound_ms = (sum(r[key] for r in rows if r["roofline_ms"] is not None)
+                         for key in ("ms_per_step", "roofline_ms"))
     print(f"parts with a roofline: {bounded:.1f} ms a step against a bound of {bound_ms:.1f} ms "
           f"({100 * bound_ms / bounded:.0f}%)")
     save_table(args.json, sys.argv[1:], table.splitlines(), header=header, setup=setup, parts=rows, seconds=seconds,

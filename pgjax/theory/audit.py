@@ -168,7 +168,8 @@ def _moments_fn(algo: core.Estimator, hp, k: int):
         c = correction_weights(algo, hp, batch(logp))
         sums = jnp.stack([jnp.sum(tables[0][rows]), jnp.sum(c), jnp.sum(c * c)])
         dloss = jax.grad(lambda lp: estimate_loss(algo, batch(lp), hp))(logp)            # [K, T]
-        square = jnp.einsum("kt,ktlu,lu->", dloss, gram[prompt][rows][:, :, rows], dloss)
+        pairs = gram[prompt][rows[:, None], :, rows[None, :], :]                       # [K, K, T, T]
+        square = jnp.einsum("kt,kltu,lu->", dloss, pairs, dloss)
         return dloss, square, sums
 
     @jax.jit
