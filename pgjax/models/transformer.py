@@ -304,19 +304,24 @@ class Attention(nnx.Module):
         """Attend the T new tokens (at slots index..index+T-1) to every allowed key slot.
 
         Without ``cache`` the keys are the new tokens themselves (index 0, S = T);
-        with ``cache`` = (k, v) [B, KV, S, D] the new keys are written at their slots
-        first. ``bias`` [B, 1, 1, T, S] is ``attention_bias``. Returns the output and
-        the updated (k, v). ``dropout_key``: the adapters' dropout (training).
+        with ``cache`` = (keys [B, KV, D, S], values [B, KV, S, D]) (``CausalLM.init_cache``)
+        the new keys and values are written at their slots first. ``bias`` [B, 1, 1, T, S] is
+        ``attention_bias``. Returns the output and the updated (keys, values). ``dropout_key``: the
+        adapters' dropout (training).
         """
         q, k, v = self._project(x, rope, dropout_key)
-        k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)              # [B, KV, T, D]
-        if cache is not None:
-            k = jax.lax.dynamic_update_slice_in_dim(cache[0], k.astype(cache[0].dtype), index, axis=2)
+        v = v.transpose(0, 2, 1, 3)                                             # [B, KV, T, D]
+        if cache is None:
+            k = k.transpose(0, 2, 1, 3)                                         # [B, KV, T, D]
+        else:                                                                   # keys [B, KV, D, S]
+            k = jax.lax.dynamic_update_slice_in_dim(cache[0], k.transpose(0, 2, 3, 1).astype(cache[0].dtype),
+                                                    index, axis=3)
             v = jax.lax.dynamic_update_slice_in_dim(cache[1], v.astype(cache[1].dtype), index, axis=2)
+        cached = cache is not None
         if self.config.attention == "cudnn":
-            out = fused_attention(q, k, v, bias, self.config.query_pre_attn_scalar)
+            out = fused_attention(q, jnp.swapaxes(k, 2, 3) if cached else k, v, bias, self.config.query_pre_attn_scalar)
         else:
-            out = grouped_query_attention(q, k, v, bias, self.config.query_pre_attn_scalar)
+            out = grouped_query_attention(q, k, v, bias, self.config.query_pre_attn_scalar, keys_transposed=cached)
         b, t, h, d = out.shape
         out = out.reshape(b, t, h * d)
         projected = _adapted(out, self.o[...].reshape(h * d, -1), adapter(self, "o_proj"), dropout_key, 3)
@@ -375,19 +380,21 @@ def attention_bias(key_mask, positions, index, length: int, window: int | None =
     return jnp.where(allowed, 0.0, jnp.finfo(jnp.float32).min)[:, None, None]
 
 
-def grouped_query_attention(q, k, v, bias, query_scale=None):
+def grouped_query_attention(q, k, v, bias, query_scale=None, keys_transposed: bool = False):
     """softmax(q k^T / sqrt(s) + bias) v with H query heads sharing each of KV key/value heads;
     s = ``query_scale`` (Gemma's query_pre_attn_scalar), D when None.
 
-    q [B, T, H, D]; k, v [B, KV, S, D] (heads before slots, so the KV cache is read as
-    a plain batched matmul, never transposed); ``bias`` from ``attention_bias``.
-    Scores and softmax are float32.
+    q [B, T, H, D]; k, v [B, KV, S, D] (heads before slots, so each is read as a plain batched
+    matmul); ``keys_transposed``: k is [B, KV, D, S], the KV cache's layout (``CausalLM.init_cache``),
+    so q k^T is a plain matmul too, where [B, KV, S, D] keys are transposed by the CPU backend at
+    every decode step. ``bias`` from ``attention_bias``. Scores and softmax are float32.
     """
     b, t, h, d = q.shape
     kv = k.shape[1]
     grouped = q.reshape(b, t, kv, h // kv, d).transpose(0, 2, 3, 1, 4)               # [B, KV, G, T, D]
     scale = math.sqrt(d if query_scale is None else query_scale)
-    scores = jnp.einsum("bkgqd,bksd->bkgqs", grouped, k).astype(jnp.float32) / scale + bias
+    keys = "bkds" if keys_transposed else "bksd"
+    scores = jnp.einsum(f"bkgqd,{keys}->bkgqs", grouped, k).astype(jnp.float32) / scale + bias
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgqs,bksd->bkgqd", probs, v)
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
@@ -516,11 +523,13 @@ class CausalLM(nnx.Module):
         return _matmul(hidden, self.unembedding().astype(hidden.dtype))
 
     def init_cache(self, batch: int, length: int) -> tuple:
-        """An empty KV cache: per layer (k, v) zeros [batch, KV, length, D] in the compute dtype."""
+        """An empty KV cache in the compute dtype: per layer zero keys [batch, KV, D, length] and values
+        [batch, KV, length, D], each laid out so that attention reads it as the second operand of a plain
+        matmul (q k^T, then p v; ``grouped_query_attention``)."""
         c = self.config
-        shape = (batch, c.num_key_value_heads, length, c.head_dim)
-        zeros = jnp.zeros(shape, jnp.dtype(c.compute_dtype))
-        return tuple((zeros, zeros) for _ in range(c.num_hidden_layers))
+        keys = jnp.zeros((batch, c.num_key_value_heads, c.head_dim, length), jnp.dtype(c.compute_dtype))
+        values = jnp.zeros((batch, c.num_key_value_heads, length, c.head_dim), jnp.dtype(c.compute_dtype))
+        return tuple((keys, values) for _ in range(c.num_hidden_layers))
 
     def decode(self, tokens, key_mask, cache, index, *, last_only: bool = False):
         """Logits [B, T, V] of ``tokens`` [B, T] placed at cache slots index..index+T-1, and the new cache.

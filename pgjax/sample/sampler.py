@@ -202,11 +202,12 @@ def _check_prompts(prompts, prompt_mask, vocab_size, config):
 
 
 def _split_batch(tree, mesh):
-    """Every array of ``tree`` split along its batch axis (KV caches also along their KV heads)."""
+    """Every array of ``tree`` split along its batch axis (KV caches' keys [B, KV, D, S] and values
+    [B, KV, S, D] also along their KV heads)."""
     def one(x):
         if x.ndim == 0:
             return x                                    # a timeline's cursor
-        axes = ("batch", "kv_heads", None, "head_dim") if x.ndim == 4 else ("batch",) + (None,) * (x.ndim - 1)
+        axes = ("batch", "kv_heads", None, None) if x.ndim == 4 else ("batch",) + (None,) * (x.ndim - 1)
         return constrain(x, axes, mesh)
     return jax.tree.map(one, tree)
 
@@ -225,9 +226,9 @@ def stage_sizes(rows: int, halvings: int, mesh: Mesh | None = None, smallest: in
 @flax.struct.dataclass
 class Timeline:
     """A batch's KV cache between the turns of a multi-turn rollout (``start``, ``decode_turn``,
-    ``append``): per layer (k, v) [R, KV, S, D] over S slots shared by every row; ``key_mask`` [R, S]
-    1 on the slots holding a row's real tokens (its prompt, what it sampled, what was appended to it)
-    and 0 on left padding and on the gaps a row leaves where its turn ended before the others' or its
+    ``append``): per layer keys [R, KV, D, S] and values [R, KV, S, D] over S slots shared by every row;
+    ``key_mask`` [R, S] 1 on the slots holding a row's real tokens (its prompt, what it sampled, what was
+    appended to it) and 0 on left padding and on the gaps a row leaves where its turn ended before the others' or its
     appended block is shorter than the longest; ``last`` [R, V]: the logits of each row's next token;
     ``cursor``: the first free slot (int32, the same for every row). Positions are counted over the
     real tokens (``positions_from_mask``), and windows too (``attention_bias``), so a row's gaps change
