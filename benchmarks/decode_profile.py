@@ -161,7 +161,7 @@ def main(argv=None):
     parser.add_argument("--model", required=True, help="a converted Hugging Face model directory")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3, help="timed calls after the warm-up, untraced")
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls after the warm-up, untraced")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="save the results here")
     args = parser.parse_args(argv)
@@ -191,7 +191,8 @@ def main(argv=None):
               f"{os.path.basename(os.path.normpath(args.model))}, float32, a run's model options "
               f"({ModelSection().runtime_options()})")
     setup = (f"forced decode: {args.batch} rows x {args.new_tokens} new tokens, {tokens.shape[1]}-token prompts; "
-             f"median of {args.repeats} untraced calls {wall:.2f} s ({wall / steps * 1e3:.0f} ms a token step, "
+             f"median of {args.repeats} untraced calls {wall:.2f} s (range {min(seconds):.2f}-{max(seconds):.2f} s; "
+             f"{wall / steps * 1e3:.0f} ms a token step, "
              f"{args.batch * steps / wall:.0f} tokens/s), first call {first:.1f} s; the traced call: "
              f"{total / 1e3 / steps:.0f} ms of XLA operations a step summed over threads, "
              f"{covered / 1e3 / steps:.0f} ms of wall time with one running; roofline: jnp.dot peak (2048^3) "
