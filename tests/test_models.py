@@ -18,6 +18,7 @@ from pgjax.models.transformer import (
     CausalLM,
     ModelConfig,
     attention_bias,
+    blockwise_attention,
     fused_attention,
     grouped_query_attention,
     rope_frequencies,
@@ -483,3 +484,62 @@ def test_a_model_with_fused_attention_gives_the_einsums_logits_and_cached_decodi
     np.testing.assert_array_equal(np.asarray(decoded[1].tokens), np.asarray(decoded[0].tokens))
     np.testing.assert_allclose(np.asarray(decoded[1].policy_logprobs), np.asarray(decoded[0].policy_logprobs),
                                atol=5e-2)
+
+
+@pytest.mark.parametrize("window, query_scale, block", [(None, None, 3), (3, 256.0, 2), (None, None, 128)])
+def test_blockwise_attention_and_its_gradients_equal_the_einsums_in_float64(x64, window, query_scale, block):
+    """``blockwise_attention`` (model.attention=blockwise: keys in blocks with a running softmax, a backward
+    pass of its own) against NumPy's float64 attention, and its gradients in q, k and v against the einsum's
+    autodiff gradients, in float64: grouped query heads, left padding, a sliding window, Gemma's query
+    scale; blocks of 3 and 2 keys over 7 (the last block padded) and one block holding them all."""
+    batch, slots, heads, kv_heads, d = 2, 7, 4, 2, 8
+    keys = jax.random.split(jax.random.key(1), 4)
+    q = jax.random.normal(keys[0], (batch, slots, heads, d), jnp.float64)
+    k, v = (jax.random.normal(key, (batch, kv_heads, slots, d), jnp.float64) for key in keys[1:3])
+    mask = jnp.asarray([[0, 0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1]])
+    positions = jnp.maximum(jnp.cumsum(mask, 1) - 1, 0)
+    bias = attention_bias(mask, positions, 0, slots, window)
+    allowed = np.tril(np.ones((slots, slots), bool))[None] & (np.asarray(mask)[:, None, :] > 0)
+    if window is not None:
+        pos = np.asarray(positions)
+        allowed &= pos[:, :, None] - pos[:, None, :] < window
+    real = np.asarray(mask, bool)                    # a left-padding query row sees no key: its output is unused
+    got = jax.jit(blockwise_attention, static_argnums=(4, 5))(q, k, v, bias, query_scale, block)
+    with np.errstate(invalid="ignore"):              # the reference's 0 / 0 on the rows that see no key
+        want = attention_reference(q, k, v, allowed, query_scale)
+    np.testing.assert_allclose(np.asarray(got)[real], want[real], rtol=1e-12, atol=1e-12)
+    weights = jax.random.normal(keys[3], q.shape, jnp.float64) * jnp.asarray(mask)[:, :, None, None]
+
+    def loss(attention):
+        return lambda q, k, v: jnp.sum(attention(q, k, v) * weights)
+    blockwise = loss(lambda q, k, v: blockwise_attention(q, k, v, bias, query_scale, block))
+    einsum = loss(lambda q, k, v: grouped_query_attention(q, k, v, bias, query_scale))
+    for got, want in zip(jax.jit(jax.grad(blockwise, argnums=(0, 1, 2)))(q, k, v),
+                         jax.grad(einsum, argnums=(0, 1, 2))(q, k, v), strict=True):
+        assert float(jnp.abs(want).max()) > 0.1                   # a gradient that could be wrong
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-10, atol=1e-10)
+
+
+def test_a_model_with_blockwise_attention_gives_the_einsums_logits_gradients_and_samples():
+    """``model.attention=blockwise`` through a whole model (stacked layers under remat, as a run's
+    defaults): the logits of a left-padded batch and the gradient of a loss equal the einsum model's, the
+    vmapped forward of two models too, and the sampler (which keeps the einsum with its KV cache) draws
+    the same tokens."""
+    from pgjax.sample import SamplingConfig, generate
+    options = dict(family="llama", vocab_size=16, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=8, scan_layers=True, remat="save_nothing")
+    einsum = CausalLM(ModelConfig(**options), nnx.Rngs(0))
+    blockwise = CausalLM(ModelConfig(**options, attention="blockwise"), nnx.Rngs(0))
+    tokens = jnp.asarray([[0, 0, 3, 4, 5, 6, 7], [2, 3, 4, 5, 6, 7, 8]])
+    mask = (tokens > 0).astype(jnp.int32)
+    logits = [np.asarray(model(tokens, mask)) for model in (einsum, blockwise)]
+    np.testing.assert_allclose(logits[1], logits[0], rtol=1e-5, atol=1e-5)
+
+    def loss(model):
+        return jnp.sum(jax.nn.log_softmax(model(tokens, mask))[..., 1] * mask)
+    grads = [nnx.grad(loss)(model) for model in (einsum, blockwise)]
+    close = lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)  # noqa: E731
+    jax.tree.map(close, nnx.state(grads[1]), nnx.state(grads[0]))
+    config = SamplingConfig(max_new_tokens=5, eos_ids=(), n=2)
+    decoded = [generate(model, tokens, mask, jax.random.key(1), config) for model in (einsum, blockwise)]
+    np.testing.assert_array_equal(np.asarray(decoded[1].tokens), np.asarray(decoded[0].tokens))

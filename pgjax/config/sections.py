@@ -69,8 +69,9 @@ class ModelSection:
     The defaults, stacked layers each recomputed in the backward pass, are the fastest and smallest
     update measured on SmolLM2-135M (docs/benchmarks.md, "The model options"); ``scan_layers=false``
     with ``remat=off`` resume a run begun when they were the default. ``attention``: ``einsum`` (every
-    backend) or ``cudnn`` (cuDNN's fused attention on an NVIDIA GPU, with ``compute_dtype=bfloat16``;
-    ``pgjax.models.transformer.ATTENTION``).
+    backend), ``blockwise`` (the same attention over blocks of keys in training and scoring: no T x T
+    scores held, for long responses) or ``cudnn`` (cuDNN's fused attention on an NVIDIA GPU, with
+    ``compute_dtype=bfloat16``; ``pgjax.models.transformer.ATTENTION``).
 
     ``family``: ``llama``, ``qwen2``, ``qwen3``, ``gemma3`` (``pgjax.models.transformer.FAMILIES``) or the
     import path ``package.module:NAME`` of a ``Family`` of your own (transformers' model_type and

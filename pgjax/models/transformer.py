@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from functools import partial
 from typing import ClassVar, Literal
 
 import jax
@@ -87,9 +88,12 @@ DTYPES = ("float32", "bfloat16")      # parameter and compute dtypes
 REMAT_POLICIES = {"off": None, "save_matmuls": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
                   "save_nothing": jax.checkpoint_policies.nothing_saveable}
 # how attention is computed: "einsum", ``grouped_query_attention`` on every backend (XLA fuses it; on a
-# CPU it reads the KV cache in place); "cudnn", ``fused_attention``: jax.nn.dot_product_attention's
-# cuDNN kernel, for an NVIDIA GPU with bfloat16 compute (the same function in float32 terms)
-ATTENTION = ("einsum", "cudnn")
+# CPU it reads the KV cache in place); "blockwise", ``blockwise_attention`` without a cache (training and
+# scoring; the KV cache keeps the einsum): the same function over blocks of keys, never holding a row's
+# T x S scores; "cudnn", ``fused_attention``: jax.nn.dot_product_attention's cuDNN kernel, for an NVIDIA
+# GPU with bfloat16 compute (the same function in float32 terms)
+ATTENTION = ("einsum", "blockwise", "cudnn")
+ATTENTION_BLOCK = 128     # keys per block of ``blockwise_attention``
 # ModelConfig fields that are pgjax's choices for running a checkpoint, not part of its config.json
 RUNTIME_OPTIONS = ("param_dtype", "compute_dtype", "remat", "scan_layers", "attention", "lora")
 
@@ -320,6 +324,8 @@ class Attention(nnx.Module):
         cached = cache is not None
         if self.config.attention == "cudnn":
             out = fused_attention(q, jnp.swapaxes(k, 2, 3) if cached else k, v, bias, self.config.query_pre_attn_scalar)
+        elif self.config.attention == "blockwise" and not cached:
+            out = blockwise_attention(q, k, v, bias, self.config.query_pre_attn_scalar)
         else:
             out = grouped_query_attention(q, k, v, bias, self.config.query_pre_attn_scalar, keys_transposed=cached)
         b, t, h, d = out.shape
@@ -387,17 +393,116 @@ def grouped_query_attention(q, k, v, bias, query_scale=None, keys_transposed: bo
     q [B, T, H, D]; k, v [B, KV, S, D] (heads before slots, so each is read as a plain batched
     matmul); ``keys_transposed``: k is [B, KV, D, S], the KV cache's layout (``CausalLM.init_cache``),
     so q k^T is a plain matmul too, where [B, KV, S, D] keys are transposed by the CPU backend at
-    every decode step. ``bias`` from ``attention_bias``. Scores and softmax are float32.
+    every decode step. ``bias`` from ``attention_bias``. Scores and softmax are float32 (float64 for
+    float64 inputs).
     """
     b, t, h, d = q.shape
-    kv = k.shape[1]
-    grouped = q.reshape(b, t, kv, h // kv, d).transpose(0, 2, 3, 1, 4)               # [B, KV, G, T, D]
+    grouped = _grouped_queries(q, k.shape[1])                                         # [B, KV, G, T, D]
     scale = math.sqrt(d if query_scale is None else query_scale)
     keys = "bkds" if keys_transposed else "bksd"
-    scores = jnp.einsum(f"bkgqd,{keys}->bkgqs", grouped, k).astype(jnp.float32) / scale + bias
+    scores = jnp.einsum(f"bkgqd,{keys}->bkgqs", grouped, k).astype(_score_dtype(grouped)) / scale + bias
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgqs,bksd->bkgqd", probs, v)
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
+
+
+def _grouped_queries(q, kv: int):
+    """q [B, T, H, D] as [B, KV, G, T, D]: the G = H / KV query heads of each key/value head."""
+    b, t, h, d = q.shape
+    return q.reshape(b, t, kv, h // kv, d).transpose(0, 2, 3, 1, 4)
+
+
+def _key_blocks(k, v, bias, block: int):
+    """k, v [B, KV, S, D] and bias [B, 1, 1, T, S] as N = ceil(S / block) blocks along S, stacked first:
+    [N, B, KV, block, D] and [N, B, 1, 1, T, block]; the padded slots' bias is -inf (no weight)."""
+    s = k.shape[2]
+    pad = -s % block
+    if pad:
+        k, v = (jnp.pad(x, ((0, 0), (0, 0), (0, pad), (0, 0))) for x in (k, v))
+        bias = jnp.pad(bias, ((0, 0),) * 4 + ((0, pad),), constant_values=-jnp.inf)
+    blocks = (s + pad) // block
+    k, v = (jnp.moveaxis(x.reshape(*x.shape[:2], blocks, block, x.shape[-1]), 2, 0) for x in (k, v))
+    bias = jnp.moveaxis(bias.reshape(*bias.shape[:4], blocks, block), 4, 0)
+    return k, v, bias
+
+
+def _score_dtype(x) -> jnp.dtype:
+    """The dtype attention scores and softmax are computed in: float32, or x's dtype if wider."""
+    return jnp.promote_types(x.dtype, jnp.float32)
+
+
+def _block_scores(grouped, k_block, bias_block, scale: float):
+    """q k^T / sqrt(s) + bias over one block of keys (``_score_dtype``): [B, KV, G, T, block]."""
+    return jnp.einsum("bkgqd,bkcd->bkgqc", grouped, k_block).astype(_score_dtype(grouped)) / scale + bias_block
+
+
+def _blockwise_forward(grouped, k_blocks, v_blocks, bias_blocks, scale: float):
+    """The output [B, KV, G, T, D] (``_score_dtype``) and log-sum-exp [B, KV, G, T] of the scores, one block of
+    keys at a time with a running maximum m, normaliser l and weighted sum a: for each block,
+    m' = max(m, max_c s_c), l' = l e^(m - m') + sum_c e^(s_c - m'), a' = a e^(m - m') + sum_c e^(s_c - m') v_c;
+    then output = a / l and log-sum-exp = m + log l."""
+    def block(carry, keys):
+        top, norm, total = carry
+        k_block, v_block, bias_block = keys
+        scores = _block_scores(grouped, k_block, bias_block, scale)
+        new_top = jnp.maximum(top, scores.max(-1))
+        decay, weights = jnp.exp(top - new_top), jnp.exp(scores - new_top[..., None])
+        total = total * decay[..., None] + jnp.einsum("bkgqc,bkcd->bkgqd", weights.astype(v_block.dtype), v_block)
+        return (new_top, norm * decay + weights.sum(-1), total), None
+
+    shape, dtype = grouped.shape[:-1], _score_dtype(grouped)
+    start = (jnp.full(shape, -jnp.inf, dtype), jnp.zeros(shape, dtype), jnp.zeros(grouped.shape, dtype))
+    (top, norm, total), _ = jax.lax.scan(block, start, (k_blocks, v_blocks, bias_blocks))
+    return total / norm[..., None], top + jnp.log(norm)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def blockwise_attention(q, k, v, bias, query_scale=None, block: int = ATTENTION_BLOCK):
+    """``grouped_query_attention`` (q [B, T, H, D]; k, v [B, KV, S, D]; ``bias`` from ``attention_bias``)
+    computed over blocks of ``block`` keys (``_blockwise_forward``), so neither pass holds more than one
+    block's scores [B, KV, G, T, block]. The backward pass keeps only the output O and the log-sum-exp L
+    and recomputes each block's probabilities P = exp(S - L): with dO the output's cotangent and
+    Delta = rowsum(dO * O), dV = P^T dO, dP = dO V^T, dS = P * (dP - Delta), dQ = dS K / sqrt(s) and
+    dK = dS^T Q / sqrt(s), accumulated block by block. The bias gets no gradient (a mask)."""
+    return _blockwise_vjp_forward(q, k, v, bias, query_scale, block)[0]
+
+
+def _blockwise_vjp_forward(q, k, v, bias, query_scale, block):
+    b, t, h, d = q.shape
+    scale = math.sqrt(d if query_scale is None else query_scale)
+    grouped = _grouped_queries(q, k.shape[1])
+    out, logsumexp = _blockwise_forward(grouped, *_key_blocks(k, v, bias, block), scale)
+    result = out.astype(v.dtype).transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
+    return result, (q, k, v, bias, out, logsumexp)
+
+
+def _blockwise_vjp_backward(query_scale, block, residuals, cotangent):
+    q, k, v, bias, out, logsumexp = residuals
+    b, t, h, d = q.shape
+    kv, s = k.shape[1], k.shape[2]
+    scale = math.sqrt(d if query_scale is None else query_scale)
+    grouped = _grouped_queries(q, kv)
+    dtype = _score_dtype(q)
+    d_out = _grouped_queries(cotangent, kv).astype(dtype)
+    delta = jnp.sum(d_out * out, -1)                                                    # [B, KV, G, T]
+
+    def one_block(d_grouped, keys):
+        k_block, v_block, bias_block = keys
+        probs = jnp.exp(_block_scores(grouped, k_block, bias_block, scale) - logsumexp[..., None])
+        d_v = jnp.einsum("bkgqc,bkgqd->bkcd", probs, d_out)
+        d_scores = probs * (jnp.einsum("bkgqd,bkcd->bkgqc", d_out, v_block.astype(dtype)) - delta[..., None])
+        d_grouped = d_grouped + jnp.einsum("bkgqc,bkcd->bkgqd", d_scores, k_block.astype(dtype)) / scale
+        d_k = jnp.einsum("bkgqc,bkgqd->bkcd", d_scores, grouped.astype(dtype)) / scale
+        return d_grouped, (d_k, d_v)
+
+    d_grouped, (d_k, d_v) = jax.lax.scan(one_block, jnp.zeros(grouped.shape, dtype),
+                                         _key_blocks(k, v, bias, block))
+    unblocked = lambda x: jnp.moveaxis(x, 0, 2).reshape(b, kv, -1, d)[:, :, :s]       # noqa: E731
+    d_q = d_grouped.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
+    return d_q.astype(q.dtype), unblocked(d_k).astype(k.dtype), unblocked(d_v).astype(v.dtype), jnp.zeros_like(bias)
+
+
+blockwise_attention.defvjp(_blockwise_vjp_forward, _blockwise_vjp_backward)
 
 
 def fused_attention(q, k, v, bias, query_scale=None, implementation: Literal["cudnn", "xla"] = "cudnn"):
