@@ -523,12 +523,6 @@ def compare(numerator, denominator) -> dict:
             "n": [len(numerator), len(denominator)]}
 
 
-def ratio_text(result: dict) -> str:
-    if result["low"] is None:
-        return f"{result['ratio']:.2f}x (n < {stats.MIN_STEPS}: no interval)"
-    return stats.describe_ratio(result)
-
-
 def model_flops(model, work: Workload, generated: float, prompt_tokens: float) -> dict:
     """Model FLOPs of each phase of one step (see the module docstring)."""
     forward = measure.forward_flops(model)
@@ -568,10 +562,6 @@ def parse(argv):
     parser.add_argument("--compile-cache", action="store_true",
                         help="also pgjax's first step with a cold and a warm persistent compilation cache")
     return parser.parse_args(argv)
-
-
-def seconds(x: float, step: float) -> str:
-    return f"{x:.3f}" if step < 1 else f"{x:.2f}"
 
 
 def main(argv=None):
@@ -626,18 +616,20 @@ def main(argv=None):
                  f"{peak['torch.mm'] / 1e9:.0f} GFLOP/s; MFU = model FLOP/s / the faster")
     table = markdown.table(["implementation", "s / step", "sampling", "scoring", "update", "tokens generated / step",
                             "s / 1k tokens", "MFU sampling", "MFU scoring", "MFU update", "peak RSS"],
-                           [[name, *(seconds(r[p], r["step"]) for p in ("step", *PARTS)), f"{r['generated']:.0f}",
+                           [[name, *(measure.seconds(r[p], r["step"]) for p in ("step", *PARTS)),
+                             f"{r['generated']:.0f}",
                              f"{r['s_per_1k_tokens']:.3f}", f"{r['mfu']['sampling']:.0%}", f"{r['mfu']['scoring']:.0%}",
                              f"{r['mfu']['update']:.0%}", f"{r['peak_rss_gib']:.1f} GiB"]
                             for name, r in summary.items()]).splitlines()
     table += ["", *markdown.table(["TRL / pgjax, ratio of pooled medians [95% bootstrap interval]", "s / step",
                                    "sampling", "scoring", "update", "s / 1k tokens"],
                                   [[f"{r['vs']} / {name}",
-                                    *(ratio_text(r["ratios"][p]) for p in ("step", *PARTS, "per_1k_tokens"))]
+                                    *(measure.ratio_text(r["ratios"][p]) for p in ("step", *PARTS, "per_1k_tokens"))]
                                    for name, r in summary.items() if "ratios" in r]).splitlines()]
     table.append("")
     table.append(f"Each round's median s / step ({args.steps} timed steps per child): " + "; ".join(
-        f"{name} " + ", ".join(seconds(x["step"], x["step"]) for x in r["rounds"]) for name, r in summary.items())
+        f"{name} " + ", ".join(measure.seconds(x["step"], x["step"]) for x in r["rounds"])
+        for name, r in summary.items())
                  + f". Lengths: {args.lengths}.")
     compiled = [s for name in summary if name.startswith("pgjax") for s in pooled[name] if s.get("compile_s", 0) > 0.01]
     if compiled:

@@ -389,7 +389,7 @@ def summarize(runs: dict) -> dict:
 
 
 def table_lines(summary: dict, args) -> list[str]:
-    seconds = trl_harness().seconds
+    seconds = measure.seconds
     names = {"tunix": TUNIX_NAME, "pgjax": "pgjax"}
     lines = markdown.table(["implementation", "s / step", "sampling", "scoring", "update", "tokens generated / step",
                             "s / 1k tokens", "peak RSS"],
@@ -399,7 +399,7 @@ def table_lines(summary: dict, args) -> list[str]:
     ratios = summary["pgjax"]["ratios"]
     lines += ["", *markdown.table(["tunix / pgjax, ratio of pooled medians [95% bootstrap interval]", "s / step",
                                    "sampling", "scoring", "update", "s / 1k tokens"],
-                                  [["tunix / pgjax", *(trl_harness().ratio_text(ratios[p])
+                                  [["tunix / pgjax", *(measure.ratio_text(ratios[p])
                                                        for p in ("step", *PARTS, "per_1k_tokens"))]]).splitlines()]
     lines += ["", f"Each round's median s / step ({args.steps} timed steps per child): " + "; ".join(
         f"{names[side]} " + ", ".join(seconds(x["step"], x["step"]) for x in r["rounds"])

@@ -28,7 +28,7 @@ import tempfile
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
-import compare_trl
+import measure
 from readme_tables import save_table
 
 from pgjax import markdown
@@ -63,8 +63,8 @@ def table(rows: list[dict]) -> list[str]:
     return markdown.table(
         ["new tokens", "samples per prompt", "pgjax s / step", "TRL s / step", "TRL / pgjax [95% interval]",
          "pgjax peak RSS", "TRL peak RSS"],
-        [[r["new_tokens"], r["samples"], compare_trl.seconds(r["seconds"]["pgjax"], r["seconds"]["pgjax"]),
-          compare_trl.seconds(r["seconds"][SIDES[1]], r["seconds"][SIDES[1]]), compare_trl.ratio_text(r["ratio"]),
+        [[r["new_tokens"], r["samples"], measure.seconds(r["seconds"]["pgjax"], r["seconds"]["pgjax"]),
+          measure.seconds(r["seconds"][SIDES[1]], r["seconds"][SIDES[1]]), measure.ratio_text(r["ratio"]),
           f"{r['peak_rss_gib']['pgjax']:.1f} GiB", f"{r['peak_rss_gib'][SIDES[1]]:.1f} GiB"]
          for r in rows]).splitlines()
 
@@ -82,12 +82,12 @@ def plot(rows: list[dict], length_groups: int, group_length: int, path) -> None:
     fig, axes = plt.subplots(2, 2, figsize=(10, 7))
     for column, (label, key, chosen, fixed) in enumerate(sweeps):
         chosen = sorted(chosen, key=lambda r: r[key])
-        for row, (measure, unit) in enumerate((("seconds", "s / step"), ("peak_rss_gib", "peak RSS, GiB"))):
+        for row, (quantity, unit) in enumerate((("seconds", "s / step"), ("peak_rss_gib", "peak RSS, GiB"))):
             ax = axes[row][column]
             for side, marker in zip(SIDES, "os", strict=True):
-                ax.plot([r[key] for r in chosen], [r[measure][side] for r in chosen], marker=marker, label=side)
+                ax.plot([r[key] for r in chosen], [r[quantity][side] for r in chosen], marker=marker, label=side)
             ax.set_xscale("log", base=2)
-            if measure == "seconds":
+            if quantity == "seconds":
                 ax.set_yscale("log")
             ax.set_xlabel(f"{label} ({fixed})")
             ax.set_ylabel(unit)
@@ -113,6 +113,7 @@ def parse(argv):
 
 
 def main(argv=None):
+    import compare_trl  # the harness: it imports torch and TRL, which the tests' environment lacks
     args, passed = parse(argv)
     rows, runs = [], []
     with tempfile.TemporaryDirectory() as scratch:

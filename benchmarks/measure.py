@@ -19,6 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from pgjax.evaluation import statistics as stats
+
 
 def matmul_peak(size=2048, repeats=10) -> dict:
     """Float32 FLOP/s of a size^3 matmul: ``jnp.dot`` (jitted) and ``torch.mm``, the best of ``repeats``
@@ -131,3 +133,16 @@ def add_harness_arguments(parser: argparse.ArgumentParser, other: str) -> None:
     parser.add_argument("--random-dir", help=argparse.SUPPRESS)
     parser.add_argument("--plan-steps", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--json", help="save the results here")
+
+
+def seconds(x: float, step: float) -> str:
+    """A time in a harness's table: three decimals when its step is under a second, else two."""
+    return f"{x:.3f}" if step < 1 else f"{x:.2f}"
+
+
+def ratio_text(result: dict) -> str:
+    """A ratio of pooled medians (``statistics.median_ratio``) with its interval, or without one when a
+    side has fewer than ``statistics.MIN_STEPS`` timed steps."""
+    if result["low"] is None:
+        return f"{result['ratio']:.2f}x (n < {stats.MIN_STEPS}: no interval)"
+    return stats.describe_ratio(result)
