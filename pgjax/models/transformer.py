@@ -314,14 +314,14 @@ class Attention(nnx.Module):
         adapters' dropout (training).
         """
         q, k, v = self._project(x, rope, dropout_key)
+        cached = cache is not None
         v = v.transpose(0, 2, 1, 3)                                             # [B, KV, T, D]
-        if cache is None:
-            k = k.transpose(0, 2, 1, 3)                                         # [B, KV, T, D]
-        else:                                                                   # keys [B, KV, D, S]
+        if cached:                                                              # keys [B, KV, D, S]
             k = jax.lax.dynamic_update_slice_in_dim(cache[0], k.transpose(0, 2, 3, 1).astype(cache[0].dtype),
                                                     index, axis=3)
             v = jax.lax.dynamic_update_slice_in_dim(cache[1], v.astype(cache[1].dtype), index, axis=2)
-        cached = cache is not None
+        else:
+            k = k.transpose(0, 2, 1, 3)                                         # [B, KV, T, D]
         if self.config.attention == "cudnn":
             out = fused_attention(q, jnp.swapaxes(k, 2, 3) if cached else k, v, bias, self.config.query_pre_attn_scalar)
         elif self.config.attention == "blockwise" and not cached:
@@ -463,7 +463,7 @@ def blockwise_attention(q, k, v, bias, query_scale=None, block: int = ATTENTION_
     block's scores [B, KV, G, T, block]. The backward pass keeps only the output O and the log-sum-exp L
     and recomputes each block's probabilities P = exp(S - L): with dO the output's cotangent and
     Delta = rowsum(dO * O), dV = P^T dO, dP = dO V^T, dS = P * (dP - Delta), dQ = dS K / sqrt(s) and
-    dK = dS^T Q / sqrt(s), accumulated block by block. The bias gets no gradient (a mask)."""
+    dK = dS^T Q / sqrt(s), accumulated block by block. The bias gets no gradient (a mask: None)."""
     return _blockwise_vjp_forward(q, k, v, bias, query_scale, block)[0]
 
 
@@ -499,7 +499,7 @@ def _blockwise_vjp_backward(query_scale, block, residuals, cotangent):
                                          _key_blocks(k, v, bias, block))
     unblocked = lambda x: jnp.moveaxis(x, 0, 2).reshape(b, kv, -1, d)[:, :, :s]       # noqa: E731
     d_q = d_grouped.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
-    return d_q.astype(q.dtype), unblocked(d_k).astype(k.dtype), unblocked(d_v).astype(v.dtype), jnp.zeros_like(bias)
+    return d_q.astype(q.dtype), unblocked(d_k).astype(k.dtype), unblocked(d_v).astype(v.dtype), None  # bias: none
 
 
 blockwise_attention.defvjp(_blockwise_vjp_forward, _blockwise_vjp_backward)
