@@ -29,6 +29,7 @@ import time
 import jax
 import jax.numpy as jnp
 import measure
+from readme_tables import save_table
 
 from pgjax import markdown
 from pgjax.core.logprobs import chunked_logprobs_and_entropy, entropy_from_logits, token_logprobs
@@ -57,6 +58,8 @@ def parse_args(argv=None):
     p.add_argument("--skip-check", action="store_true",
                    help="do not compare the chunked results with the plain ones")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", help="save the table, its provenance and each path's raw numbers here "
+                                  "(benchmarks/results/NAME.json)")
     return p.parse_args(argv)
 
 
@@ -204,8 +207,13 @@ def main(argv=None):
         if name != "plain":
             verdicts.append((name, mem_ratio, time_ratio))
     print()
-    print(markdown.table(["path", "temp memory (MiB)", "time (s)", "memory ratio vs plain", "time ratio vs plain"],
-                         cells))
+    setup = (f"N = {n} tokens, H = {h}, V = {v}, {dtype.name}; value and gradient (hidden, W) of sum(logp) + "
+             f"{ENTROPY_COEF} sum(entropy); time: median of {args.repeats} calls after a warm-up")
+    save_table(args.json, sys.argv[1:] if argv is None else argv,
+               [setup + ":", "", *markdown.table(["path", "temp memory (MiB)", "time (s)", "memory ratio vs plain",
+                                                   "time ratio vs plain"], cells).splitlines()],
+               setup=setup, rows=[{"path": name, "memory": mem, "seconds": times, "compile_s": t_compile}
+                                  for name, mem, _, times, t_compile in rows])
     print()
     print(markdown.table(["path", "argument (MiB)", "output (MiB)", "alias (MiB)", "temp (MiB)",
                           "arg + out + temp - alias (MiB)", "compile (s)"],
