@@ -108,6 +108,32 @@ def regenerate(text: str, tables: dict) -> str:
     return text
 
 
+def slug(heading: str) -> str:
+    """GitHub's anchor of a markdown heading: lower case, punctuation but ``-`` and ``_`` dropped,
+    spaces to ``-``."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).replace("`", "").strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def sections(text: str) -> dict[str, str]:
+    """Each heading's anchor (``slug``; the first of repeats) and the text under it, its subsections
+    included, outside fenced code as inside."""
+    found: dict[str, list[str]] = {}
+    open_headings: list[tuple[int, str]] = []
+    fenced = False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        heading = None if fenced else re.match(r"(#{1,6}) (.+)", line)
+        if heading:
+            level = len(heading.group(1))
+            open_headings = [(lv, a) for lv, a in open_headings if lv < level] + [(level, slug(heading.group(2)))]
+            found.setdefault(open_headings[-1][1], [])
+        for _, anchor in open_headings:
+            found[anchor].append(line)
+    return {anchor: "\n".join(lines) for anchor, lines in found.items()}
+
+
 EXCERPT = re.compile(r"(<!-- excerpt:(\S+)([^\n]*?) -->)\n((?:(?!<!-- excerpt:).)*?)\n?(<!-- /excerpt -->)", re.S)
 EXCERPT_OPENER = "<!-- excerpt:"
 EXCERPT_OPTIONS = {"sections", "table", "rows", "where", "columns"}

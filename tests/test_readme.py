@@ -3,6 +3,7 @@ and whose main job is the Dr. GRPO experiment; its examples run as written; ever
 (the algorithm table, the exact audits, the benchmarks, the training studies) is its command's or
 its saved result's current output, on whichever page it lives; every link resolves, anchors
 included, and none leaves the repository; every command-line example parses."""
+import functools
 import json
 import os
 import pathlib
@@ -12,7 +13,7 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import FAST_COMPILE
+from helpers import FAST_COMPILE, load_experiment_script
 
 from pgjax import demo
 from pgjax.core import PRESETS
@@ -30,6 +31,21 @@ def _readme_block(marker: str, lang: str) -> str:
     assert match, f"README has no <!-- {marker} --> block"
     return match.group(1)
 
+
+def _benchmark_module(name: str):
+    """A module of benchmarks/ (the docs' tables and claims live there, beside the records they read)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.pop(0)
+
+
+def _readme_tables():
+    return _benchmark_module("readme_tables")
+
+
+slug, sections = _readme_tables().slug, _readme_tables().sections
 
 # pages for who works on pgjax, not for its users: linked from the docs page named, not from the README
 INTERNAL = {"collective_hang.md": "contributing.md"}
@@ -126,32 +142,50 @@ def test_learned_reward_table_is_the_commands_output():
         "the learned-reward table is stale: paste `python -m pgjax.theory.learned_reward`"
 
 
+RESULTS = ROOT / "experiments" / "results"
+STUDY_TABLES = (RESULTS / "length_bias" / "length_bias.md", RESULTS / "difficulty_bias" / "difficulty_bias.md",
+                RESULTS / "off_policy" / "off_policy.md", RESULTS / "off_policy_warm400" / "off_policy.md",
+                RESULTS / "smollm2_off_policy" / "smollm2_off_policy.md", RESULTS / "switch_grid" / "switch_grid.md",
+                RESULTS / "toy_ablation" / "toy_ablation.md")
+
+
+def test_the_toy_ablation_table_is_its_committed_curves():
+    """experiments/results/toy_ablation/toy_ablation.md is what its committed curves.csv gives (each
+    algorithm's best learning rate, mean J and final J over seeds)."""
+    script = load_experiment_script("toy_ablation")
+    folder = RESULTS / "toy_ablation"
+    assert (folder / "toy_ablation.md").read_text() == script.table(*script.read_csv(folder / "curves.csv")) + "\n"
+
+
 def test_training_study_tables_are_the_saved_results():
     """Each study's saved table (``experiments/results/<folder>/<name>.md``) is in the docs verbatim."""
     docs = "\n".join(doc.read_text() for doc in DOCS)
-    results = ROOT / "experiments" / "results"
-    for path in (results / "length_bias" / "length_bias.md",
-                 results / "difficulty_bias" / "difficulty_bias.md", results / "off_policy" / "off_policy.md",
-                 results / "off_policy_warm400" / "off_policy.md",
-                 results / "smollm2_off_policy" / "smollm2_off_policy.md", results / "switch_grid" / "switch_grid.md"):
+    for path in STUDY_TABLES:
         assert path.read_text().strip() in docs, f"the docs' copy of {path.relative_to(ROOT)} is stale: paste it"
 
 
-def test_the_main_job_table_is_seed_0s_kept_record():
-    """docs/experiments.md's per-step table of the main job: every row is seed 0's committed record."""
+def main_job_table_lines() -> list[str]:
+    """docs/experiments.md's per-step table of the main job, each row checked against seed 0's committed
+    record (three decimals, halves rounded up: 0.5625 reads 0.563)."""
     page = (ROOT / "docs" / "experiments.md").read_text()
     table = page.split("## The main job", 1)[1].split("| step | sampled accuracy |", 1)[1].split("\n\n", 1)[0]
     records = {r["step"]: r for r in map(json.loads, (ROOT / "experiments" / "results" / "main_job_seeds" / "records"
                                                      / "dr_grpo_s0" / "metrics.jsonl").read_text().splitlines())}
-    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()[2:]]
+    lines = table.splitlines()[2:]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
     assert len(rows) == 6
-    for step, sampled, greedy in rows:                   # three decimals, halves rounded up (0.5625: 0.563)
+    for step, sampled, greedy in rows:
         record = records[int(step.split()[0])]
         assert abs(float(greedy) - record["eval_accuracy"]) <= 5e-4 + 1e-12, step
         if step.startswith("0 "):
             assert sampled == "", step
         else:
             assert abs(float(sampled) - record["accuracy"]) <= 5e-4 + 1e-12, step
+    return lines
+
+
+def test_the_main_job_table_is_seed_0s_kept_record():
+    main_job_table_lines()
 
 
 def test_quickstart_is_two_single_line_commands():
@@ -236,13 +270,6 @@ def test_the_readme_trainer_example_runs_as_written(capsys, monkeypatch):
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)[^)]*\)|<(https?://[^>]+)>|\]:\s*(\S+)")
 
 
-def slug(heading: str) -> str:
-    """GitHub's anchor of a markdown heading: lower case, punctuation but ``-`` and ``_`` dropped,
-    spaces to ``-``."""
-    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).replace("`", "").strip().lower()
-    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
-
-
 def anchors(text: str) -> set[str]:
     """The anchors of every heading of a markdown text outside fenced code (repeats get -1, -2, ...)."""
     found, seen, fenced = set(), {}, False
@@ -254,25 +281,6 @@ def anchors(text: str) -> set[str]:
             found.add(base if base not in seen else f"{base}-{seen[base]}")
             seen[base] = seen.get(base, 0) + 1
     return found
-
-
-def sections(text: str) -> dict[str, str]:
-    """Each heading's anchor (``slug``; the first of repeats) and the text under it, its subsections
-    included, outside fenced code as inside."""
-    found: dict[str, list[str]] = {}
-    open_headings: list[tuple[int, str]] = []
-    fenced = False
-    for line in text.splitlines():
-        if line.startswith("```"):
-            fenced = not fenced
-        heading = None if fenced else re.match(r"(#{1,6}) (.+)", line)
-        if heading:
-            level = len(heading.group(1))
-            open_headings = [(lv, a) for lv, a in open_headings if lv < level] + [(level, slug(heading.group(2)))]
-            found.setdefault(open_headings[-1][1], [])
-        for _, anchor in open_headings:
-            found[anchor].append(line)
-    return {anchor: "\n".join(lines) for anchor, lines in found.items()}
 
 
 def shown_in(number: str, text: str) -> bool:
@@ -287,19 +295,144 @@ def shown_in(number: str, text: str) -> bool:
                for found in re.findall(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?", text.replace(",", "")))
 
 
+@functools.cache
+def _checked_lines() -> frozenset[str]:
+    """The rows of the hand-laid tables, each checked against its record."""
+    return frozenset(main_job_table_lines() + smollm2_64_lines() + gemma3_one_seed_lines()
+                     + reward_model_held_out_lines() + smollm2_tools_lines())
+
+
+def checked_text(section: str) -> str:
+    """What a section shows that a test regenerates from its record: benchmark blocks, report excerpts,
+    command tables, pasted study tables, and the rows of hand-laid tables checked against their records."""
+    tables, checked = _readme_tables(), _checked_lines()
+    parts = [m.group(0) for m in tables.EXCERPT.finditer(section)]
+    parts += [m.group(0) for m in re.finditer(r"<!-- benchmark:(\S+) -->.*?<!-- /benchmark:\1 -->", section, re.S)]
+    parts += [m.group(0) for m in re.finditer(r"<!-- ([\w-]+):start -->.*?<!-- \1:end -->", section, re.S)]
+    parts += [text for text in (path.read_text().strip() for path in STUDY_TABLES) if text in section]
+    parts += [line for line in section.splitlines() if line in checked]
+    return "\n".join(parts)
+
+
 def test_every_number_the_readme_links_is_in_the_section_it_links():
     """Each README link whose text holds numbers (``[0.170 -> 0.455](docs/real_models.md#...)``) links a
-    docs section (its subsections included) that shows every one of them at the README's precision."""
+    docs section (its subsections included) whose regenerated parts (``checked_text``) or claims
+    (``benchmarks/claims.py``) show every one of them at the README's precision: no README figure rests
+    on prose alone."""
+    claims = _benchmark_module("claims")
     pages: dict[str, dict[str, str]] = {}
     checked = 0
     for text, page, anchor in re.findall(r"\[([^\]]*\d[^\]]*)\]\((docs/[^)#]+)#([^)]+)\)", README):
         section = pages.setdefault(page, sections((ROOT / page).read_text())).get(anchor)
         assert section is not None, f"README links {page}#{anchor}, which is no heading of that page"
+        shown = checked_text(section) + "\n" + " ".join(claims.claimed_numbers(page, anchor))
         numbers = re.findall(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?", text.replace("95%", ""))
-        missing = [n for n in numbers if not shown_in(n, section)]
-        assert not missing, f"README's [{text}]({page}#{anchor}): {missing} appear nowhere in that section"
+        missing = [n for n in numbers if not shown_in(n, shown)]
+        assert not missing, (f"README's [{text}]({page}#{anchor}): {missing} are in no regenerated table or claim "
+                             "of that section")
         checked += 1
     assert checked > 50
+
+
+def test_every_claim_of_the_docs_prose_agrees_with_its_record():
+    """benchmarks/claims.py: each claim's fragment is in its section and states what its record gives."""
+    claims = _benchmark_module("claims")
+    pages: dict[str, dict[str, str]] = {}
+    assert claims.problems(lambda page: pages.setdefault(page, sections((ROOT / page).read_text()))) == []
+    assert len(claims.CLAIMS) >= 14
+
+
+MEASURED = re.compile(r"(?<![\w.@/-])(?:\d+\.\d+|\d+(?=x\b|%))(?!\.?\d)(?![a-wyzA-Z_])")
+
+
+def leaf_sections(text: str) -> list[tuple[list[str], str]]:
+    """(anchors, text) of each heading's own text up to the next heading, outside fenced code: ``anchors``
+    are its own and those of the sections of level 2 or deeper that enclose it, innermost first."""
+    found: list[tuple[list[str], list[str]]] = []
+    open_headings: list[tuple[int, str]] = []
+    fenced = False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        heading = None if fenced else re.match(r"(#{1,6}) (.+)", line)
+        if heading:
+            level = len(heading.group(1))
+            open_headings = [(lv, a) for lv, a in open_headings if lv < level] + [(level, slug(heading.group(2)))]
+            found.append(([a for lv, a in reversed(open_headings) if lv >= 2 or lv == level], []))
+        if found:
+            found[-1][1].append(line)
+    return [(anchors, "\n".join(lines)) for anchors, lines in found]
+
+
+def prose_numbers_without_a_record(page: str) -> list[tuple[str, str]]:
+    """(anchor, number) of each measured-looking number (a decimal, or a count before ``x`` or ``%``; not
+    an interval's ``95%``) in the prose of a docs page, outside code, that no regenerated table
+    (``checked_text``) and no claim (``benchmarks/claims.py``) of its section, or of a section of level 2
+    or deeper that encloses it, shows."""
+    claims = _benchmark_module("claims")
+    text = (ROOT / page).read_text()
+    whole = sections(text)
+    found = []
+    for anchors, section in leaf_sections(text):
+        checked = checked_text(section)
+        prose = re.sub(r"<!-- excerpt:.*?<!-- /excerpt -->|<!-- benchmark:(\S+) -->.*?<!-- /benchmark:\1 -->"
+                       r"|<!-- ([\w-]+):start -->.*?<!-- \2:end -->|```.*?```|`[^`\n]*`|\b95%", "", section,
+                       flags=re.S)
+        prose = "\n".join(line for line in prose.splitlines() if line not in checked)
+        shown = "\n".join([checked, *(checked_text(whole[a]) for a in anchors[1:]),
+                           *(" ".join(claims.claimed_numbers(page, a)) for a in anchors)])
+        found += [(anchors[0], n) for n in MEASURED.findall(prose) if not shown_in(n, shown)]
+    return found
+
+
+# Numbers in prose that no claim covers yet, per page: each is to become a claim (or an excerpt), or
+# leave the page if no record holds it. A count may only fall; a page's count must be exact.
+PROSE_NUMBERS_PENDING = {"benchmarks.md": 96, "design.md": 1, "experiments.md": 34, "real_models.md": 19,
+                         "reliability.md": 2, "scaling.md": 4, "theory.md": 8, "training.md": 4}
+
+
+def test_the_docs_prose_states_no_new_number_without_a_record():
+    """Every measured number in the docs' prose is a claim or in a regenerated table of its section, but
+    for the counts ``PROSE_NUMBERS_PENDING`` still holds, which are exact: covering numbers lowers them."""
+    counts = {page.name: len(prose_numbers_without_a_record(f"docs/{page.name}")) for page in PAGES}
+    grown = {page: (count, PROSE_NUMBERS_PENDING.get(page, 0)) for page, count in counts.items()
+             if count > PROSE_NUMBERS_PENDING.get(page, 0)}
+    assert not grown, ("prose numbers with no claim (benchmarks/claims.py) or regenerated table, (now, allowed): "
+                       f"{grown}; first: {[prose_numbers_without_a_record('docs/' + p)[:5] for p in grown]}")
+    stale = {page: (counts.get(page), allowed) for page, allowed in PROSE_NUMBERS_PENDING.items()
+             if counts.get(page) != allowed}
+    assert not stale, f"lower PROSE_NUMBERS_PENDING to the counts now: {stale}"
+
+
+def test_the_prose_number_check_finds_a_number_only_prose_states(tmp_path, monkeypatch):
+    page = ("# P\n\n## A section\n\n<!-- benchmark:x -->\n| a |\n| --- |\n| 0.52 |\n<!-- /benchmark:x -->\n\n"
+            "The gain is 0.52 here, 1.7x there and 12% elsewhere; `0.99` is code, step 40 a count.\n")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "p.md").write_text(page)
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert prose_numbers_without_a_record("docs/p.md") == [("a-section", "1.7"), ("a-section", "12")]
+
+
+def test_a_claim_that_drifts_from_its_record_is_found():
+    """The check names a changed number, a missing fragment and a miscounted one; a sign is part of a number,
+    a hyphen between two numbers a range."""
+    claims = _benchmark_module("claims")
+    page = {"s": "The gain is +0.32 [-0.020, +0.035] over 0.81-0.90 of pass@1."}
+    assert claims.numbers(page["s"]) == ["+0.32", "-0.020", "+0.035", "0.81", "0.90"]
+
+    def claim(text, values):
+        return claims.Claim("p.md", "s", text, lambda: values)
+    assert claims.problems(lambda _: page, [claim("+0.32 [-0.020, +0.035]", [0.3249, -0.0204, 0.0346])], []) == []
+    found = claims.problems(lambda _: page, [claim("+0.32 [-0.020, +0.035]", [0.3251, -0.020, 0.035]),
+                                             claim("+0.32 [-0.020, +0.035]", [0.32, 0.020, 0.035]),
+                                             claim("gain is 0.40", [0.40]),
+                                             claim("0.81-0.90", [0.81])],
+                            [claims.Stated("p.md", "s", "over 0.81", "a threshold"),
+                             claims.Stated("p.md", "s", "under 0.81", "a threshold")])
+    assert len(found) == 5 and "'under 0.81' is not in the section" in found[4]
+    assert "differs" in found[0] and "differs" in found[1] and "not in the section" in found[2]
+    assert "states 2 numbers, its record gives 1" in found[3]
+    assert claims.agrees("3e-15", 3.11e-15) and not claims.agrees("3e-15", 3.6e-15)
 
 
 def test_readme_and_docs_link_only_files_inside_the_repository():
@@ -361,15 +494,6 @@ def test_every_command_line_example_in_the_readme_and_docs_resolves(capsys):
         capsys.readouterr()
 
 
-def _readme_tables():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import readme_tables
-    finally:
-        sys.path.pop(0)
-    return readme_tables
-
-
 def test_the_benchmark_tables_are_the_saved_results():
     """Every benchmarks/results/*.json table is verbatim on one page of the docs (``benchmarks/readme_tables.py``)."""
     tables = _readme_tables()
@@ -399,14 +523,19 @@ def smollm2_64_row(label: str, metrics: dict) -> str:
     return (f"| {label} | {rate('greedy_accuracy')} | {rate('pass@1')} | {rate('pass@8')} | {percent('format_rate')} "
             "| {:.1f} [{:.1f}, {:.1f}] | {} |".format(length["value"], *length["ci95"], percent("truncation_rate")))
 
-def test_the_64_prompt_smollm2_table_is_its_evaluation_files():
-    """docs/real_models.md's one-seed SmolLM2 rows are what experiments/results/smollm2_*.json hold."""
-    text = (ROOT / "docs" / "real_models.md").read_text()
+def smollm2_64_lines() -> list[str]:
+    """docs/real_models.md's one-seed SmolLM2 rows, each what experiments/results/smollm2_*.json holds."""
+    lines = (ROOT / "docs" / "real_models.md").read_text().splitlines()
+    rows = []
     for label, name in SMOLLM2_64.items():
         metrics = json.loads((ROOT / "experiments" / "results" / f"smollm2_{name}.json").read_text())["metrics"]
-        assert smollm2_64_row(label, metrics) in text.splitlines(), \
-            f"the {label!r} row differs from smollm2_{name}.json"
+        rows.append(smollm2_64_row(label, metrics))
+        assert rows[-1] in lines, f"the {label!r} row differs from smollm2_{name}.json"
+    return rows
 
+
+def test_the_64_prompt_smollm2_table_is_its_evaluation_files():
+    smollm2_64_lines()
 
 
 def gemma3_window_rows(records: list[dict], width: int = 10) -> list[str]:
@@ -427,15 +556,17 @@ def gemma3_window_rows(records: list[dict], width: int = 10) -> list[str]:
     return rows
 
 
-def test_the_gemma3_one_seed_tables_are_their_records():
-    """docs/real_models.md's Gemma 3 base-model evaluation and its two one-seed zero-RL runs' per-step tables
-    are what experiments/results/gemma3/ holds."""
+def gemma3_one_seed_lines() -> list[str]:
+    """docs/real_models.md's Gemma 3 base-model evaluation and its two one-seed zero-RL runs' per-step tables,
+    each row what experiments/results/gemma3/ holds."""
     lines = (ROOT / "docs" / "real_models.md").read_text().splitlines()
     results = ROOT / "experiments" / "results" / "gemma3"
+    checked = []
     for name in ("dr_grpo_metrics.jsonl", "dr_grpo_lr2e-6_metrics.jsonl"):
         records = [json.loads(line) for line in (results / name).read_text().splitlines()]
         rows = gemma3_window_rows(records)
         assert len(rows) == 5 and all(row in lines for row in rows), (name, rows)
+        checked += rows
     base = json.loads((results / "base.json").read_text())
 
     def cell(metric):
@@ -446,20 +577,66 @@ def test_the_gemma3_one_seed_tables_are_their_records():
         row = (f"| {label} | {cell(m['greedy_accuracy'])} | {cell(m['pass@1'])} | {cell(m['pass@8'])} "
                f"| {m['finish_rate']['value']:.3f} | {m['mean_length']['value']:.1f} |")
         assert row in lines, row
+        checked.append(row)
+    return checked
 
 
-def test_the_reward_models_held_out_table_is_its_record():
-    """docs/reward_models.md's held-out pairwise accuracy, Wilson interval and loss per evaluation step are
-    experiments/results/smollm2_reward_model/metrics.jsonl's."""
+def test_the_gemma3_one_seed_tables_are_their_records():
+    gemma3_one_seed_lines()
+
+
+def reward_model_held_out_lines() -> list[str]:
+    """docs/reward_models.md's held-out pairwise accuracy, Wilson interval and loss per evaluation step,
+    each row experiments/results/smollm2_reward_model/metrics.jsonl's."""
     lines = (ROOT / "docs" / "reward_models.md").read_text().splitlines()
     path = ROOT / "experiments" / "results" / "smollm2_reward_model" / "metrics.jsonl"
     evaluations = [r for r in map(json.loads, path.read_text().splitlines()) if r.get("eval_accuracy") is not None]
     assert [r["step"] for r in evaluations] == [0, 25, 50]
+    rows = []
     for r in evaluations:
         accuracy = f"{r['eval_accuracy']:.3f}" + (" (every pair a tie)" if r["step"] == 0 else "")
-        row = (f"| {r['step']} | {accuracy} | [{r['eval_accuracy_low']:.3f}, {r['eval_accuracy_high']:.3f}] "
-               f"| {r['eval_loss']:.3f} |")
-        assert row in lines, row
+        rows.append(f"| {r['step']} | {accuracy} | [{r['eval_accuracy_low']:.3f}, {r['eval_accuracy_high']:.3f}] "
+                    f"| {r['eval_loss']:.3f} |")
+        assert rows[-1] in lines, rows[-1]
+    return rows
+
+
+def test_the_reward_models_held_out_table_is_its_record():
+    reward_model_held_out_lines()
+
+
+TOOLS_ROWS = {"base_no_tools": ("SmolLM2-135M-Instruct", "none"),
+              "base_tools": ("SmolLM2-135M-Instruct", "the tool prompt"),
+              "warm_start_40": ("after the warm start (40 steps of 16 worked episodes)", "the tool prompt")}
+
+
+def smollm2_tools_lines() -> list[str]:
+    """docs/agents.md's SmolLM2-with-the-calculator rows, each what experiments/results/smollm2_tools/NAME.json
+    holds: greedy and pass@1 with their intervals, the call and valid-call rates, turns and tokens per episode
+    (``-`` where a model makes no call; without tools: one turn, and the response's tokens)."""
+    lines = (ROOT / "docs" / "agents.md").read_text().splitlines()
+    rows = []
+    for name, (model, tools) in TOOLS_ROWS.items():
+        m = json.loads((ROOT / "experiments" / "results" / "smollm2_tools" / f"{name}.json").read_text())["metrics"]
+
+        def rate(metric, m=m):
+            return "{:.3f} [{:.3f}, {:.3f}]".format(m[metric]["value"], *m[metric]["ci95"])
+
+        def plain(metric, spec, m=m):
+            value = m.get(metric, {}).get("value")
+            return "-" if value is None else format(value, spec)
+        turns = plain("mean_turns", ".2f").replace("-", "1")
+        tokens = (m.get("mean_episode_tokens") or {}).get("value") or m["mean_length"]["value"]
+        cells = [model, tools, rate("greedy_accuracy"), rate("pass@1"), plain("call_rate", ".3f"),
+                 plain("valid_call_rate", ".3f"), turns, f"{tokens:.1f}"]
+        rows.append("| " + " | ".join(cells) + " |")
+        assert rows[-1] in lines, f"agents.md's {name} row differs from its evaluation file: {rows[-1]}"
+    return rows
+
+
+def test_the_smollm2_tools_table_is_its_evaluation_files():
+    smollm2_tools_lines()
+
 
 def test_the_study_excerpts_are_the_committed_reports():
     """Every excerpt block of the docs is what its committed study report gives (each report regenerates from

@@ -51,7 +51,7 @@ def test_every_algorithm_learns(setup):
 
 
 @pytest.mark.slow
-def test_toy_ablation_experiment_writes_csv_and_plot(tmp_path):
+def test_toy_ablation_experiment_writes_csv_table_and_plot(tmp_path):
     import importlib.util
     import pathlib
     path = pathlib.Path(__file__).parent.parent / "experiments" / "scripts" / "toy_ablation.py"
@@ -63,5 +63,8 @@ def test_toy_ablation_experiment_writes_csv_and_plot(tmp_path):
         rows = list(csv.DictReader(f))
     assert len(rows) == len(lab.default_algorithms()) * len(module.LEARNING_RATES) * 2 * 4
     assert {r["algorithm"] for r in rows} == {a.label for a in lab.default_algorithms()}
+    labels, curves = module.read_csv(tmp_path / "curves.csv")
+    assert labels == [a.label for a in lab.default_algorithms()] and curves.shape == (len(labels), 4, 2, 4)
+    assert (tmp_path / "toy_ablation.md").read_text() == module.table(labels, curves) + "\n"
     png = (tmp_path / "curves.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000

@@ -11,8 +11,10 @@ rate is chosen by the area under its curve (mean J over steps and seeds).
 PPO, GRPO, Dr. GRPO and DAPO take 4 gradient steps per batch (the first at
 theta_old = theta), the REINFORCE family one.
 
-Writes ``curves.csv`` (algorithm, learning_rate, seed, step, J) and ``curves.png``
-(J vs step per algorithm at its best learning rate: mean and min-max over seeds).
+Writes ``curves.csv`` (algorithm, learning_rate, seed, step, J), ``toy_ablation.md`` (the table, from
+``curves.csv`` as written: ``table(*read_csv(path))`` rebuilds it) and ``curves.png`` (J vs step per
+algorithm at its best learning rate: mean and min-max over seeds). The committed run is in
+``experiments/results/toy_ablation/``.
 """
 import argparse
 import csv
@@ -41,6 +43,26 @@ def write_csv(path, algorithms, curves):
                 for s in range(curves.shape[2]):
                     for step, j in enumerate(curves[a, i, s]):
                         writer.writerow([entry.label, lr, s, step, f"{j:.6f}"])
+
+
+def read_csv(path) -> tuple[list[str], np.ndarray]:
+    """(algorithm labels, curves [algorithm, learning rate, seed, step]) of a ``curves.csv``."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    labels = list(dict.fromkeys(r["algorithm"] for r in rows))
+    seeds = 1 + max(int(r["seed"]) for r in rows)
+    steps = 1 + max(int(r["step"]) for r in rows)
+    curves = np.zeros((len(labels), len(LEARNING_RATES), seeds, steps))
+    for r in rows:
+        curves[labels.index(r["algorithm"]), LEARNING_RATES.index(float(r["learning_rate"])), int(r["seed"]),
+               int(r["step"])] = float(r["J"])
+    return labels, curves
+
+
+def table(labels: list[str], curves) -> str:
+    """Each algorithm's row (``best_row``) as a markdown table."""
+    return markdown.table(["algorithm", "best lr", "mean J over steps", "final J (mean +- std over seeds)"],
+                          [best_row(label, curves[a]) for a, label in enumerate(labels)])
 
 
 def best_learning_rate(curves_of_algorithm) -> int:
@@ -101,9 +123,10 @@ def main(argv=None):
          f"{runs} runs in one vmap ({seconds:.1f} s)")
     print(f"{runs} runs x {args.steps} steps in one compiled call: {seconds:.1f} s (compile included)")
     print(f"J at step 0: {curves[0, 0, 0, 0]:.3f}\n")
-    print(markdown.table(["algorithm", "best lr", "mean J over steps", "final J (mean +- std over seeds)"],
-                         [best_row(entry.label, curves[a]) for a, entry in enumerate(algorithms)]))
-    print(f"wrote {out / 'curves.csv'} and {out / 'curves.png'}")
+    summary = table(*read_csv(out / "curves.csv"))
+    (out / "toy_ablation.md").write_text(summary + "\n")
+    print(summary)
+    print(f"wrote {out / 'curves.csv'}, {out / 'toy_ablation.md'} and {out / 'curves.png'}")
 
 
 if __name__ == "__main__":

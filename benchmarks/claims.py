@@ -1,0 +1,465 @@
+"""The numbers the docs state in prose, recomputed from the committed records they come from.
+
+A generated table (a benchmark block, a report excerpt: ``readme_tables.py``) carries its numbers from
+their record. A sentence that quotes a number from a table the page does not show, or a number derived
+from several (a ratio, a per-seed difference), is a ``Claim``: the page and section it is in, the
+fragment of prose as written, and the function that recomputes the fragment's numbers, in the order
+the fragment states them, from the committed records (``experiments/results/``, ``benchmarks/results/``).
+A number agrees when the recomputed value rounds to it at the precision it is written with; a sign
+written before a number (``+0.32``, ``[-0.020``) is part of it.
+
+    python benchmarks/claims.py        # every claim, its numbers and the recomputed values; exit 1 if one differs
+
+``tests/test_readme.py`` fails when a claim's fragment is not in its section or a number differs, and
+requires every number the README links to be in a generated or checked table of the section it links,
+or in one of that section's claims.
+"""
+import dataclasses
+import json
+import pathlib
+import re
+import sys
+from collections.abc import Callable, Sequence
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import readme_tables
+
+from pgjax.evaluation.statistics import median_ratio, wilson_interval
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+NUMBER = re.compile(r"(?<![\w.@])([-+]?)(\d+(?:\.\d+)?(?:e[-+]?\d+)?)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """``text``, verbatim (line breaks as spaces) in section ``section`` (a heading's anchor) of ``page``,
+    states the numbers ``values()`` returns, in order."""
+    page: str
+    section: str
+    text: str
+    values: Callable[[], Sequence[float]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Stated:
+    """``text``, verbatim in section ``section`` of ``page``, holds numbers that are no measurement and
+    have no record to come from (a kernel version, a property of the paper's setting); ``why`` says what
+    they are. The check only finds the fragment in its section."""
+    page: str
+    section: str
+    text: str
+    why: str
+
+
+def numbers(text: str) -> list[str]:
+    """The numbers written in ``text``, each with the sign written before it: ``+0.32``, ``-0.020``;
+    a hyphen between two numbers (``0.81-0.90``) is a range, not a sign."""
+    found = []
+    for match in NUMBER.finditer(text):
+        sign = match.group(1)
+        start = match.start()
+        signed = sign and (start == 0 or text[start - 1] in " ([,\n")
+        found.append((sign if signed else "") + match.group(2))
+    return found
+
+
+def agrees(written: str, value: float) -> bool:
+    """Whether ``value`` rounds to ``written`` at the precision it is written with (``0.81`` for 0.8149,
+    ``1.01`` for 1.008; ``3e-15`` for 3.11e-15: one significant digit)."""
+    if "e" in written:
+        mantissa, exponent = written.split("e")
+        decimals = len(mantissa.split(".")[1]) if "." in mantissa else 0
+        return abs(value - float(written)) <= 0.5 * 10 ** (int(exponent) - decimals) * (1 + 1e-9)
+    decimals = len(written.split(".")[1]) if "." in written else 0
+    return abs(value - float(written)) <= 0.5 * 10 ** -decimals * (1 + 1e-9) + 1e-12
+
+
+# --- where the values come from
+
+
+def report_cells(report: str, spec: str) -> list[list[str]]:
+    """The data rows of the table that an excerpt of ``report`` with options ``spec`` shows."""
+    lines = readme_tables.excerpt(report, spec, ROOT).splitlines()
+    return [readme_tables.table_cells(line) for line in lines[2:]]
+
+
+def report_numbers(report: str, spec: str) -> list[float]:
+    """The numbers, in reading order, of the one cell the excerpt ``spec`` of ``report`` selects (a cell
+    ``0.375 ± 0.014 (0.364-0.391)`` gives 0.375, 0.014, 0.364, 0.391); ValueError if it selects more."""
+    cells = report_cells(report, spec)
+    if len(cells) != 1 or len(cells[0]) != 1:
+        raise ValueError(f"{report} {spec}: selects {sum(map(len, cells))} cells, not one")
+    return [float(n) for n in numbers(cells[0][0])]
+
+
+def result(name: str) -> dict:
+    """The committed record ``benchmarks/results/NAME.json``."""
+    return json.loads((ROOT / "benchmarks" / "results" / f"{name}.json").read_text())
+
+
+def records(path: str) -> list[dict]:
+    """The per-step records of a committed ``metrics.jsonl``."""
+    return [json.loads(line) for line in (ROOT / path).read_text().splitlines() if line.strip()]
+
+
+def json_file(path: str) -> dict:
+    """A committed JSON file (an evaluation, a summary)."""
+    return json.loads((ROOT / path).read_text())
+
+
+def stated_in(path: str, pattern: str) -> list[float]:
+    """The numbers that ``pattern``'s groups capture in a committed file (a log line, a constant in code,
+    a test's threshold); ValueError when it is not there."""
+    match = re.search(pattern, (ROOT / path).read_text(), re.M)
+    if not match:
+        raise ValueError(f"{path}: nothing matches {pattern!r}")
+    return [float(group) for group in match.groups()]
+
+
+def generated_tables(page: str, name: str) -> list[list[list[str]]]:
+    """Each table's data rows in a page's ``<!-- NAME:start -->`` block: a command's output, which a test of
+    ``tests/test_readme.py`` checks against the command."""
+    block = re.search(rf"<!-- {name}:start -->\n(.*?)<!-- {name}:end -->", (ROOT / page).read_text(), re.S)
+    if not block:
+        raise ValueError(f"{page}: no <!-- {name}:start --> block")
+    return [table[2:] for tables in readme_tables.report_sections(block.group(1)).values() for table in tables]
+
+
+def pooled_step_seconds(name: str, row: str) -> list[float]:
+    """Every timed step of one row of a ``compare_trl.py`` record, its rounds pooled: the step's seconds
+    are its sampling, scoring and update."""
+    return [s["sampling"] + s["scoring"] + s["update"] for run in result(name)["runs"][row] for s in run["steps"]]
+
+
+# --- the claims, page by page
+
+SMOLLM2_SEEDS = "experiments/results/smollm2_seeds/smollm2_seeds.md"
+TOOLS_SEEDS = "experiments/results/smollm2_tools_seeds/smollm2_tools_seeds.md"
+REWARD_SEEDS = "experiments/results/smollm2_reward_model_seeds/smollm2_reward_model_seeds.md"
+TRAINING = 'sections="training phrasings"'
+
+
+def _seed_means_pass1() -> list[float]:
+    """Dr. GRPO's and GRPO's pass@1 over their three seeds on the training phrasings: mean and sd each."""
+    cells = [report_numbers(SMOLLM2_SEEDS, f'{TRAINING} rows="{m}" columns="pass@1"') for m in ("dr_grpo", "grpo")]
+    return [*cells[0][:2], *cells[1][:2]]
+
+
+def _tools_gain_per_seed() -> list[float]:
+    """warm_rl's pass@1 minus warm's, seed by seed (the report's per-seed table)."""
+    def per_seed(model):
+        return [float(c[1]) for c in report_cells(TOOLS_SEEDS, f'table=2 rows="{model}" columns="run,pass@1"')]
+    return [b - a for a, b in zip(per_seed("warm"), per_seed("warm_rl"), strict=True)]
+
+
+def _paired(report: str, pair: str, metric: str, table: int = 3, section: str = "") -> list[float]:
+    """A report's pooled paired difference B - A of ``metric`` and its paired-bootstrap interval (in
+    ``section``, a heading's start; default: the report's first section with a table)."""
+    where = f'sections="{section}" ' if section else ""
+    rows = f'{where}table={table} rows="{pair}" where="metric={re.escape(metric)}"'
+    return (report_numbers(report, f'{rows} columns="mean difference"')
+            + report_numbers(report, f'{rows} columns="95% CI (paired bootstrap)"'))
+
+
+def _sampler_stacked_ratios() -> list[float]:
+    """The stacked-layer sampler's tokens per second over transformers', ragged then forced."""
+    return [r["pgjax_stacked_layers"] / r["transformers"] for r in result("sampler_smollm2")["results"]]
+
+
+def _trl_fastest_against_fastest() -> list[float]:
+    """TRL with huge pages over pgjax at its defaults: the ratio of pooled median step seconds and its
+    bootstrap interval (each side at its fastest setting of the tuned run)."""
+    name = "compare_trl_smollm2_tuned"
+    ratio = median_ratio(pooled_step_seconds(name, "TRL GRPOTrainer, huge pages"), pooled_step_seconds(name, "pgjax"))
+    return [ratio["ratio"], ratio["low"], ratio["high"]]
+
+
+def _remat_over_chunked_torch() -> list[float]:
+    """pgjax's stacked layers with remat over torch eager with a chunked log-softmax, seconds per
+    update, at each shape of the model-options record."""
+    return [r["seconds"]["pgjax, chunked, scan + remat"] / r["seconds"]["torch eager, chunked"]
+            for r in result("train_step_options_smollm2")["results"]]
+
+
+def _long_run_start_greedy() -> list[float]:
+    """The 60-step reward-model run's greedy evaluation at step 0 (its 64 prompts)."""
+    path = "experiments/results/smollm2_reward_model_seeds/records/reward_model_long_s0/metrics.jsonl"
+    return [next(r["eval_accuracy"] for r in records(path) if r["step"] == 0)]
+
+
+def _seed_length_and_finish(seed: int) -> list[float]:
+    """One Dr. GRPO seed's mean length and finish rate (percent) on the training phrasings."""
+    spec = f'{TRAINING} table=2 rows="dr_grpo" where="run=seed {seed}"'
+    return [report_numbers(SMOLLM2_SEEDS, f'{spec} columns="mean_length"')[0],
+            100 * report_numbers(SMOLLM2_SEEDS, f'{spec} columns="finish_rate"')[0]]
+
+
+def _across_seeds_p(report: str, pair: str, metric: str, section: str) -> list[float]:
+    """The across-seed test's p-values of B - A: the unpaired one (Welch's or one-sample t), then paired by seed."""
+    spec = f'sections="{section}" table=4 rows="{pair}" where="metric={re.escape(metric)}"'
+    return [report_numbers(report, f'{spec} columns="p (t across seeds)"')[0],
+            report_numbers(report, f'{spec} columns="p (t paired by seed)"')[0]]
+
+
+def _budget_cell(model: str, budget: int, stratum: str, column: str) -> float:
+    """One cell of the SmolLM2 study's response-budget table of ``model``."""
+    return report_numbers(SMOLLM2_SEEDS, f'sections="response budgets: {model}" rows="{budget}" '
+                                         f'where="stratum={stratum}" columns="{column}"')[0]
+
+
+def _base_finished(budget: int) -> float:
+    return _budget_cell("base", budget, "all", "finished")
+
+
+def _budget_pass1(model: str, budget: int, stratum: str) -> float:
+    return _budget_cell(model, budget, stratum, "pass@1")
+
+
+def _passk_finished(model: str) -> float:
+    """The finish rate of ``model``'s pass@k evaluation (64 samples of 64 prompts, 256 new tokens)."""
+    return report_numbers(SMOLLM2_SEEDS, f'sections="pass@k (256 new tokens): {model}" where="stratum=all" '
+                                         'columns="finished"')[0]
+
+
+def _state_baseline_variance_cut() -> list[float]:
+    """REINFORCE's total variance without and with the V(s_t) baseline on the audit's mixed MDP (its
+    second table), and the share the baseline cuts, in percent."""
+    _, mixed = generated_tables("docs/theory.md", "audit-table")     # the one-prompt MDP, then the mixed one
+    plain, baseline = (float(next(r for r in mixed if r[0].startswith(name))[4])
+                       for name in ("REINFORCE (eq. 10)", "REINFORCE + V(s_t)"))
+    return [plain, baseline, 100 * (1 - baseline / plain)]
+
+
+TOOLS = "experiments/results/smollm2_tools/comparison.md"
+PAIRS = json_file("experiments/results/smollm2_reward_model/pairs_summary.json")
+
+
+def _greedy_by_digits(name: str) -> list[float]:
+    """A calculator evaluation's greedy accuracy on 1-, 2- and 3-digit problems."""
+    strata = json_file(f"experiments/results/smollm2_tools/{name}.json")["strata"]["difficulty"]
+    return [strata[d]["metrics"]["greedy_accuracy"]["value"] for d in ("1", "2", "3")]
+
+
+def _tools_window(metric: str) -> list[float]:
+    """The tool study's training ``metric`` in its first and last 5-step windows (mean over seeds)."""
+    cells = report_cells(TOOLS_SEEDS, f'sections="training, per 5 steps" columns="{metric}"')
+    return [float(numbers(cells[0][0])[0]), float(numbers(cells[-1][0])[0])]
+
+
+def _tools_seed_cell(model: str, seed: int, metric: str) -> float:
+    """One seed's ``metric`` in the tool study's per-seed table."""
+    return report_numbers(TOOLS_SEEDS, f'table=2 rows="{model}" where="run=seed {seed}" columns="{metric}"')[0]
+
+
+def _tools_format(seed: int) -> list[float]:
+    """One seed's format rate before and after RL."""
+    return [_tools_seed_cell("warm", seed, "format_rate"), _tools_seed_cell("warm_rl", seed, "format_rate")]
+
+
+def wilson_95(successes: float, n: int) -> list[float]:
+    """The Wilson score 95% interval of ``successes`` of ``n`` (``pgjax.evaluation.statistics``)."""
+    return list(wilson_interval(successes, n))
+
+
+CLAIMS: tuple[Claim, ...] = (
+    Claim("docs/real_models.md", "checking-a-gain-budgets-held-out-phrasings-seeds",
+          "The seed means are 0.421 ± 0.035 and 0.375 ± 0.014", _seed_means_pass1),
+    Claim("docs/agents.md", "what-rl-adds-after-a-short-warm-start-three-seeds",
+          "pass@1 rises by +0.32, +0.32 and +0.36", _tools_gain_per_seed),
+    Claim("docs/reward_models.md", "grpo-against-the-reward-model-vs-against-the-verifier",
+          "pass@1 +0.122 [+0.083, +0.162] with the verifier",
+          lambda: _paired(REWARD_SEEDS, "verifier - base", "pass@1")),
+    Claim("docs/reward_models.md", "grpo-against-the-reward-model-vs-against-the-verifier",
+          "+0.130 [+0.086, +0.174] with the reward model",
+          lambda: _paired(REWARD_SEEDS, "reward_model - base", "pass@1")),
+    Claim("docs/reward_models.md", "grpo-against-the-reward-model-vs-against-the-verifier",
+          "pass@1 +0.007 [-0.020, +0.035]", lambda: _paired(REWARD_SEEDS, "reward_model - verifier", "pass@1")),
+    Claim("docs/reward_models.md", "grpo-against-the-reward-model-vs-against-the-verifier",
+          "greedy -0.010 [-0.055, +0.034]",
+          lambda: _paired(REWARD_SEEDS, "reward_model - verifier", "greedy_accuracy")),
+    Claim("docs/reward_models.md", "grpo-against-the-reward-model-vs-against-the-verifier",
+          "(+0.139 [+0.112, +0.167] finished)",
+          lambda: _paired(REWARD_SEEDS, "reward_model - verifier", "finish_rate")),
+    Claim("docs/reward_models.md", "where-optimising-the-reward-model-starts-to-hurt",
+          "the start's greedy accuracy on those prompts is 0.312", _long_run_start_greedy),
+    Claim("docs/reward_models.md", "where-optimising-the-reward-model-starts-to-hurt",
+          "greedy 0.211 and pass@1 0.205",
+          lambda: [report_numbers(REWARD_SEEDS, f'rows="reward_model_long" columns="{metric}"')[0]
+                   for metric in ("greedy_accuracy", "pass@1")]),
+    Claim("docs/reward_models.md", "where-optimising-the-reward-model-starts-to-hurt",
+          "-0.201 [-0.263, -0.143] greedy and -0.118 [-0.160, -0.078] pass@1",
+          lambda: [*_paired(REWARD_SEEDS, "reward_model_long - reward_model", "greedy_accuracy"),
+                   *_paired(REWARD_SEEDS, "reward_model_long - reward_model", "pass@1")]),
+    Claim("docs/reward_models.md", "where-optimising-the-reward-model-starts-to-hurt",
+          "greedy -0.102 [-0.188, -0.016]",
+          lambda: _paired(REWARD_SEEDS, "reward_model_long - base", "greedy_accuracy")),
+    Claim("docs/benchmarks.md", "sampler-vs-transformers-generate",
+          "1.43x and 1.31x transformers' tokens/s", _sampler_stacked_ratios),
+    Claim("docs/benchmarks.md", "tuned-settings-on-both-sides",
+          "gives **1.71x [1.53, 1.84]**", _trl_fastest_against_fastest),
+    Claim("docs/benchmarks.md", "the-model-options",
+          "1.01x and 0.81x the chunked torch row's", _remat_over_chunked_torch),
+    # real_models.md
+    Claim("docs/real_models.md", "checking-a-gain-budgets-held-out-phrasings-seeds",
+          "Seed 2 answers in 12 tokens on average and finishes 99.9%; seed 1 in 22 tokens, finishing 92%",
+          lambda: [2, *_seed_length_and_finish(2), 1, *_seed_length_and_finish(1)]),
+    Claim("docs/real_models.md", "checking-a-gain-budgets-held-out-phrasings-seeds",
+          "GRPO +0.201 [+0.148, +0.254] on the training phrasings, +0.277 on the held-out templates; Dr. GRPO "
+          "+0.191 and +0.255",
+          lambda: [*_paired(SMOLLM2_SEEDS, "grpo - base", "greedy_accuracy", section="training phrasings"),
+                   _paired(SMOLLM2_SEEDS, "grpo - base", "greedy_accuracy", section="held-out templates")[0],
+                   _paired(SMOLLM2_SEEDS, "dr_grpo - base", "greedy_accuracy", section="training phrasings")[0],
+                   _paired(SMOLLM2_SEEDS, "dr_grpo - base", "greedy_accuracy", section="held-out templates")[0]]),
+    Claim("docs/real_models.md", "checking-a-gain-budgets-held-out-phrasings-seeds",
+          "Against GRPO's seeds (0.364-0.391) Welch's p = 0.067, p = 0.12 paired by seed",
+          lambda: [*report_numbers(SMOLLM2_SEEDS, f'{TRAINING} rows="grpo" columns="pass@1"')[2:],
+                   *_across_seeds_p(SMOLLM2_SEEDS, "dr_grpo_lora - grpo", "pass@1", "training phrasings")]),
+    Claim("docs/real_models.md", "checking-a-gain-budgets-held-out-phrasings-seeds",
+          "it finishes 96-99% of its answers instead of 54%",
+          lambda: [100 * min(_base_finished(256), _base_finished(512)),
+                   100 * max(_base_finished(256), _base_finished(512)), 100 * _base_finished(64)]),
+    Claim("docs/real_models.md", "checking-a-gain-budgets-held-out-phrasings-seeds",
+          "On 2-digit operands it goes from 0.041 at best to 0.143, on 1-digit ones from 0.303 at best to 0.562",
+          lambda: [2, max(_budget_pass1("base", b, "difficulty=2") for b in (64, 256, 512)),
+                   _budget_pass1("dr_grpo_s0", 512, "difficulty=2"), 1,
+                   max(_budget_pass1("base", b, "difficulty=1") for b in (64, 256, 512)),
+                   _budget_pass1("dr_grpo_s0", 512, "difficulty=1")]),
+    Claim("docs/real_models.md", "checking-a-gain-budgets-held-out-phrasings-seeds",
+          "where the base model finishes 96% of its answers", lambda: [100 * _passk_finished("base")]),
+    Claim("docs/real_models.md", "checking-a-gain-budgets-held-out-phrasings-seeds",
+          "finish 99.4% and 99.9% of them",
+          lambda: [100 * _passk_finished("grpo_s1"), 100 * _passk_finished("dr_grpo_lora_s0")]),
+    # theory.md
+    Claim("docs/theory.md", "what-the-paper-claims-checked-exactly",
+          "REINFORCE's total variance from 0.187 to 0.073 (61%) on the mixed MDP", _state_baseline_variance_cut),
+    # design.md
+    Claim("docs/design.md", "the-training-loop", "pays 1.2x in the update",
+          lambda: [result("packing_smollm2_trained")["ratios"]["packed x2"]["ratio"]]),
+    Claim("docs/design.md", "fitting-bigger-models-the-models-memory-options",
+          "within 2% of float32's, and a six-step GRPO run moving p(rewarded token) as the float32 run does, "
+          "within 0.02",
+          lambda: [100 * stated_in("tests/test_model_options.py", r"abs\(norm16 - norm32\) < ([\d.e-]+) \* norm32")[0],
+                   *stated_in("tests/test_model_options.py", r"abs\(p16 - p32\) < ([\d.]+)")]),
+    # agents.md
+    Claim("docs/agents.md", "episodes", "1.53x faster", lambda: [result("episodes_smollm2")["ratio"]["ratio"]]),
+    Claim("docs/agents.md", "episodes", "0.69x with", lambda: [result("episodes_smollm2_obs256")["ratio"]["ratio"]]),
+    Claim("docs/agents.md", "smollm2-with-the-calculator",
+          "+0.828 [+0.719, +0.922] greedy (p = 3e-15) and +0.898 [+0.836, +0.953]",
+          lambda: [*_paired(TOOLS, "warm_start_40 - base_no_tools", "greedy_accuracy", table=2),
+                   *report_numbers(TOOLS, 'table=2 rows="warm_start_40 - base_no_tools" '
+                                          'where="metric=greedy_accuracy" columns="p (exact sign-flip)"'),
+                   *_paired(TOOLS, "warm_start_40 - base_no_tools", "pass@1", table=2)]),
+    Claim("docs/agents.md", "smollm2-with-the-calculator",
+          "solves 0.318 / 0.143 / 0.000 of the 1-, 2- and 3-digit problems greedily; the warm-started one "
+          "1.000 / 0.952 / 1.000",
+          lambda: [*_greedy_by_digits("base_no_tools"), 1, 2, 3, *_greedy_by_digits("warm_start_40")]),
+    Claim("docs/agents.md", "smollm2-with-the-calculator", "loss fell from 1.12 to 0.000 in 40",
+          lambda: stated_in("experiments/results/smollm2_tools/warm_start_40.log",
+                            r"warm start 1/40: loss (\S+)\n(?:.*\n)*?warm start 40/40: loss (\S+)") + [40]),
+    Claim("docs/agents.md", "what-rl-adds-after-a-short-warm-start-three-seeds",
+          "accuracy goes 0.68 -> 0.95 from the first 5 steps to the last 5, and its call rate 0.87 -> 1.00",
+          lambda: [*_tools_window("accuracy"), 5, 5, *_tools_window("call_rate")]),
+    Claim("docs/agents.md", "what-rl-adds-after-a-short-warm-start-three-seeds",
+          "its format rate fell 0.74 -> 0.42 and its replies shortened to 45 tokens",
+          lambda: [*_tools_format(0), _tools_seed_cell("warm_rl", 0, "mean_episode_tokens")]),
+    Claim("docs/agents.md", "what-rl-adds-after-a-short-warm-start-three-seeds",
+          "Seeds 1 and 2 box more often (0.68 -> 0.93 and 0.88)",
+          lambda: [1, 2, _tools_seed_cell("warm", 1, "format_rate"), _tools_seed_cell("warm_rl", 1, "format_rate"),
+                   _tools_seed_cell("warm_rl", 2, "format_rate")]),
+    Claim("docs/agents.md", "masking-exactly-what-training-on-observation-tokens-does",
+          "per-turn rewards add 0.5 for a first turn",
+          lambda: stated_in("pgjax/theory/multiturn.py", r"^TURN_REWARD = (\S+)$")),
+    # reward_models.md
+    Claim("docs/reward_models.md", "preference-pairs-from-a-verifiable-task",
+          "the sampled accuracy was 0.155, 309 of the 640 prompts gave a pair, 510 pairs in all",
+          lambda: [PAIRS["sampled_accuracy"], PAIRS["prompts_with_a_pair"], PAIRS["prompts"],
+                   PAIRS["pairs"]["correct_over_incorrect"]]),
+    Claim("docs/reward_models.md", "training-a-reward-model", "spans [0.28, 0.72] for 16 pairs around a certain 0.5",
+          lambda: [*wilson_95(8, 16), 16, 0.5]),
+    Claim("docs/reward_models.md", "training-a-process-reward-model",
+          "the held-out step accuracy is above 0.9 after 16 steps",
+          lambda: stated_in("tests/test_reward_trainer.py", r'stage="process_reward_model", steps=(\d+)[\s\S]*?'
+                                                             r'records\[-1\]\["eval_accuracy"\] > (\S+)')[::-1]),
+    Claim("docs/reward_models.md", "reward-hacking-logged-every-step", "agreement above 0.85",
+          lambda: stated_in("tests/test_learned_reward.py", r"np\.mean\(agreements\) > (\S+)")),
+    Claim("docs/reward_models.md", "reward-hacking-logged-every-step", "agreement stays below 0.15",
+          lambda: stated_in("tests/test_learned_reward.py", r"np\.mean\(agreements\) < (\S+)")),
+)
+
+STATED: tuple[Stated, ...] = (
+    Stated("docs/agents.md", "what-is-tested", "Linux 6.18, Landlock ABI 7", "the kernel the sandbox tests ran on"),
+    Stated("docs/agents.md", "what-it-does-not-guarantee",
+           "a kernel before 5.13 without Landlock, before 6.7 without its TCP rules, before 5.12 without "
+           "`mount_setattr`", "the kernel versions that brought each sandbox layer"),
+    Stated("docs/training.md", "tasks-and-rewards", "(the verifier: 1.0 correct, 0.0 otherwise)",
+           "the verifier's two rewards"),
+    Stated("docs/training.md", "tasks-and-rewards", "raises or returns a non-finite value 0.0",
+           "the score `per_example` gives a row whose rule fails"),
+    Stated("docs/reliability.md", "the-rules", "an exception or NaN in one row is 0.0",
+           "the score `per_example` gives a row whose rule fails"),
+    Stated("docs/training.md", "evaluation", "the task's verifier scores 1.0",
+           "the verifier's reward for a right answer"),
+    Stated("docs/population.md", "building-and-running-one", 'hparams={"kl_coef": 0.01})])', "an example's setting"),
+    Stated("docs/design.md", "configuration-dataclasses-and-why-not-a-library",
+           "pydantic 2.14.3, draccus 0.11.6 and tyro 1.0.16 on Python 3.11", "the versions compared"),
+    Stated("docs/design.md", "configuration-dataclasses-and-why-not-a-library",
+           "| mistake | pgjax | pydantic 2.14 | draccus 0.11 | tyro 1.0 |", "the versions compared"),
+    Stated("docs/design.md", "array-conventions", "1.0 on response tokens that count (EOS included), 0.0 on padding",
+           "the mask's two values"),
+)
+
+
+# --- the check
+
+
+def flat(text: str) -> str:
+    """``text`` with every run of whitespace one space: a fragment may wrap anywhere."""
+    return " ".join(text.split())
+
+
+def problems(sections_of: Callable[[str], dict[str, str]], claims: Sequence[Claim] = CLAIMS,
+             stated: Sequence[Stated] = STATED) -> list[str]:
+    """What is wrong with ``claims`` and ``stated``: a fragment missing from its section, or a claimed
+    number its values do not round to. ``sections_of(page)``: {anchor: the section's text} of a page."""
+    found = []
+    for claim in (*claims, *stated):
+        section = sections_of(claim.page).get(claim.section)
+        where = f"{claim.page}#{claim.section}"
+        if section is None:
+            found.append(f"{where}: no such section")
+            continue
+        if flat(claim.text) not in flat(section):
+            found.append(f"{where}: {claim.text!r} is not in the section")
+            continue
+        if isinstance(claim, Stated):
+            continue
+        written, values = numbers(claim.text), list(claim.values())
+        if len(written) != len(values):
+            found.append(f"{where}: {claim.text!r} states {len(written)} numbers, its record gives {len(values)}")
+        elif not all(agrees(w, v) for w, v in zip(written, values, strict=True)):
+            shown = ", ".join(f"{v:.6g}" for v in values)
+            found.append(f"{where}: {claim.text!r} differs from its record: {shown}")
+    return found
+
+
+def claimed_numbers(page: str, section: str) -> list[str]:
+    """The numbers the claims and statements of one section hold."""
+    return [n for c in (*CLAIMS, *STATED) if c.page == page and c.section == section for n in numbers(c.text)]
+
+
+def main() -> int:
+    cache: dict[str, dict[str, str]] = {}
+
+    def sections_of(page):
+        return cache.setdefault(page, readme_tables.sections((ROOT / page).read_text()))
+    for claim in CLAIMS:
+        values = ", ".join(f"{v:.6g}" for v in claim.values())
+        print(f"{claim.page}#{claim.section}: {claim.text!r} <- {values}")
+    found = problems(sections_of)
+    summary = f"{len(CLAIMS)} claims agree with their records, {len(STATED)} statements found"
+    print("\n".join(found) or summary, file=sys.stderr if found else sys.stdout)
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
