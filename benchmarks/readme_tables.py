@@ -36,6 +36,7 @@ import pathlib
 import re
 import shlex
 import sys
+from collections.abc import Iterator
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from provenance import machine_line, record
@@ -115,10 +116,9 @@ def slug(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
 
 
-def sections(text: str) -> dict[str, str]:
-    """Each heading's anchor (``slug``; the first of repeats) and the text under it, its subsections
-    included, outside fenced code as inside."""
-    found: dict[str, list[str]] = {}
+def heading_walk(text: str) -> Iterator[tuple[list[tuple[int, str]], bool, str]]:
+    """Each line of a markdown text with the headings open at it, as (level, anchor) outermost first, and
+    whether the line is one of them; a ``#`` line in fenced code opens none."""
     open_headings: list[tuple[int, str]] = []
     fenced = False
     for line in text.splitlines():
@@ -128,10 +128,32 @@ def sections(text: str) -> dict[str, str]:
         if heading:
             level = len(heading.group(1))
             open_headings = [(lv, a) for lv, a in open_headings if lv < level] + [(level, slug(heading.group(2)))]
+        yield open_headings, bool(heading), line
+
+
+def sections(text: str) -> dict[str, str]:
+    """Each heading's anchor (``slug``; the first of repeats) and the text under it, its subsections
+    included, outside fenced code as inside."""
+    found: dict[str, list[str]] = {}
+    for open_headings, is_heading, line in heading_walk(text):
+        if is_heading:
             found.setdefault(open_headings[-1][1], [])
         for _, anchor in open_headings:
             found[anchor].append(line)
     return {anchor: "\n".join(lines) for anchor, lines in found.items()}
+
+
+def leaf_sections(text: str) -> list[tuple[list[str], str]]:
+    """(anchors, text) of each heading's own text up to the next heading: ``anchors`` are its own and those
+    of the sections of level 2 or deeper that enclose it, innermost first."""
+    found: list[tuple[list[str], list[str]]] = []
+    for open_headings, is_heading, line in heading_walk(text):
+        if is_heading:
+            own = open_headings[-1][0]
+            found.append(([a for lv, a in reversed(open_headings) if lv >= 2 or lv == own], []))
+        if found:
+            found[-1][1].append(line)
+    return [(anchors, "\n".join(lines)) for anchors, lines in found]
 
 
 EXCERPT = re.compile(r"(<!-- excerpt:(\S+)([^\n]*?) -->)\n((?:(?!<!-- excerpt:).)*?)\n?(<!-- /excerpt -->)", re.S)

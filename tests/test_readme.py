@@ -45,7 +45,7 @@ def _readme_tables():
     return _benchmark_module("readme_tables")
 
 
-slug, sections = _readme_tables().slug, _readme_tables().sections
+slug, sections, leaf_sections = _readme_tables().slug, _readme_tables().sections, _readme_tables().leaf_sections
 
 # pages for who works on pgjax, not for its users: linked from the docs page named, not from the README
 INTERNAL = {"collective_hang.md": "contributing.md"}
@@ -367,25 +367,6 @@ def test_every_claim_of_the_docs_prose_agrees_with_its_record():
 
 
 MEASURED = re.compile(r"(?<![\w.@/-])(?:\d+\.\d+|\d+(?=x\b|%))(?!\.?\d)(?![a-wyzA-Z_])")
-
-
-def leaf_sections(text: str) -> list[tuple[list[str], str]]:
-    """(anchors, text) of each heading's own text up to the next heading, outside fenced code: ``anchors``
-    are its own and those of the sections of level 2 or deeper that enclose it, innermost first."""
-    found: list[tuple[list[str], list[str]]] = []
-    open_headings: list[tuple[int, str]] = []
-    fenced = False
-    for line in text.splitlines():
-        if line.startswith("```"):
-            fenced = not fenced
-        heading = None if fenced else re.match(r"(#{1,6}) (.+)", line)
-        if heading:
-            level = len(heading.group(1))
-            open_headings = [(lv, a) for lv, a in open_headings if lv < level] + [(level, slug(heading.group(2)))]
-            found.append(([a for lv, a in reversed(open_headings) if lv >= 2 or lv == level], []))
-        if found:
-            found[-1][1].append(line)
-    return [(anchors, "\n".join(lines)) for anchors, lines in found]
 
 
 def prose_numbers_without_a_record(page: str) -> list[tuple[str, str]]:
