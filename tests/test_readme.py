@@ -45,7 +45,8 @@ def _readme_tables():
     return _benchmark_module("readme_tables")
 
 
-slug, sections, leaf_sections = _readme_tables().slug, _readme_tables().sections, _readme_tables().leaf_sections
+_TABLES = _readme_tables()
+slug, sections, leaf_sections = _TABLES.slug, _TABLES.sections, _TABLES.leaf_sections
 
 # pages for who works on pgjax, not for its users: linked from the docs page named, not from the README
 INTERNAL = {"collective_hang.md": "contributing.md"}
