@@ -32,7 +32,7 @@ import readme_tables
 from pgjax.evaluation.statistics import median_ratio, wilson_interval
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-NUMBER = re.compile(r"(?<![\w.@])([-+]?)(\d+(?:\.\d+)?(?:e[-+]?\d+)?)")
+NUMBER = re.compile(r"(?<![\w.@])([-+]?)(\d+(?:\.\d+)?(?:e[-+]?\d+)?)(?![a-wyzA-Z_\d])")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +58,8 @@ class Stated:
 
 def numbers(text: str) -> list[str]:
     """The numbers written in ``text``, each with the sign written before it: ``+0.32``, ``-0.020``;
-    a hyphen between two numbers (``0.81-0.90``) is a range, not a sign."""
+    a hyphen between two numbers (``0.81-0.90``) is a range, not a sign; a number that runs into a
+    letter other than ``x`` is part of a name (``SmolLM2-135M``), not a number."""
     found = []
     for match in NUMBER.finditer(text):
         sign = match.group(1)
@@ -601,6 +602,11 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("docs/experiments.md", "off-policy-rollouts-in-training", "masked outside [0.5, 2]",
           lambda: [stated_in("pgjax/core/algorithms.py", rf"{name}: Scalar = ([\d.]+)")[0]
                    for name in ("is_floor", "is_cap")]),
+    # reliability.md
+    Claim("docs/reliability.md", "the-rules", "about 0.37 s for SmolLM2-135M and 0.7 s for a 1 GiB dataset",
+          lambda: [*(statistics.median(result("fingerprints")["raw"][name]["new_run_s"])
+                     for name in ("SmolLM2-135M-Instruct checkpoint (float32)", "1 GiB JSONL dataset")),
+                   result("fingerprints")["raw"]["1 GiB JSONL dataset"]["bytes"] / 2 ** 30]),
     # scaling.md
     Claim("docs/scaling.md", "fitting-bigger-models-scan-over-layers-remat-bfloat16-compute-lora",
           "(bfloat16: a gradient norm within 2%",

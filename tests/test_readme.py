@@ -393,8 +393,8 @@ def prose_numbers_without_a_record(page: str) -> list[tuple[str, str]]:
 
 # Numbers in prose that no claim covers yet, per page: each is to become a claim (or an excerpt), or
 # leave the page if no record holds it. A count may only fall; a page's count must be exact.
-PROSE_NUMBERS_PENDING = {"benchmarks.md": 9, "experiments.md": 10, "real_models.md": 9, "reliability.md": 2,
-                         "scaling.md": 1, "theory.md": 1, "training.md": 2}
+PROSE_NUMBERS_PENDING = {"benchmarks.md": 9, "experiments.md": 10, "real_models.md": 9, "scaling.md": 1,
+                         "theory.md": 1, "training.md": 2}
 
 
 def test_the_docs_prose_states_no_new_number_without_a_record():
@@ -423,8 +423,8 @@ def test_a_claim_that_drifts_from_its_record_is_found():
     """The check names a changed number, a missing fragment and a miscounted one; a sign is part of a number,
     a hyphen between two numbers a range."""
     claims = _benchmark_module("claims")
-    page = {"s": "The gain is +0.32 [-0.020, +0.035] over 0.81-0.90 of pass@1."}
-    assert claims.numbers(page["s"]) == ["+0.32", "-0.020", "+0.035", "0.81", "0.90"]
+    page = {"s": "The gain is +0.32 [-0.020, +0.035] over 0.81-0.90 of pass@1, 1.5x on SmolLM2-135M."}
+    assert claims.numbers(page["s"]) == ["+0.32", "-0.020", "+0.035", "0.81", "0.90", "1.5"]
 
     def claim(text, values):
         return claims.Claim("p.md", "s", text, lambda: values)
