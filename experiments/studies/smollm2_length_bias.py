@@ -25,8 +25,8 @@ for Dr. GRPO, and a positive difference. The base model and every run are evalua
 ``EVAL_PROMPTS`` held-out prompts (seed ``EVAL_SEED``), greedy and ``EVAL_SAMPLES`` samples at T = 0.7,
 at the training budget.
 
-The time is an estimate, not a measurement: from the 64-token runs of ``smollm2_seeds.py`` and the
-instruct model's longer answers at a 256-token budget (``smollm2_seeds.md``, response budgets).
+A training job's time is from the step times of the first job at this budget (``train:dr_grpo:0``,
+resumed across sittings); the evaluations' is an estimate from the 64-token runs of ``smollm2_seeds.py``.
 """
 from pgjax import study
 
@@ -44,7 +44,8 @@ STUDY = study.Study(
                  "--temperature", "0.7", "--seed", EVAL_SEED), minutes=12,
         titles={"": f"{EVAL_PROMPTS} held-out prompts, greedy and {EVAL_SAMPLES} samples at T = 0.7, "
                     f"{BUDGET} new tokens"}),),
-    train_minutes=60, machine="the 2-core Xeon of docs/benchmarks.md (estimated)",
+    train_minutes=100,
+    machine="the 2-core Xeon without AMX of docs/benchmarks.md (training timed, evaluations estimated)",
     curve_title=f"SmolLM2-135M-Instruct, {BUDGET} new tokens",
     record_metrics=("accuracy", "length_correct", "length_incorrect", "truncated"), record_window=WINDOW,
     record_contrasts=(("grpo", "dr_grpo"),), curve_metrics=("length_correct", "length_incorrect", "truncated"))
