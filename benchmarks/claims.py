@@ -19,6 +19,7 @@ or in one of that section's claims; and counts, per page, the measured-looking n
 that neither shows (the count may only fall).
 """
 import dataclasses
+import functools
 import json
 import pathlib
 import re
@@ -103,13 +104,15 @@ def result(name: str) -> dict:
     return json_file(f"benchmarks/results/{name}.json")
 
 
+@functools.cache
 def records(path: str) -> list[dict]:
-    """The per-step records of a committed ``metrics.jsonl``."""
+    """The per-step records of a committed ``metrics.jsonl`` (read once; callers do not change them)."""
     return [json.loads(line) for line in (ROOT / path).read_text().splitlines() if line.strip()]
 
 
+@functools.cache
 def json_file(path: str) -> dict:
-    """A committed JSON file (an evaluation, a summary)."""
+    """A committed JSON file (an evaluation, a summary; read once, callers do not change it)."""
     return json.loads((ROOT / path).read_text())
 
 
@@ -664,19 +667,22 @@ CLAIMS: tuple[Claim, ...] = (
           lambda: stated_in("tests/test_learned_reward.py", r"np\.mean\(agreements\) < (\S+)")),
 )
 
+SAMPLER_GOAL = "the sampler's speed goal"
+FAILED_ROW = "the score `per_example` gives a row whose rule fails"
+
 STATED: tuple[Stated, ...] = (
     Stated("docs/agents.md", "what-is-tested", "Linux 6.18, Landlock ABI 7", "the kernel the sandbox tests ran on"),
     Stated("docs/agents.md", "what-it-does-not-guarantee",
            "a kernel before 5.13 without Landlock, before 6.7 without its TCP rules, before 5.12 without "
            "`mount_setattr`", "the kernel versions that brought each sandbox layer"),
     Stated("docs/benchmarks.md", "sampler-vs-transformers-generate", "**short of the 2.5x goal**",
-           "the sampler's speed goal"),
+           SAMPLER_GOAL),
     Stated("docs/benchmarks.md", "sampler-vs-transformers-generate", "they show the sampler at the 2.5x goal",
-           "the sampler's speed goal"),
+           SAMPLER_GOAL),
     Stated("docs/benchmarks.md", "sampler-vs-transformers-generate", "weights while it runs, 0.4 GB here",
            "SmolLM2-135M's 30 layers in float32: about 106M parameters of 4 bytes (the rest is the embedding)"),
     Stated("docs/benchmarks.md", "where-a-decode-step-goes", "The 2.5x goal against transformers",
-           "the sampler's speed goal"),
+           SAMPLER_GOAL),
     Stated("docs/benchmarks.md", "memory-efficient-log-probs", "at no more than 1.5x its time",
            "the log-prob memory goal"),
     Stated("docs/experiments.md", "difficulty", "a mix with a bucket near 50% success", "a proposed experiment"),
@@ -694,9 +700,9 @@ STATED: tuple[Stated, ...] = (
     Stated("docs/training.md", "tasks-and-rewards", "(the verifier: 1.0 correct, 0.0 otherwise)",
            "the verifier's two rewards"),
     Stated("docs/training.md", "tasks-and-rewards", "raises or returns a non-finite value 0.0",
-           "the score `per_example` gives a row whose rule fails"),
+           FAILED_ROW),
     Stated("docs/reliability.md", "the-rules", "an exception or NaN in one row is 0.0",
-           "the score `per_example` gives a row whose rule fails"),
+           FAILED_ROW),
     Stated("docs/training.md", "evaluation", "the task's verifier scores 1.0",
            "the verifier's reward for a right answer"),
     Stated("docs/population.md", "building-and-running-one", 'hparams={"kl_coef": 0.01})])', "an example's setting"),

@@ -297,12 +297,10 @@ LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)[^)]*\)|<(https?://[^>]+)>|\]:\s*(\S+
 
 def anchors(text: str) -> set[str]:
     """The anchors of every heading of a markdown text outside fenced code (repeats get -1, -2, ...)."""
-    found, seen, fenced = set(), {}, False
-    for line in text.splitlines():
-        if line.startswith("```"):
-            fenced = not fenced
-        elif not fenced and (match := re.match(r"#{1,6} (.+)", line)):
-            base = slug(match.group(1))
+    found, seen = set(), {}
+    for open_headings, is_heading, _ in _TABLES.heading_walk(text):
+        if is_heading:
+            base = open_headings[-1][1]
             found.add(base if base not in seen else f"{base}-{seen[base]}")
             seen[base] = seen.get(base, 0) + 1
     return found
@@ -327,6 +325,7 @@ def _checked_lines() -> frozenset[str]:
                      + reward_model_held_out_lines() + smollm2_tools_lines())
 
 
+@functools.cache
 def checked_text(section: str) -> str:
     """What a section shows that a test regenerates from its record: benchmark blocks, report excerpts,
     command tables, pasted study tables, and the rows of hand-laid tables checked against their records."""
