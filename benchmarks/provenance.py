@@ -6,7 +6,6 @@ use, the library versions and torch's BLAS back-end, and the environment variabl
 speed (allocator, thread and XLA settings). ``REQUIRED`` names the fields ``tests/test_readme.py``
 checks in every results file; ``machine_line`` is how a docs table names its machine."""
 import datetime
-import importlib.metadata
 import importlib.util
 import os
 import pathlib
@@ -14,13 +13,13 @@ import platform
 import subprocess
 import sys
 
+from pgjax.machine import cpu, cpu_line, versions
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SPEED_VARIABLES = ("XLA_FLAGS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MALLOC_ARENA_MAX",
                    "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "LD_PRELOAD",
                    "PGJAX_KEEP_FREED_MEMORY", "GLIBC_TUNABLES", "JAX_PLATFORMS", "JAX_ENABLE_X64",
                    "TF_CPP_MIN_LOG_LEVEL", "CUDA_VISIBLE_DEVICES")
-INSTRUCTION_SETS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
-                    "avx512_fp16", "amx_tile", "amx_bf16")
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "numpy", "torch", "transformers", "trl", "peft")
 REQUIRED = ("date", "commit", "command", "cpu", "versions", "threads", "environment")
 
@@ -30,33 +29,6 @@ def _git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return ""
-
-
-def cpu() -> dict:
-    """The CPU's model name, which of ``INSTRUCTION_SETS`` it has (from /proc/cpuinfo on Linux), its
-    logical cores and those this process may run on."""
-    model, flags = platform.processor() or platform.machine(), set()
-    try:
-        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                model = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-    except OSError:
-        pass
-    return {"model": model, "instruction_sets": [f for f in INSTRUCTION_SETS if f in flags],
-            "cores": os.cpu_count(), "usable_cores": len(os.sched_getaffinity(0))}
-
-
-def _versions() -> dict:
-    out = {}
-    for name in PACKAGES:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = None
-    return out
 
 
 def _torch() -> dict:
@@ -81,12 +53,11 @@ def record(children: dict | None = None) -> dict:
     return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "commit": _git("rev-parse", "HEAD"), "uncommitted_changes": bool(code_changes),
             "command": " ".join([pathlib.Path(sys.executable).name, *sys.argv]), "cpu": cpu(),
-            "python": platform.python_version(), "platform": platform.platform(), "versions": _versions(),
+            "python": platform.python_version(), "platform": platform.platform(), "versions": versions(PACKAGES),
             "threads": threads, "environment": {k: os.environ[k] for k in SPEED_VARIABLES if k in os.environ},
             "children": children or {}}
 
 
 def machine_line(saved: dict) -> str:
     """One line naming the machine of a ``record``: CPU model, instruction sets, cores."""
-    c = saved["cpu"]
-    return f"{c['model']} ({', '.join(c['instruction_sets']) or 'no AVX'}; {c['usable_cores']} cores)"
+    return cpu_line(saved["cpu"])

@@ -38,7 +38,7 @@ def test_core_imports_only_core_and_does_no_io():
 ENTRY_POINTS = {"__main__", "run", "eval", "compare", "demo", "plan", "study", "pairs"}
 # the layers of docs/design.md, bottom up: a unit imports only from its own layer and those below
 LAYERS = {"core": 0, "host_memory": 0, "errors": 0, "plugins": 0, "markdown": 0,  # arrays; process setup; tables
-          "checks": 0,                                                 # ConfigError and the checks of every setting
+          "machine": 0, "checks": 0,                       # the machine a record names; ConfigError and the checks
           "theory": 1, "models": 1, "parallel": 1,                     # exact analysis; networks; devices
           "sample": 2, "tasks": 2, "agents": 2,                        # decoding; prompts and rewards; tools
           "rollout": 3,                                                # responses sampled and scored

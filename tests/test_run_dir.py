@@ -25,6 +25,7 @@ from helpers import (
     tiny_experiment,
 )
 
+from pgjax import machine
 from pgjax import run as cli
 from pgjax.config import (
     AlgorithmSection,
@@ -38,7 +39,7 @@ from pgjax.config import (
 from pgjax.errors import RunStopped
 from pgjax.train import run_dir as run_dir_lib
 from pgjax.train.run_dir import RunDirectory, RunLock, locate
-from pgjax.train.sinks import read_records
+from pgjax.train.sinks import read_machines, read_records
 from pgjax.train.trainer import train
 
 ROOT = pathlib.Path(__file__).parent.parent
@@ -139,6 +140,21 @@ def test_operational_changes_resume_and_are_recorded(finished, tmp_path):
     assert record == {"step": 4, "changes": {"eval_every": [2, 3], "run_dir": [str(finished[1]), str(run)],
                                              "steps": [4, 6], "update.micro_batches": [1, 2]}}
     assert json.loads((run / "experiment.json").read_text())["steps"] == 6
+
+
+def test_each_sitting_records_its_machine_and_a_resume_drops_the_steps_it_computes_again(finished, tmp_path):
+    """machines.jsonl: a line per sitting with the step it started from and this machine's CPU and
+    JAX backend; a resume from step 4 keeps the lines of earlier steps only (a line a later sitting
+    wrote from step 6, whose steps the resume computes again, goes)."""
+    exp, run = copy_of(finished, tmp_path)
+    (first,) = read_machines(run)
+    assert first["step"] == 0 and first["cpu"] == machine.cpu() and first["jax_backend"] == "cpu"
+    later = {**first, "step": 6, "cpu": {**first["cpu"], "model": "another CPU"}}
+    with (run / "machines.jsonl").open("a") as f:
+        f.write(json.dumps(later) + "\n")
+    train(dataclasses.replace(exp, steps=6), resume=True, progress=False)
+    here = machine.cpu()["model"]
+    assert [(m["step"], m["cpu"]["model"]) for m in read_machines(run)] == [(0, here), (4, here)]
 
 
 def test_a_changed_model_shape_is_one_line_naming_the_arrays(finished, tmp_path):

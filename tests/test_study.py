@@ -201,6 +201,35 @@ def test_the_training_table_averages_each_window_then_the_seeds(tmp_path):
     assert dataclasses.replace(study, record_metrics=()).training_table(out) is None
 
 
+def test_a_kept_record_keeps_its_machines_and_the_report_names_the_cpu_of_each_sitting(tmp_path):
+    """keep_record copies machines.jsonl beside metrics.jsonl; the machines table gives each sitting's
+    steps (from the step after its start to the next sitting's start, or the run's last step) and CPU,
+    and a run kept without machines.jsonl says it is not recorded."""
+    study = studies.Study(
+        name="s", experiment="e.py", base_model="ckpt", methods={"m": ()}, seeds=(0, 1), references={},
+        evaluations=(), train_minutes=1, machine="x")
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    xeon = {"model": "Xeon", "instruction_sets": ["avx2", "avx512f"], "cores": 2, "usable_cores": 2}
+    epyc = {"model": "EPYC", "instruction_sets": [], "cores": 4, "usable_cores": 3}
+    for seed, sittings in ((0, [(0, xeon), (20, epyc)]), (1, None)):
+        run = runs / f"m_s{seed}"
+        (run / "final").mkdir(parents=True)
+        (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(31)))
+        if sittings:
+            (run / "machines.jsonl").write_text("".join(json.dumps({"step": step, "cpu": c}) + "\n"
+                                                        for step, c in sittings))
+        studies.keep_record(f"m_s{seed}", runs, out)
+    kept = studies.kept_record("m_s0", out).parent
+    assert (kept / "machines.jsonl").read_bytes() == (runs / "m_s0" / "machines.jsonl").read_bytes()
+    assert not (studies.kept_record("m_s1", out).parent / "machines.jsonl").exists()
+    assert study.machines_table(out).splitlines()[2:] == [
+        "| m_s0 | 1-20 | Xeon (avx2, avx512f; 2 cores) |",
+        "| m_s0 | 21-30 | EPYC (no AVX; 3 cores) |",
+        "| m_s1 | 1-30 | not recorded |"]
+    assert "### the machines that trained each run" in study.report(runs, out)
+    assert dataclasses.replace(study, seeds=(2,)).machines_table(out) is None
+
+
 def test_the_contrast_table_tests_each_methods_change_and_the_last_window_across_seeds(tmp_path):
     """Windows of 2 steps over 4 steps, three seeds each: each method's last window minus its first is
     Student's t paired by seed and B - A in the last window Welch's t (scipy's) and, with the same seeds,

@@ -33,8 +33,9 @@ The jobs, in order:
   gives its task), with the evaluation's arguments and the variant's, into ``OUT/KIND/MODEL[_VARIANT].json``.
 
 Every job writes one file and is skipped when that file exists. ``OUT`` is committed and ``RUNS`` is
-not: a training job also copies its run's ``metrics.jsonl`` to ``OUT/records/RUN/``, and a run whose
-record is kept counts as trained unless a job still to run needs its policy.
+not: a training job also copies its run's ``metrics.jsonl`` and ``machines.jsonl`` (the machine of each
+sitting) to ``OUT/records/RUN/``, and a run whose record is kept counts as trained unless a job still to
+run needs its policy.
 
 ``--report`` writes ``OUT/NAME.md`` (per paired evaluation and variant: each method's spread across
 seeds, the paired statistics of every pair of models with the runs fixed, and, where a model has
@@ -42,7 +43,7 @@ several seeds, the statistics across seeds: the runs-and-prompts bootstrap inter
 one-sample t test, and the t test paired by seed where two methods share their seeds; each unpaired
 evaluation's table; the training table of ``record_metrics``, each cell the mean over seeds and its t
 interval across seeds; each seed's first and last greedy evaluation in its kept record, with the last
-ones' mean, t interval and range) and
+ones' mean, t interval and range; the CPU of each sitting of each kept run) and
 ``OUT/NAME.png`` (each of ``curve_metrics`` against step, one panel each, per method the mean over its
 seeds and the min-max band, from the kept records: by default the greedy evaluation accuracy in
 training; a per-step training metric is averaged over windows of ``record_window`` steps).

@@ -19,9 +19,10 @@ from pgjax.evaluation import paired
 from pgjax.evaluation.held_out import budgets_of, digits_of
 from pgjax.evaluation.held_out import to_markdown as evaluation_table
 from pgjax.evaluation.statistics import across_seeds, welch_across_seeds
+from pgjax.machine import cpu_line
 from pgjax.study.curves import ACROSS_SEEDS_NOTE, plot_points_band, seed_cell
 from pgjax.study.jobs import EvalJob, Job, Runner, Subprocess, TrainJob
-from pgjax.train.sinks import read_records
+from pgjax.train.sinks import MACHINES_FILE, read_machines, read_records
 
 NO_VARIANT = {"": ()}
 
@@ -410,6 +411,23 @@ class Study:
                           f"Each seed's first and last greedy evaluation in its kept record; the last ones' "
                           f"{ACROSS_SEEDS_NOTE}."])
 
+    def machines_table(self, out: pathlib.Path) -> str | None:
+        """Per kept run, the CPU of each sitting and the steps it computed (from the machines.jsonl kept
+        beside its record); a run kept without one says so. None without kept records."""
+        rows = []
+        for model in self.trained():
+            record = kept_record(model, out)
+            if not record.exists():
+                continue
+            last = max((r["step"] for r in read_records(record.parent)), default=0)
+            sittings = read_machines(record.parent)
+            ends = [following["step"] for following in sittings[1:]] + [last]       # one end with no sittings
+            rows += [[model, f"{sitting['step'] + 1}-{end}", cpu_line(sitting["cpu"])]
+                     for sitting, end in zip(sittings, ends, strict=False)] or [[model, f"1-{last}", "not recorded"]]
+        if not rows:
+            return None
+        return markdown.table(["run", "steps", "CPU"], rows, "lll")
+
     def report(self, runs: pathlib.Path, out: pathlib.Path) -> str | None:
         """The study's markdown (written to ``OUT/NAME.md``) and plot, from the outputs that exist; None
         while no table has its models evaluated (a paired one needs a reference and another model)."""
@@ -447,6 +465,9 @@ class Study:
         final = self.final_table(out)
         if final:
             sections.append(f"### the last greedy evaluation of each seed\n\n{final}")
+        machines = self.machines_table(out)
+        if machines:
+            sections.append(f"### the machines that trained each run\n\n{machines}")
         if not sections:
             return None
         text = "\n\n".join(sections)
@@ -472,12 +493,16 @@ def kept_record(model: str, out: pathlib.Path) -> pathlib.Path:
 
 
 def keep_record(model: str, runs: pathlib.Path, out: pathlib.Path) -> None:
-    """Copy finished run ``model``'s metrics.jsonl to ``kept_record`` (a run still training is left out:
-    its partial curve would pull the mean of its later steps towards the other seeds')."""
+    """Copy finished run ``model``'s metrics.jsonl to ``kept_record``, and its machines.jsonl (the
+    machine of each sitting) beside it; a run still training is left out: its partial curve would pull
+    the mean of its later steps towards the other seeds'."""
     source = runs / model / "metrics.jsonl"
     if (runs / model / "final").is_dir() and source.exists():
         kept_record(model, out).parent.mkdir(parents=True, exist_ok=True)
         kept_record(model, out).write_bytes(source.read_bytes())
+        machines = runs / model / MACHINES_FILE
+        if machines.exists():
+            kept_record(model, out).with_name(MACHINES_FILE).write_bytes(machines.read_bytes())
 
 
 CURVE_LABELS = {"eval_accuracy": "greedy accuracy, the run's eval prompts", "accuracy": "the verifier's accuracy",

@@ -5,6 +5,8 @@ changes a resume makes to them, and ``RunDirectory``, which writes everything el
   experiment.json         the experiment the run uses (rewritten, atomically, when a resume changes it)
   inputs.json             the content fingerprints of its input files (``pgjax.train.inputs``)
   changes.jsonl           each accepted change on resume: the step, the keys (old and new), the input files
+  machines.jsonl          the machine of each sitting (``pgjax.machine.describe``): a line per start or resume,
+                          with the step it started from; a resume drops the lines of steps it computes again
   metrics.jsonl, completions.jsonl, events.out.tfevents.*, wandb/, curves.png
                           the metric records and logged completions (``pgjax.train.sinks``)
   checkpoints/<step>/, damaged_checkpoints/
@@ -48,7 +50,7 @@ from typing import TYPE_CHECKING
 
 import jax
 
-from pgjax import core
+from pgjax import core, machine
 from pgjax.checks import ConfigError
 from pgjax.config import Experiment, estimator_label, resolved, upgraded
 from pgjax.errors import RunStopped
@@ -57,7 +59,17 @@ from pgjax.models.heads import RewardModel
 from pgjax.parallel import multihost
 from pgjax.train.checkpoints import Checkpoints, one_line, write_atomically
 from pgjax.train.inputs import INPUTS_FILE, differences, fingerprints, input_files, upgraded_labels
-from pgjax.train.sinks import MetricsFile, Sink, WandB, open_sink, plot, read_records, sink_factory
+from pgjax.train.sinks import (
+    MACHINES_FILE,
+    MetricsFile,
+    Sink,
+    WandB,
+    open_sink,
+    plot,
+    read_machines,
+    read_records,
+    sink_factory,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -366,6 +378,7 @@ class RunDirectory:
         self.tokenizer: PreTrainedTokenizerBase | None = None     # the run's tokenizer (``start``)
         self.start_step = 0
         self.unrecorded = False     # the first files (a new run) or the changes (a resume) await the first record
+        self.machine_unrecorded = False     # this sitting's line of machines.jsonl awaits the first record
 
     @property
     def metrics_path(self) -> pathlib.Path:
@@ -501,6 +514,7 @@ class RunDirectory:
         if logging.completions_every or self.completions_path.exists():
             self.completions_file = MetricsFile(self.completions_path, since)
         self.unrecorded = not self.resume or bool(self.changes or self.input_changes)
+        self.machine_unrecorded = True
         if self.resume:
             self._complete_tokenizer()
             if not self.unrecorded and self.inputs != self.saved_inputs:    # same bytes, new file times
@@ -555,6 +569,17 @@ class RunDirectory:
         self._write_inputs()
         write_atomically(self.directory / "experiment.json", json.dumps(experiment_record(self.exp), indent=2))
 
+    def _record_machine(self) -> None:
+        """This sitting's line of machines.jsonl: the step it started from, the date and
+        ``machine.describe()``; the lines of earlier sittings from this step on are dropped (a resume
+        computes those steps again), so that each line covers the steps after it up to the next line's."""
+        path = self.directory / MACHINES_FILE
+        earlier = read_machines(self.directory) if self.resume else []
+        kept = [line for line in earlier if line.get("step", 0) < self.start_step]
+        now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        kept.append({"step": self.start_step, "date": now, **machine.describe()})
+        write_atomically(path, "".join(json.dumps(line) + "\n" for line in kept))
+
     def records(self) -> list[dict]:
         """The run's metric records so far (``read_records``)."""
         return read_records(self.directory)
@@ -570,6 +595,9 @@ class RunDirectory:
         if self.primary and self.unrecorded:
             self._record_first()
             self.unrecorded = False
+        if self.primary and self.machine_unrecorded:
+            self._record_machine()
+            self.machine_unrecorded = False
         if self.completions_file is None:
             completions = ()
         elif self.primary:

@@ -44,6 +44,7 @@ from pgjax.checks import ConfigError
 from pgjax.errors import described_value, located_error, raised_text
 from pgjax.plugins import is_import_path, resolve
 
+MACHINES_FILE = "machines.jsonl"     # the machine of each sitting of a run (pgjax.train.run_dir)
 CURVES = (("reward", "reward"), ("accuracy", "sampled accuracy"), ("eval_accuracy", "greedy eval accuracy"),
           ("length_correct", "length (correct)"), ("length_incorrect", "length (incorrect)"),
           ("entropy", "entropy"), ("kl_ref", "KL to reference"), ("clip_fraction", "clip fraction"))
@@ -101,6 +102,12 @@ def _read(path: pathlib.Path) -> list[dict]:
 def read_records(directory) -> list[dict]:
     """The metric records of the run in ``directory`` (metrics.jsonl, see ``_read``)."""
     return _read(pathlib.Path(directory) / "metrics.jsonl")
+
+
+def read_machines(directory) -> list[dict]:
+    """The machine of each sitting of the run in ``directory`` (machines.jsonl, written by
+    ``pgjax.train.run_dir``; see ``_read``): one dict per sitting with the step it started from."""
+    return _read(pathlib.Path(directory) / MACHINES_FILE)
 
 
 def read_completions(directory) -> list[dict]:
