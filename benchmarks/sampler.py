@@ -25,8 +25,12 @@ prompts practically never draw, so rows run to the budget). A third row, pgjax w
 ``compaction=0``, measures the decode-batch compaction lever in the same run; ``--scan-layers``
 adds pgjax with the layers stored stacked (``scan_layers=True``, a run's default; ``generate``
 copies the layers out of the stacked weights once per call), whose ratio to transformers is the
-default column's times the "stacked / default" column. ``--json PATH``
-saves the table with the machine and versions.
+default column's times the "stacked / default" column; ``--weight-dtype bfloat16`` adds pgjax with
+bfloat16 weights and float32 sums (``rollout.weight_dtype``: ``matmul_dtype="bfloat16"``, the weights
+rounded once per call, activations and the cache float32) and its ratio to the default column, and
+the two log-probs' gap on the forced rows (the mean and max |delta log p| of the same tokens scored
+by the float32 model, and the float32 model's own gap to itself as the floor). ``--json PATH`` saves
+the table with the machine and versions.
 
     python benchmarks/sampler.py --model models/smollm2-135m-instruct --batches 64 --new-tokens 128 \
         --repeats 3 --scan-layers --json benchmarks/results/sampler_smollm2.json
@@ -48,6 +52,7 @@ from readme_tables import save_table
 from pgjax import markdown
 from pgjax.config import Experiment, ModelSection, TaskSection
 from pgjax.models import hf
+from pgjax.models.scoring import response_logprobs
 from pgjax.rollout.collect import encode_prompts, pad_id
 from pgjax.sample import SamplingConfig, generate
 from pgjax.train.context import task_context
@@ -86,6 +91,23 @@ def pgjax_rate(model, prompts, mask, new_tokens, eos_ids, pad, seed, repeats, co
     key = jax.random.key(seed)
     run = lambda: jax.block_until_ready(generate(model, prompts, mask, key, config))  # noqa: E731
     return timed(run, lambda samples: int(samples.lengths.sum()), repeats)
+
+
+def logprob_gap(sampler, model, prompts, mask, new_tokens, eos_ids, pad, seed) -> dict:
+    """|sampler's log-prob - ``model``'s| of the sampler's own tokens (one ``generate`` call with the
+    benchmark's key), each scored by ``response_logprobs`` (one cache-free forward pass): the mean and
+    max over the response tokens, and ``floor``, the max gap of ``model``'s log-probs to its own
+    sampler's on that model's tokens (float32 round-off between the KV-cache decode and the forward)."""
+    config = SamplingConfig(max_new_tokens=new_tokens, eos_ids=eos_ids, pad_id=pad, temperature=1.0)
+
+    def gaps(of):
+        samples = generate(of, prompts, mask, jax.random.key(seed), config)
+        scored, _ = response_logprobs(model, samples.tokens, samples.attention_mask, prompts.shape[1])
+        keep = np.asarray(samples.response_mask, bool)
+        return np.abs(np.asarray(samples.logprobs) - np.asarray(scored))[keep]
+
+    gap, floor = gaps(sampler), gaps(model)
+    return {"mean": float(gap.mean()), "max": float(gap.max()), "floor": float(floor.max())}
 
 
 def transformers_rate(ref, prompts, mask, new_tokens, eos_ids, pad, repeats):
@@ -167,6 +189,8 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--scan-layers", action="store_true",
                         help="add a column: pgjax with the layers stored stacked (scan_layers=True)")
+    parser.add_argument("--weight-dtype", choices=["bfloat16"],
+                        help="add a column: pgjax with its weights and weight matmuls in this dtype (float32 sums)")
     parser.add_argument("--json", help="save the results here")
     args = parser.parse_args(argv)
     rng = np.random.default_rng(args.seed)
@@ -179,9 +203,12 @@ def main(argv=None):
     setup = (f"{description}; float32; temperature 1, no top-k/top-p; median of {args.repeats} calls after a "
              f"warm-up (compiling) call; max |logit gap| {gap:.1e}")
     print(header + "\n" + setup + "\n", flush=True)
+    weights = model.reconfigured(matmul_dtype=args.weight_dtype) if args.weight_dtype else None
     columns = ["batch", "new tokens", "mode", "pgjax tok/s", "pgjax, no compaction",
-               *(["pgjax, stacked layers", "stacked / default"] if stacked else []), "transformers tok/s", "ratio",
-               "compaction gain", "pgjax first call (s)"]
+               *(["pgjax, stacked layers", "stacked / default"] if stacked else []),
+               *([f"pgjax, {args.weight_dtype} weights", "weights / default", "mean / max abs delta log p"]
+                 if weights else []),
+               "transformers tok/s", "ratio", "compaction gain", "pgjax first call (s)"]
     align = "rrl" + "r" * (len(columns) - 3)
     print(markdown.table(columns, [], align), flush=True)
     results, cells = [], []
@@ -199,8 +226,14 @@ def main(argv=None):
                 if stacked:
                     row["pgjax_stacked_layers"], row["pgjax_stacked_first_call_s"] = rate(stacked)
                     stacked_cells = [f"{row['pgjax_stacked_layers']:,.0f}", f"{row['pgjax_stacked_layers'] / ours:.2f}"]
+                weight_cells = []
+                if weights:
+                    row["pgjax_weights"], row["pgjax_weights_first_call_s"] = rate(weights)
+                    row["logp_gap"] = logprob_gap(weights, model, tokens, mask, new_tokens, eos_ids, pad, args.seed)
+                    weight_cells = [f"{row['pgjax_weights']:,.0f}", f"{row['pgjax_weights'] / ours:.2f}",
+                                    "{mean:.1e} / {max:.1e} (floor {floor:.0e})".format(**row["logp_gap"])]
                 results.append(row)
-                cells.append([batch, new_tokens, mode, f"{ours:,.0f}", f"{plain:,.0f}", *stacked_cells,
+                cells.append([batch, new_tokens, mode, f"{ours:,.0f}", f"{plain:,.0f}", *stacked_cells, *weight_cells,
                               f"{theirs:,.0f}", f"{ours / theirs:.2f}", f"{ours / plain:.2f}", f"{first:.1f}"])
                 print(markdown.row(cells[-1]), flush=True)
     save_table(args.json, sys.argv[1:], markdown.table(columns, cells, align).splitlines(), header=header, setup=setup,

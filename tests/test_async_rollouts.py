@@ -47,6 +47,19 @@ def test_a_bfloat16_sampler_for_a_float32_learner_is_measured_and_corrected(tmp_
     assert 0 < record["is_weight"] < 2 and record["is_limited"] == 0.0
 
 
+def test_bfloat16_sampler_weights_are_measured_and_smaller_than_a_bfloat16_sampler(tmp_path):
+    """``rollout.weight_dtype=bfloat16``: the sampler's weights and weight matmuls in bfloat16 with
+    float32 sums, activations in float32. Its log-probs differ from the float32 learner's by more than
+    round-off and by less than those of a sampler that also computes in bfloat16 (same batch: step 1
+    of the same seed samples the same prompts)."""
+    weights = Trainer(stale_experiment(tmp_path / "w", staleness=0, weight_dtype="bfloat16"))
+    assert weights.pipeline.graphdef is not weights.learner.graphdef
+    whole = Trainer(stale_experiment(tmp_path / "c", staleness=0, compute_dtype="bfloat16"))
+    by_weights, by_compute = weights.step(), whole.step()
+    assert 1e-5 < by_weights["mismatch_abs"] < by_compute["mismatch_abs"] < 0.1
+    assert np.isfinite(by_weights["policy_loss"]) and by_weights["kept"] > 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("staleness", [1, 2])
 def test_stale_rollouts_run_log_their_lag_and_resume_exactly(tmp_path, staleness):
@@ -106,6 +119,7 @@ def test_a_batch_widened_for_a_checkpoint_is_cut_back_exactly(tmp_path):
 @pytest.mark.parametrize("assignments, message", [
     (["rollout.staleness=-1"], "rollout.staleness=-1 is invalid: an integer >= 0"),
     (["rollout.compute_dtype=float16"], "rollout.compute_dtype='float16' is invalid: float32, bfloat16"),
+    (["rollout.weight_dtype=float16"], "rollout.weight_dtype='float16' is invalid: bfloat16 or empty"),
     (["algorithm.correction=tis"], "algorithm.correction='tis' is invalid: one of ignore, token"),
     (["algorithm.preset=rloo", "algorithm.correction=behaviour_ratio"], "ratio 'on_policy' has none"),
 ])

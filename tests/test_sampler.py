@@ -1,6 +1,7 @@
 """The KV-cache sampler against the cache-free forward pass and NumPy references."""
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 from flax import nnx
@@ -8,7 +9,7 @@ from flax import nnx
 from pgjax.checks import ConfigError
 from pgjax.core import token_logprobs
 from pgjax.models.scoring import response_logprobs
-from pgjax.models.transformer import CausalLM, ModelConfig
+from pgjax.models.transformer import CausalLM, ModelConfig, _matmul
 from pgjax.sample import SamplingConfig, generate, sampling_logprobs
 from pgjax.sample.sampler import stage_sizes
 
@@ -251,6 +252,56 @@ def test_bfloat16_model_samples_with_a_bfloat16_cache():
     prompts, mask = left_padded_prompts()
     samples = generate(model, prompts, mask, jax.random.key(0), SamplingConfig(max_new_tokens=4, eos_ids=(0,)))
     assert samples.logprobs.dtype == jnp.float32 and np.isfinite(np.asarray(samples.logprobs)).all()
+
+
+def _with_matmul_dtype(model, dtype, rounded=False):
+    """``model`` under a config with ``matmul_dtype``; ``rounded``: every weight rounded to it first."""
+    changed = model.reconfigured(matmul_dtype=dtype)
+    if rounded:
+        graphdef, state = nnx.split(changed)
+        changed = nnx.merge(graphdef, jax.tree.map(lambda w: w.astype(dtype) if jnp.issubdtype(w.dtype, jnp.floating)
+                                                   else w, state))
+    return changed
+
+
+def test_the_weight_matmuls_multiply_in_bfloat16_and_sum_in_float32():
+    """``_matmul`` with ``matmul_dtype=bfloat16``: both operands rounded to bfloat16 (ml_dtypes, round
+    to nearest even), the products summed in float32: the float64 product of the rounded operands to
+    float32 round-off, where the float32 product of the unrounded ones is off by bfloat16's 2^-8."""
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((2, 3, 64)).astype(np.float32), rng.standard_normal((64, 40)).astype(np.float32)
+    rounded = lambda a: a.astype(ml_dtypes.bfloat16).astype(np.float64)      # noqa: E731
+    want = np.einsum("btd,df->btf", rounded(x), rounded(w))
+    got = jax.jit(lambda x, w: _matmul(x, w, "bfloat16"))(x, w)
+    assert got.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=2e-5 * np.abs(want).max())
+    exact = np.einsum("btd,df->btf", x.astype(np.float64), w.astype(np.float64))
+    assert np.abs(np.asarray(got) - exact).max() > 100 * np.abs(np.asarray(got) - want).max()
+
+
+def test_a_sampler_with_bfloat16_weights_samples_as_a_model_that_holds_them(model):
+    """``matmul_dtype=bfloat16`` on float32 weights: the sampler rounds every weight once before decoding
+    (``prepare_decoding``), so its tokens and log-probs are bitwise those of the same model handed
+    weights already in bfloat16, and its log-probs are that model's cache-free forward pass to float32
+    round-off; they differ from the float32 model's by more than round-off."""
+    prompts, mask = left_padded_prompts()
+    config = SamplingConfig(max_new_tokens=5, eos_ids=(), n=2)
+    cast_once = generate(_with_matmul_dtype(model, "bfloat16"), prompts, mask, jax.random.key(3), config)
+    held = _with_matmul_dtype(model, "bfloat16", rounded=True)
+    holding = generate(held, prompts, mask, jax.random.key(3), config)
+    np.testing.assert_array_equal(np.asarray(cast_once.tokens), np.asarray(holding.tokens))
+    np.testing.assert_array_equal(np.asarray(cast_once.logprobs), np.asarray(holding.logprobs))
+    logits = forward(held, cast_once.tokens, cast_once.attention_mask)
+    want = token_logprobs(logits[:, 5:-1], cast_once.tokens[:, 6:])
+    np.testing.assert_allclose(np.asarray(cast_once.logprobs), np.asarray(want), atol=2e-5)
+    full = token_logprobs(forward(model, cast_once.tokens, cast_once.attention_mask)[:, 5:-1], cast_once.tokens[:, 6:])
+    assert np.abs(np.asarray(full) - np.asarray(want)).max() > 1e-4
+
+
+def test_a_bad_matmul_dtype_is_a_config_error():
+    with pytest.raises(ConfigError, match="matmul_dtype='float16' is invalid: one of"):
+        ModelConfig(family="qwen3", vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=8, matmul_dtype="float16")
 
 
 def test_no_stop_token_runs_every_row_to_the_budget(model):

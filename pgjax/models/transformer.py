@@ -124,6 +124,12 @@ class ModelConfig:
     query_pre_attn_scalar: float | None = None
     param_dtype: str = "float32"
     compute_dtype: str = "float32"
+    # the dtype the weight matmuls (the projections and ``logits``) multiply in, accumulating and returning
+    # the compute dtype ("": the compute dtype itself): "bfloat16" with float32 compute rounds each input
+    # and weight to bfloat16 and sums in float32 (XLA's bfloat16 dot on a CPU with AVX-512 BF16), and the
+    # sampler holds every weight in it while decoding (``prepare_decoding``); the sampler's
+    # (``rollout.weight_dtype``), not a loading option
+    matmul_dtype: str = ""
     remat: str = "off"                    # a key of REMAT_POLICIES
     scan_layers: bool = False             # layers stored stacked and run by one lax.scan (``CausalLM``)
     attention: str = "einsum"             # a name of ATTENTION
@@ -158,6 +164,7 @@ class ModelConfig:
                  ("rope_theta", lambda: self.rope_theta > 0, "> 0"),
                  ("param_dtype", lambda: self.param_dtype in DTYPES, f"one of {DTYPES}"),
                  ("compute_dtype", lambda: self.compute_dtype in DTYPES, f"one of {DTYPES}"),
+                 ("matmul_dtype", lambda: self.matmul_dtype in ("", *DTYPES), f"one of {DTYPES} or empty"),
                  ("remat", lambda: self.remat in REMAT_POLICIES, f"one of {tuple(REMAT_POLICIES)}"),
                  ("attention", lambda: self.attention in ATTENTION, f"one of {ATTENTION}"),
                  ("attention", lambda: self.attention != "cudnn" or self.compute_dtype == "bfloat16",
@@ -295,7 +302,7 @@ class Attention(nnx.Module):
     def _project(self, x, rope, dropout_key):
         """Queries [B, T, H, D] and keys, values [B, T, KV, D], with biases, q/k norms and RoPE."""
         c = self.config
-        q, k, v = (_project_heads(x, w[...], adapter(self, name), dropout_key, i)
+        q, k, v = (_project_heads(x, w[...], adapter(self, name), dropout_key, i, c.matmul_dtype)
                    for i, (w, name) in enumerate(((self.q, "q_proj"), (self.k, "k_proj"), (self.v, "v_proj"))))
         if c.qkv_bias:
             dt = x.dtype
@@ -330,29 +337,36 @@ class Attention(nnx.Module):
             out = grouped_query_attention(q, k, v, bias, self.config.query_pre_attn_scalar, keys_transposed=cached)
         b, t, h, d = out.shape
         out = out.reshape(b, t, h * d)
-        projected = _adapted(out, self.o[...].reshape(h * d, -1), adapter(self, "o_proj"), dropout_key, 3)
+        projected = _adapted(out, self.o[...].reshape(h * d, -1), adapter(self, "o_proj"), dropout_key, 3,
+                             self.config.matmul_dtype)
         return projected, (k, v)
 
 
-def _matmul(x, w):
+def _matmul(x, w, dtype: str = ""):
     """x [..., D] @ w [D, F] as one 2-D matmul (XLA's CPU backend differentiates 2-D dots far faster
-    than the same product written as a batched einsum)."""
-    return (x.reshape(-1, x.shape[-1]) @ w).reshape(*x.shape[:-1], w.shape[-1])
+    than the same product written as a batched einsum), in x's dtype; with ``dtype`` (a
+    ``ModelConfig.matmul_dtype``) both operands rounded to it and the products summed in x's dtype."""
+    rows = x.reshape(-1, x.shape[-1])
+    if dtype:
+        y = jnp.dot(rows.astype(dtype), w.astype(dtype), preferred_element_type=x.dtype)
+    else:
+        y = rows @ w.astype(x.dtype)
+    return y.reshape(*x.shape[:-1], w.shape[-1])
 
 
-def _adapted(x, w, lora: Adapter | None, dropout_key, slot: int):
-    """x @ w (w [D, F] cast to x's dtype), plus the LoRA update of ``lora`` when there is one (its
-    dropout drawn from ``dropout_key`` folded with the projection's ``slot``)."""
-    y = _matmul(x, w.astype(x.dtype))
+def _adapted(x, w, lora: Adapter | None, dropout_key, slot: int, dtype: str = ""):
+    """x @ w (``_matmul``: in x's dtype, or multiplied in ``dtype``), plus the LoRA update of ``lora``
+    when there is one (its dropout drawn from ``dropout_key`` folded with the projection's ``slot``)."""
+    y = _matmul(x, w, dtype)
     if lora is None:
         return y
     return y + lora(x, None if dropout_key is None else jax.random.fold_in(dropout_key, slot))
 
 
-def _project_heads(x, w, lora, dropout_key, slot):
-    """x [B, T, D] @ w [D, H, Dh] (+ its adapter) -> [B, T, H, Dh]."""
+def _project_heads(x, w, lora, dropout_key, slot, dtype: str = ""):
+    """x [B, T, D] @ w [D, H, Dh] (+ its adapter; ``_adapted``) -> [B, T, H, Dh]."""
     d, h, dh = w.shape
-    return _adapted(x, w.reshape(d, h * dh), lora, dropout_key, slot).reshape(*x.shape[:-1], h, dh)
+    return _adapted(x, w.reshape(d, h * dh), lora, dropout_key, slot, dtype).reshape(*x.shape[:-1], h, dh)
 
 
 def _add_adapters(module: nnx.Module, config: ModelConfig, rngs: nnx.Rngs, shapes: dict) -> None:
@@ -544,7 +558,7 @@ class MLP(nnx.Module):
 
     def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
         c, dtype = config, jnp.dtype(config.param_dtype)
-        self.gelu = c.gemma
+        self.gelu, self.matmul_dtype = c.gemma, c.matmul_dtype
         self.gate = _param(rngs, (c.hidden_size, c.intermediate_size), ("embed", "mlp"), dtype)
         self.up = _param(rngs, (c.hidden_size, c.intermediate_size), ("embed", "mlp"), dtype)
         self.down = _param(rngs, (c.intermediate_size, c.hidden_size), ("mlp", "embed"), dtype)
@@ -553,10 +567,11 @@ class MLP(nnx.Module):
                                       "down_proj": (c.intermediate_size, c.hidden_size, ("mlp", "embed"))})
 
     def __call__(self, x, dropout_key=None):
-        gate = _adapted(x, self.gate[...], adapter(self, "gate_proj"), dropout_key, 4)
-        up = _adapted(x, self.up[...], adapter(self, "up_proj"), dropout_key, 5)
+        dtype = self.matmul_dtype
+        gate = _adapted(x, self.gate[...], adapter(self, "gate_proj"), dropout_key, 4, dtype)
+        up = _adapted(x, self.up[...], adapter(self, "up_proj"), dropout_key, 5, dtype)
         act = jax.nn.gelu(gate, approximate=True) if self.gelu else jax.nn.silu(gate)
-        return _adapted(act * up, self.down[...], adapter(self, "down_proj"), dropout_key, 6)
+        return _adapted(act * up, self.down[...], adapter(self, "down_proj"), dropout_key, 6, dtype)
 
 
 class Block(nnx.Module):
@@ -599,6 +614,13 @@ class CausalLM(nnx.Module):
         if not config.tie_word_embeddings:
             self.lm_head = _param(rngs, (config.hidden_size, config.vocab_size), ("embed", "vocab"), dtype)
 
+    def reconfigured(self, **changes) -> CausalLM:
+        """This model's parameters (the same arrays) under its config with ``changes`` that keep every
+        parameter's name and shape: another compute or matmul dtype, say (the sampler's model,
+        ``rollout.compute_dtype`` and ``rollout.weight_dtype``)."""
+        config = dataclasses.replace(self.config, **changes)
+        return nnx.merge(nnx.graphdef(nnx.eval_shape(lambda: CausalLM(config, nnx.Rngs(0)))), nnx.state(self))
+
     def unembedding(self) -> jax.Array:
         """The [D, V] matrix mapping final hidden states to logits (for ``chunked_logprobs_and_entropy``)."""
         return self.embed[...].T if self.config.tie_word_embeddings else self.lm_head[...]
@@ -625,7 +647,7 @@ class CausalLM(nnx.Module):
         return hidden if return_hidden else self.logits(hidden)
 
     def logits(self, hidden) -> jax.Array:
-        return _matmul(hidden, self.unembedding().astype(hidden.dtype))
+        return _matmul(hidden, self.unembedding(), self.config.matmul_dtype)
 
     def init_cache(self, batch: int, length: int) -> tuple:
         """An empty KV cache in the compute dtype: per layer zero keys [batch, KV, D, length] and values
@@ -712,6 +734,17 @@ class CausalLM(nnx.Module):
         graphdef, stacked = nnx.split(self.layers)
         return [nnx.merge(graphdef, jax.tree.map(lambda v, i=i: v[i], stacked))
                 for i in range(self.config.num_hidden_layers)]
+
+    def prepare_decoding(self) -> None:
+        """What the sampler does to its traced model before a decode loop: with a ``matmul_dtype``,
+        every floating weight rounded to it once (bfloat16 weights: half the bytes each token step
+        reads), then the layers held as L separate ``Block``s (``unstack_layers``)."""
+        if self.config.matmul_dtype:
+            dtype = jnp.dtype(self.config.matmul_dtype)
+            weights = nnx.state(self, nnx.Param)
+            nnx.update(self, jax.tree.map(lambda w: w.astype(dtype) if jnp.issubdtype(w.dtype, jnp.floating) else w,
+                                          weights))
+        self.unstack_layers()
 
     def unstack_layers(self) -> None:
         """Hold the layers as L separate ``Block``s (``blocks()``), the config saying so; nothing changes

@@ -59,6 +59,12 @@ class RolloutConfig(Decoding):
     compute_dtype: the sampler's compute dtype (``float32``, ``bfloat16``; empty: the model's),
       e.g. a bfloat16 sampler for a float32 learner. The update sees the sampler's own log-probs
       (``core.Batch.behaviour_logp``) and measures the mismatch every step.
+    weight_dtype: the sampler's weights: empty (default), the learner's; ``bfloat16``, a bfloat16 copy
+      made before each sampling, every weight matmul (projections and the head) multiplying bfloat16
+      inputs and weights and summing in the compute dtype (``ModelConfig.matmul_dtype``), while
+      norms, attention and the KV cache stay in it. Half the weight bytes each decode step reads, and
+      on a CPU with AVX-512 BF16 XLA's bfloat16 dot; the update measures the mismatch it costs, as for
+      ``compute_dtype``.
     sampler_devices: 0 (default): the sampler runs on the learner's mesh; n >= 1: on the last n
       devices (a data-parallel sampler mesh, one process only), the learner on the others
       (``mesh`` describes those); the weights are copied to the sampler's devices before each
@@ -80,6 +86,7 @@ class RolloutConfig(Decoding):
     trim_padding: bool = True
     staleness: int = 0
     compute_dtype: str = ""
+    weight_dtype: str = ""
     sampler_devices: int = 0
     max_turns: int = 1
     max_episode_tokens: int = 0
@@ -102,6 +109,8 @@ class RolloutConfig(Decoding):
         require(self.staleness >= 0, key("staleness"), self.staleness, "an integer >= 0 (0: on-policy)")
         require(self.compute_dtype in ("", "float32", "bfloat16"), key("compute_dtype"), self.compute_dtype,
                 "float32, bfloat16 or empty (the model's)")
+        require(self.weight_dtype in ("", "bfloat16"), key("weight_dtype"), self.weight_dtype,
+                "bfloat16 or empty (the learner's weights)")
         require(self.sampler_devices >= 0, key("sampler_devices"), self.sampler_devices,
                 "an integer >= 0 (0: the learner's devices)")
         require(self.max_turns >= 1, key("max_turns"), self.max_turns, "an integer >= 1")

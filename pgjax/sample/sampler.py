@@ -372,7 +372,7 @@ def _decode(model: CausalLM, timeline: Timeline, key, limits, config: SamplingCo
 def _generate(graphdef, state, prompts, prompt_mask, key, config: SamplingConfig, mesh) -> Samples:
     """One compiled program: ``_prefill``, then one ``_decode`` to the budget."""
     model = nnx.merge(graphdef, state)
-    model.unstack_layers()
+    model.prepare_decoding()
     width, budget, rows = prompts.shape[1], config.max_new_tokens, prompts.shape[0] * config.n
     timeline = _prefill(model, prompts, prompt_mask, config.n, width + budget, mesh)
     _, turn = _decode(model, timeline, key, jnp.full(rows, budget, jnp.int32), config, mesh, keep_timeline=False)
@@ -398,7 +398,7 @@ def start(model: CausalLM, prompts, prompt_mask, n: int, capacity: int, mesh: Me
 @partial(jax.jit, static_argnames=("graphdef", "n", "capacity", "mesh"))
 def _start(graphdef, state, prompts, prompt_mask, n, capacity, mesh) -> Timeline:
     model = nnx.merge(graphdef, state)
-    model.unstack_layers()
+    model.prepare_decoding()
     return _prefill(model, prompts, prompt_mask, n, capacity, mesh)
 
 
@@ -422,7 +422,7 @@ def decode_turn(model: CausalLM, timeline: Timeline, key, limits, config: Sampli
 @partial(jax.jit, static_argnames=("graphdef", "config", "mesh"))
 def _decode_turn(graphdef, state, timeline, key, limits, config, mesh) -> tuple[Timeline, Turn]:
     model = nnx.merge(graphdef, state)
-    model.unstack_layers()
+    model.prepare_decoding()
     return _decode(model, timeline, key, limits, config, mesh, keep_timeline=True)
 
 
@@ -455,7 +455,7 @@ def append(model: CausalLM, timeline: Timeline, tokens, mask, mesh: Mesh | None 
 @partial(jax.jit, static_argnames=("graphdef", "mesh"))
 def _append(graphdef, state, timeline, tokens, mask, mesh) -> Timeline:
     model = nnx.merge(graphdef, state)
-    model.unstack_layers()
+    model.prepare_decoding()
     key_mask = jax.lax.dynamic_update_slice_in_dim(timeline.key_mask, mask, timeline.cursor, axis=1)
     logits, cache = model.decode(tokens, key_mask, timeline.cache, timeline.cursor, last_only=True)
     last = jnp.where(mask[:, -1:] > 0, logits[:, -1], timeline.last)

@@ -178,15 +178,17 @@ class Study:
 
     def done(self, job: Job, runs: pathlib.Path, out: pathlib.Path) -> bool:
         """Whether ``job`` has nothing left to do: its output exists, or, for a training job whose policy
-        is gone with an earlier session's RUNS, some job reads the policy and every one is done (without a
-        kept record the run is missing from the curves, which ``plan`` says, but training it again would
-        give a different run than the one evaluated)."""
+        is gone with an earlier session's RUNS, every job that reads the policy is done and either there
+        is one (without a kept record the run is missing from the curves, which ``plan`` says, but
+        training it again would give a different run than the one evaluated) or the run's record is
+        kept (a study whose report reads the records alone)."""
         if self.output(job, runs, out).exists():
             return True
         if not isinstance(job, TrainJob):
             return False
         users = self.policy_users(self.trained_by(job))
-        return bool(users) and all(self.done(j, runs, out) for j in users)
+        kept = self.keep_records and kept_record(self.trained_by(job), out).exists()
+        return (bool(users) or kept) and all(self.done(j, runs, out) for j in users)
 
     def train_sets(self, job: TrainJob, runs: pathlib.Path, base_model: str) -> list[str]:
         """The ``--set`` overrides of training job ``job``: its run directory, seed, starting policy (none

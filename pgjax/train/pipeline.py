@@ -9,8 +9,10 @@ the s batches sampled and not yet used; a checkpoint saves them (``saved`` / ``r
 resumed run continues exactly.
 
 The sampler runs on the learner's mesh, or with ``rollout.sampler_devices`` on a mesh of its own
-(the weights are copied there before each sampling and the batch back afterwards), and with
-``rollout.compute_dtype`` on the same parameters computing in another dtype. The prompts of step t
+(the weights are copied there before each sampling and the batch back afterwards), with
+``rollout.compute_dtype`` on the same parameters computing in another dtype, and with
+``rollout.weight_dtype`` on the same parameters rounded to that dtype once per sampling
+(``CausalLM.prepare_decoding``). The prompts of step t
 and its sampling key are functions of the seed, t and the state's key, so a resumed run, a run
 driven step by step and the command line sample the same batches.
 """
@@ -106,13 +108,15 @@ def sampling_key(state: TrainState, ahead: int):
 
 
 def sampler_graphdef(exp, learner_graphdef, policy: CausalLM):
-    """The sampler's model graph: the learner's (``learner_graphdef``), or with ``rollout.compute_dtype``
-    set to another dtype the same parameters computing in that dtype."""
-    dtype = exp.rollout.compute_dtype
-    if not dtype or dtype == policy.config.compute_dtype:
+    """The sampler's model graph: the learner's (``learner_graphdef``), or that of the learner's model
+    computing in ``rollout.compute_dtype`` and multiplying its weights in ``rollout.weight_dtype``
+    where they are set and differ (the same parameters by name and shape)."""
+    r, config = exp.rollout, policy.config
+    changes = {"compute_dtype": r.compute_dtype or config.compute_dtype,
+               "matmul_dtype": r.weight_dtype or config.matmul_dtype}
+    if all(getattr(config, name) == value for name, value in changes.items()):
         return learner_graphdef
-    config = dataclasses.replace(policy.config, compute_dtype=dtype)
-    return nnx.graphdef(nnx.eval_shape(lambda: CausalLM(config, nnx.Rngs(0))))
+    return nnx.graphdef(policy.reconfigured(**changes))
 
 class RolloutPipeline:
     """Samples and scores the batches of ``exp`` (its task ``context``, training ``reward_fn``) for the
