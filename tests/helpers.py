@@ -40,7 +40,7 @@ from pgjax.sample import SamplingConfig, generate
 from pgjax.tasks import char_tokenizer, per_example
 from pgjax.train.learner import Learner
 from pgjax.train.optim import make_optimizer
-from pgjax.train.records import TIMING_KEYS
+from pgjax.train.records import COST_KEYS
 from pgjax.train.trainer import Callback
 
 # ---------------------------------------------------------------- simulated devices (subprocesses)
@@ -325,7 +325,7 @@ def sampled_rollout(policy, group_size=4, prompts=4):
 def comparable(path) -> list[dict]:
     """The metric lines without wall-clock timings."""
     records = [json.loads(line) for line in pathlib.Path(path).read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in records]
+    return [{k: v for k, v in r.items() if k not in COST_KEYS} for r in records]
 
 
 def read_events(directory) -> dict:

@@ -18,7 +18,7 @@ from flax import nnx
 from helpers import simulated_devices
 
 from pgjax.models import hf
-from pgjax.train.records import TIMING_KEYS
+from pgjax.train.records import COST_KEYS
 from pgjax.train.sinks import read_completions
 
 EXPERIMENT = """
@@ -74,7 +74,7 @@ def finish(*runs, timeout=900):
 
 def metrics(directory) -> list[dict]:
     lines = (pathlib.Path(directory) / "metrics.jsonl").read_text().splitlines()
-    return [{k: v for k, v in json.loads(x).items() if k not in TIMING_KEYS} for x in lines]
+    return [{k: v for k, v in json.loads(x).items() if k not in COST_KEYS} for x in lines]
 
 
 def assert_same_metrics(got: list[dict], want: list[dict]):

@@ -37,7 +37,7 @@ from pgjax.train import interrupts
 from pgjax.train.interrupts import RunInterrupted
 from pgjax.train.optim import make_optimizer
 from pgjax.train.population import Member, Population, member_scale, over_members
-from pgjax.train.records import TIMING_KEYS
+from pgjax.train.records import COST_KEYS
 from pgjax.train.sinks import read_records
 from pgjax.train.trainer import Trainer
 
@@ -49,7 +49,7 @@ STEPS = 3
 # 40-step warm start, 2e-6 without one; the mismatch metrics are themselves float rounding (~1e-7) and
 # are compared by the absolute tolerance
 RTOL, RTOL_COLD, ATOL = 1e-3, 1e-5, 1e-5
-NOT_COMPARED = (*TIMING_KEYS, "padding")     # wall-clock; padding counts the population's common width
+NOT_COMPARED = (*COST_KEYS, "padding")     # wall-clock; padding counts the population's common width
 
 
 def arithmetic(tmp_path, **changes):
@@ -291,7 +291,7 @@ def _fitted(exp, directory, resume=False):
     without timings, the stacked parameters)."""
     population = Population.grid(exp, seeds=[0, 1], divide_by_std=[0.0, 1.0])
     population.fit(directory, progress=False, resume=resume)
-    records = [[{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in read_records(directory / f"member-{i}")]
+    records = [[{k: v for k, v in r.items() if k not in COST_KEYS} for r in read_records(directory / f"member-{i}")]
                for i in range(population.size)]
     return records, jax.device_get(population.state.params), population
 

@@ -12,7 +12,7 @@ from helpers import read_events, read_wandb_history
 from pgjax import config as config_lib
 from pgjax import run
 from pgjax.train.progress import Progress
-from pgjax.train.records import TIMING_KEYS
+from pgjax.train.records import COST_KEYS
 from pgjax.train.sinks import read_records
 from pgjax.train.trainer import Callback, Trainer, train
 
@@ -31,7 +31,7 @@ def experiment():
 
 
 def without_timings(records):
-    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in records]
+    return [{k: v for k, v in r.items() if k not in COST_KEYS} for r in records]
 
 
 @pytest.mark.slow

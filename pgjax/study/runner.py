@@ -320,7 +320,7 @@ class Study:
                     per_seed = [_window_mean(rs, name, end if name == "eval_accuracy" else start, end)
                                 for rs in records.values()]
                     present = [v for v in per_seed if v is not None]
-                    cells.append(seed_cell(present, f".{digits_of(name)}f") if present else None)
+                    cells.append(seed_cell(present, record_format(name)) if present else None)
                 rows.append([method, len(records), f"{start}-{end}", *cells])
         if not self.record_metrics or not rows:
             return None
@@ -475,6 +475,15 @@ class Study:
         text = "\n\n".join(sections)
         (out / f"{self.name}.md").write_text(text + "\n")
         return text
+
+
+def record_format(name: str) -> str:
+    """How a study's training table writes record field ``name``: a KL in scientific notation (its
+    values span 1e-8 to 1e-2), seconds to 0.1, the rest as ``digits_of`` says (lengths to 0.1, rates
+    to 0.001)."""
+    if name.startswith("kl") or name.endswith("_kl"):
+        return ".2e"
+    return ".1f" if name.startswith("time_") else f".{digits_of(name)}f"
 
 
 def _windows(last: int, width: int) -> list[tuple[int, int]]:

@@ -4,7 +4,7 @@ statistics, the finalized loss metrics, timings (``step_record``), and the names
 Rollout statistics (``STAT_KEYS``, one value per sampled row): the training reward, the verifier's
 ``correct``, the response length, whether it was truncated, whether it was kept for the update, and
 whether a reward function gave a non-finite value; for multi-turn episodes also ``EPISODE_KEYS``.
-Timings (``TIMING_KEYS``, seconds): sampling
+Timings (``COST_KEYS``, seconds): sampling
 (with decoding and scoring), ``Learner.prepare``, the update, the whole step, and generated tokens
 per second of sampling. ``padding``: the share of the token positions the update computes on
 (the rollout's ``[B, P + N]`` after ``rollout.trim_padding``) that are padding, what packing
@@ -13,12 +13,15 @@ log-probs of the sampled tokens (``core.off_policy``).
 """
 from __future__ import annotations
 
+import resource
+import sys
+
 from pgjax import core
 
 STAT_KEYS = ("reward", "correct", "length", "truncated", "kept", "nonfinite")
 # with a learned reward (pgjax.train.learned_reward): its raw score, and its agreement with the verifier
 LEARNED_STATS = ("learned", "agreement_pairs", "agreement_wins")
-TIMING_KEYS = ("time_sample", "time_prepare", "time_update", "time_step", "tokens_per_second")
+COST_KEYS = ("time_sample", "time_prepare", "time_update", "time_step", "tokens_per_second", "peak_rss_gb")
 MISMATCH_KEYS = ("mismatch_abs", "mismatch_abs_max", "mismatch_kl", "mismatch_outside")
 # multi-turn episodes only (``pgjax.rollout.episodes``): per episode, the mean replies, tool calls, the share
 # of episodes that call a tool, the share of calls that ran, tokens after the prompt, and the observations cut;
@@ -28,7 +31,7 @@ EPISODE_KEYS = ("turns", "calls", "call_rate", "valid_call_rate", "episode_token
 RECORD_KEYS = ("step", "reward", "accuracy", "length", "length_correct", "length_incorrect", "truncated", "kept",
                "nonfinite_rewards", "skipped_updates", "policy_loss", "clip_fraction", "grad_norm", "entropy",
                "kl_ref", "kl_old", "value_loss", "policy_lag", *MISMATCH_KEYS, "is_weight", "is_limited",
-               "eval_accuracy", "padding", "learned_reward", "reward_model_agreement", *TIMING_KEYS, *EPISODE_KEYS)
+               "eval_accuracy", "padding", "learned_reward", "reward_model_agreement", *COST_KEYS, *EPISODE_KEYS)
 
 
 # what the presets' loss and the learner measure besides the recorded keys: not recorded; any other metric
@@ -38,6 +41,13 @@ LOSS_METRICS = frozenset({"tokens", "sequences", "ratio_mean", "ratio_min", "rat
                           "approx_kl_mean", "ref_kl_mean", "entropy_mean", "kl_loss", "entropy_bonus", "policy_loss",
                           "clip_fraction", "grad_norm_max", "value_loss", "is_weight_mean", "is_limited_mean",
                           "mismatch_abs_mean", "mismatch_abs_max", "mismatch_kl_mean", "mismatch_outside_mean"})
+
+
+def peak_rss_gb() -> float:
+    """This process's peak resident set so far, in GB (10^9 bytes): ``getrusage``'s ``ru_maxrss`` (KiB on
+    Linux, bytes on macOS), the maximum resident set size ``/usr/bin/time -v`` reports."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 1e9 if sys.platform == "darwin" else peak * 1024 / 1e9
 
 
 def step_record(stats: dict, metrics: dict, times: dict) -> dict:
@@ -68,7 +78,7 @@ def step_record(stats: dict, metrics: dict, times: dict) -> dict:
         losses.update(is_weight=fm["is_weight_mean"], is_limited=fm["is_limited_mean"])
     out.update({k: v if steps else None for k, v in {**own, **losses}.items()})
     generated = float(lengths.sum())
-    out.update(times, tokens_per_second=generated / max(times["time_sample"], 1e-9))
+    out.update(times, tokens_per_second=generated / max(times["time_sample"], 1e-9), peak_rss_gb=peak_rss_gb())
     if "learned" in stats:
         pairs = float(stats["agreement_pairs"].sum())
         out.update(learned_reward=float(stats["learned"].mean()),
