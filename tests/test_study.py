@@ -228,6 +228,7 @@ def test_a_kept_record_keeps_its_machines_and_the_report_names_the_cpu_of_each_s
         "| m_s1 | 1-30 | not recorded |"]
     assert "### the machines that trained each run" in study.report(runs, out)
     assert dataclasses.replace(study, seeds=(2,)).machines_table(out) is None
+    assert dataclasses.replace(study, seeds=(1,)).machines_table(out) is None      # no run recorded its machine
     # a study without evaluations reads the records alone: a kept record is a finished job, RUNS or not
     shutil.rmtree(runs)
     assert [line.split()[1] for line in study.plan(study.jobs(), runs, out).splitlines()[:2]] == ["done", "done"]

@@ -59,8 +59,8 @@ class RolloutConfig(Decoding):
     compute_dtype: the sampler's compute dtype (``float32``, ``bfloat16``; empty: the model's),
       e.g. a bfloat16 sampler for a float32 learner. The update sees the sampler's own log-probs
       (``core.Batch.behaviour_logp``) and measures the mismatch every step.
-    weight_dtype: the sampler's weights: empty (default), the learner's; ``bfloat16``, a bfloat16 copy
-      made before each sampling, every weight matmul (projections and the head) multiplying bfloat16
+    weight_dtype: the sampler's weights: empty (default), the learner's; ``bfloat16``, the learner's
+      rounded to bfloat16 once per sampling call, every weight matmul (projections and the head) multiplying bfloat16
       inputs and weights and summing in the compute dtype (``ModelConfig.matmul_dtype``), while
       norms, attention and the KV cache stay in it. Half the weight bytes each decode step reads, and
       on a CPU with AVX-512 BF16 XLA's bfloat16 dot; the update measures the mismatch it costs, as for

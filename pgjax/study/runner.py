@@ -415,7 +415,8 @@ class Study:
 
     def machines_table(self, out: pathlib.Path) -> str | None:
         """Per kept run, the CPU of each sitting and the steps it computed (from the machines.jsonl kept
-        beside its record); a run kept without one says so. None without kept records."""
+        beside its record); a run kept without one says so. None where no kept run has one (records kept
+        before runs recorded their machines)."""
         rows = []
         for model in self.trained():
             record = kept_record(model, out)
@@ -426,7 +427,7 @@ class Study:
             ends = [following["step"] for following in sittings[1:]] + [last]       # one end with no sittings
             rows += [[model, f"{sitting['step'] + 1}-{end}", cpu_line(sitting["cpu"])]
                      for sitting, end in zip(sittings, ends, strict=False)] or [[model, f"1-{last}", "not recorded"]]
-        if not rows:
+        if all(row[2] == "not recorded" for row in rows):
             return None
         return markdown.table(["run", "steps", "CPU"], rows, "lll")
 
@@ -478,10 +479,10 @@ class Study:
 
 
 def record_format(name: str) -> str:
-    """How a study's training table writes record field ``name``: a KL in scientific notation (its
-    values span 1e-8 to 1e-2), seconds to 0.1, the rest as ``digits_of`` says (lengths to 0.1, rates
-    to 0.001)."""
-    if name.startswith("kl") or name.endswith("_kl"):
+    """How a study's training table writes record field ``name``: the sampler-learner mismatch KL in
+    scientific notation (it spans 1e-11 to 1e-2), seconds to 0.1, the rest as ``digits_of`` says
+    (lengths to 0.1, rates and the KL to the reference to 0.001)."""
+    if name == "mismatch_kl":
         return ".2e"
     return ".1f" if name.startswith("time_") else f".{digits_of(name)}f"
 
