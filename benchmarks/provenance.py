@@ -13,8 +13,6 @@ import platform
 import subprocess
 import sys
 
-from pgjax.machine import cpu, cpu_line, versions
-
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SPEED_VARIABLES = ("XLA_FLAGS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MALLOC_ARENA_MAX",
                    "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "LD_PRELOAD",
@@ -45,6 +43,9 @@ def _torch() -> dict:
 def record(children: dict | None = None) -> dict:
     """The provenance of this run of the calling benchmark (see the module docstring); ``children``:
     the threads and environment of the child processes it started, by name, when it started any."""
+    # imported here, not with the module: a benchmark that runs another tree's pgjax (benchmarks/sandbox.py)
+    # imports this module before it puts that tree first on sys.path
+    from pgjax.machine import cpu, versions
     threads = {"usable_cores": len(os.sched_getaffinity(0)), **_torch()}
     if importlib.util.find_spec("jax") is not None and "jax" in sys.modules:
         jax = sys.modules["jax"]
@@ -60,4 +61,5 @@ def record(children: dict | None = None) -> dict:
 
 def machine_line(saved: dict) -> str:
     """One line naming the machine of a ``record``: CPU model, instruction sets, cores."""
+    from pgjax.machine import cpu_line  # see ``record``
     return cpu_line(saved["cpu"])

@@ -390,22 +390,11 @@ def prose_numbers_without_a_record(page: str) -> list[tuple[str, str]]:
     return found
 
 
-# Numbers in prose that no claim covers yet, per page: each is to become a claim (or an excerpt), or
-# leave the page if no record holds it. A count may only fall; a page's count must be exact.
-PROSE_NUMBERS_PENDING = {"benchmarks.md": 5, "theory.md": 1, "training.md": 1}
-
-
-def test_the_docs_prose_states_no_new_number_without_a_record():
-    """Every measured number in the docs' prose is a claim or in a regenerated table of its section, but
-    for the counts ``PROSE_NUMBERS_PENDING`` still holds, which are exact: covering numbers lowers them."""
-    counts = {page.name: len(prose_numbers_without_a_record(f"docs/{page.name}")) for page in PAGES}
-    grown = {page: (count, PROSE_NUMBERS_PENDING.get(page, 0)) for page, count in counts.items()
-             if count > PROSE_NUMBERS_PENDING.get(page, 0)}
-    assert not grown, ("prose numbers with no claim (benchmarks/claims.py) or regenerated table, (now, allowed): "
-                       f"{grown}; first: {[prose_numbers_without_a_record('docs/' + p)[:5] for p in grown]}")
-    stale = {page: (counts.get(page), allowed) for page, allowed in PROSE_NUMBERS_PENDING.items()
-             if counts.get(page) != allowed}
-    assert not stale, f"lower PROSE_NUMBERS_PENDING to the counts now: {stale}"
+def test_the_docs_prose_states_no_number_without_a_record():
+    """Every measured-looking number in the docs' prose is a claim or in a regenerated table of its section."""
+    found = {page.name: prose_numbers_without_a_record(f"docs/{page.name}") for page in PAGES}
+    found = {page: numbers for page, numbers in found.items() if numbers}
+    assert not found, f"prose numbers with no claim (benchmarks/claims.py) or regenerated table: {found}"
 
 
 def test_the_prose_number_check_finds_a_number_only_prose_states(tmp_path, monkeypatch):
