@@ -20,6 +20,7 @@ import numpy as np
 from flax import nnx
 
 from pgjax.evaluation import statistics as stats
+from pgjax.machine import peak_resident_bytes
 
 
 def matmul_peak(size=2048, repeats=10) -> dict:
@@ -67,8 +68,8 @@ def kernel_cost(before, per: int = 1) -> dict:
 
 
 def peak_rss_gib() -> float:
-    """This process's peak resident memory so far, GiB (Linux reports ``ru_maxrss`` in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
+    """This process's peak resident memory so far, GiB (``pgjax.machine.peak_resident_bytes``)."""
+    return peak_resident_bytes() / 2 ** 30
 
 
 def forward_flops(model) -> callable:

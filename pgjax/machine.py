@@ -1,5 +1,6 @@
 """The machine a process runs on, as records name it: the CPU (model, the instruction sets that change
-speed or numerics, cores), the Python and OS, and, once JAX is imported, its backend and devices.
+speed or numerics, cores), the Python and OS, and, once JAX is imported, its backend and devices; and
+the process's peak resident memory (``peak_resident_bytes``), which step records and benchmarks report.
 
 A run on a CPU is not the same computation on every CPU: XLA picks kernels by instruction set, so
 float32 sums round differently and a trained policy drifts apart over many steps. A run directory
@@ -11,6 +12,7 @@ import importlib.metadata
 import os
 import pathlib
 import platform
+import resource
 import sys
 
 INSTRUCTION_SETS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
@@ -57,6 +59,13 @@ def describe() -> dict:
         out["jax_backend"] = jax.default_backend()
         out["jax_devices"] = [str(d) for d in jax.devices()]
     return out
+
+
+def peak_resident_bytes() -> int:
+    """This process's peak resident set so far, in bytes: ``getrusage``'s ``ru_maxrss`` (KiB on Linux,
+    bytes on macOS), the maximum resident set size ``/usr/bin/time -v`` reports."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
 
 
 def cpu_line(cpu_record: dict) -> str:

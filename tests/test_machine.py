@@ -36,3 +36,14 @@ def test_describing_the_machine_imports_no_jax_and_names_its_backend_once_import
     assert not imported and "jax_backend" not in before
     assert after["jax_backend"] == "cpu" and after["jax_devices"] and after["cpu"] == before["cpu"]
     assert after["versions"]["jax"] == machine.versions(("jax",))["jax"] is not None
+
+
+@pytest.mark.skipif(not pathlib.Path("/proc/self/status").exists(), reason="reads /proc/self/status (Linux)")
+def test_the_peak_resident_memory_is_the_kernels_high_water_mark():
+    """``peak_resident_bytes`` against VmHWM of /proc/self/status, after touching 200 MB it did not hold."""
+    held = bytearray(200 * 10 ** 6)
+    held[::4096] = b"\x01" * len(held[::4096])
+    peak = machine.peak_resident_bytes()
+    high_water = next(int(line.split()[1]) * 1024 for line in pathlib.Path("/proc/self/status").read_text()
+                      .splitlines() if line.startswith("VmHWM:"))
+    assert abs(peak - high_water) < 0.05 * high_water and peak > 200 * 10 ** 6

@@ -4,19 +4,18 @@ statistics, the finalized loss metrics, timings (``step_record``), and the names
 Rollout statistics (``STAT_KEYS``, one value per sampled row): the training reward, the verifier's
 ``correct``, the response length, whether it was truncated, whether it was kept for the update, and
 whether a reward function gave a non-finite value; for multi-turn episodes also ``EPISODE_KEYS``.
-Timings (``COST_KEYS``, seconds): sampling
-(with decoding and scoring), ``Learner.prepare``, the update, the whole step, and generated tokens
-per second of sampling. ``padding``: the share of the token positions the update computes on
+What the step cost (``COST_KEYS``, which depend on the machine): the seconds of sampling (with
+decoding and scoring), ``Learner.prepare``, the update and the whole step, generated tokens per second
+of sampling, and ``peak_rss_gb``, the process's peak resident memory so far in GB
+(``pgjax.machine.peak_resident_bytes``). ``padding``: the share of the token positions the update computes on
 (the rollout's ``[B, P + N]`` after ``rollout.trim_padding``) that are padding, what packing
 sequences could save at most. Mismatch metrics (``MISMATCH_KEYS``): the learner's vs the sampler's
 log-probs of the sampled tokens (``core.off_policy``).
 """
 from __future__ import annotations
 
-import resource
-import sys
-
 from pgjax import core
+from pgjax.machine import peak_resident_bytes
 
 STAT_KEYS = ("reward", "correct", "length", "truncated", "kept", "nonfinite")
 # with a learned reward (pgjax.train.learned_reward): its raw score, and its agreement with the verifier
@@ -41,13 +40,6 @@ LOSS_METRICS = frozenset({"tokens", "sequences", "ratio_mean", "ratio_min", "rat
                           "approx_kl_mean", "ref_kl_mean", "entropy_mean", "kl_loss", "entropy_bonus", "policy_loss",
                           "clip_fraction", "grad_norm_max", "value_loss", "is_weight_mean", "is_limited_mean",
                           "mismatch_abs_mean", "mismatch_abs_max", "mismatch_kl_mean", "mismatch_outside_mean"})
-
-
-def peak_rss_gb() -> float:
-    """This process's peak resident set so far, in GB (10^9 bytes): ``getrusage``'s ``ru_maxrss`` (KiB on
-    Linux, bytes on macOS), the maximum resident set size ``/usr/bin/time -v`` reports."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 1e9 if sys.platform == "darwin" else peak * 1024 / 1e9
 
 
 def step_record(stats: dict, metrics: dict, times: dict) -> dict:
@@ -78,7 +70,8 @@ def step_record(stats: dict, metrics: dict, times: dict) -> dict:
         losses.update(is_weight=fm["is_weight_mean"], is_limited=fm["is_limited_mean"])
     out.update({k: v if steps else None for k, v in {**own, **losses}.items()})
     generated = float(lengths.sum())
-    out.update(times, tokens_per_second=generated / max(times["time_sample"], 1e-9), peak_rss_gb=peak_rss_gb())
+    out.update(times, tokens_per_second=generated / max(times["time_sample"], 1e-9),
+               peak_rss_gb=peak_resident_bytes() / 1e9)
     if "learned" in stats:
         pairs = float(stats["agreement_pairs"].sum())
         out.update(learned_reward=float(stats["learned"].mean()),
