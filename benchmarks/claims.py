@@ -149,13 +149,12 @@ TRAINING = 'sections="training phrasings"'
 
 
 STEP_COSTS = "experiments/results/smollm2_step_costs/records"
+AFTER_COMPILING = range(2, 5)       # the step-cost runs' steps after the first, which compiles
 
 
 def _step_seconds(method: str) -> list[float]:
-    """The least and the most ``time_step`` of steps 2-4 of the step-cost study's ``method`` run (step 1
-    compiles)."""
-    seconds = [r["time_step"] for r in records(f"{STEP_COSTS}/{method}_s0/metrics.jsonl") if r["step"] >= 2]
-    return [min(seconds), max(seconds)]
+    """The least and the most ``time_step`` of the step-cost study's ``method`` run after compiling."""
+    return _step_field(method, "time_step", AFTER_COMPILING)
 
 
 def _peak_gb(method: str) -> float:
@@ -500,8 +499,8 @@ CLAIMS: tuple[Claim, ...] = (
                    100 * _step_field("bf16_weights", "mismatch_outside")[1]]),
     Claim("docs/experiments.md", "the-real-model",
           "its sampling took 3.3-3.9 s a step against the float32 sampler's 4.4-5.6 s",
-          lambda: [*_step_field("bf16_weights", "time_sample", range(2, 5)),
-                   *_step_field("dr_grpo", "time_sample", range(2, 5))]),
+          lambda: [*_step_field("bf16_weights", "time_sample", AFTER_COMPILING),
+                   *_step_field("dr_grpo", "time_sample", AFTER_COMPILING)]),
     Claim("docs/experiments.md", "difficulty",
           "they are 2.3x those without it for the easy and medium buckets and 2.6x for the hard one",
           _difficulty_gradient_ratios),
